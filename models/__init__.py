@@ -1,0 +1,1 @@
+"""Peewee models, migrations and queries."""

@@ -1,0 +1,1 @@
+"""The Tornado service: HTTP handlers, service layer, CLI."""

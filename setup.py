@@ -1,0 +1,4 @@
+"""Build script: everything is in setup.cfg except the C extension list."""
+from setuptools import setup
+
+setup()
