@@ -1,0 +1,207 @@
+"""Throughput and latency of the invoke endpoint against a bare Tornado handler, in one run.
+
+Both servers do the same work unit (bearer-token check, JSON parse of a ~300-byte
+body, validation of two fields, JSON reply); Logic Endpoints adds everything it
+really does: endpoint lookup, argon2 secret check (cached), rate limit, sandbox
+worker round trip, history and statistics records. wrk (one thread) is pinned to
+CPU 0 and the server under test to CPU 1 (workers included), as in
+../shared/PERFORMANCE.md.
+
+    python bench/invoke_bench.py [--duration 10] [--connections 4,16,64]
+
+Prints, per connection count: requests/s, p50/p99 latency, the ratio to the bare
+handler, and server CPU time per request (parent and sandbox workers).
+Needs `wrk` (Debian package `wrk`) and `taskset`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+LOGIC = str(Path(sys.executable).parent / "logic")
+
+SCRIPT = """
+on endpoint(event):
+    body = event.body
+    if not isinstance(body, dict) or not isinstance(body.get("score"), int) \\
+            or not isinstance(body.get("player"), str):
+        event.status(422)
+        event.reply({"error": "score must be an integer"})
+        return
+    event.reply({"ok": True, "double": body["score"] * 2})
+"""
+
+CONFIG = """
+[sandbox]
+workers = {workers}
+queue_timeout_ms = 5000
+
+[plans.bench]
+endpoints = 9
+memory_kb = 4096
+requests_per_minute = 100000000
+body_bytes = 1048576
+history = 200
+error_logs = true
+ip_whitelist = true
+advanced_stats = true
+time_limit_ms = 1000
+"""
+
+BODY = json.dumps({"player": "bench-player", "score": 21, "note": "x" * 250})
+
+WRK_LUA = """
+wrk.method = "POST"
+wrk.body = {body}
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer {secret}"
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def logic(db: str, cfg: str, *args: str) -> dict[str, object]:
+    out = subprocess.run([LOGIC, "--database-url", db, "--config", cfg, *args, "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out) if out.strip() else {}
+
+
+def wait_listening(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "listening on" in line:
+            return
+    raise RuntimeError("server did not start")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and all its descendants (live ones)."""
+    total = 0.0
+    proc = psutil.Process(pid)
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def run_wrk(url: str, lua: str, connections: int, duration: int) -> dict[str, float]:
+    out = subprocess.run(
+        ["taskset", "-c", "0", "wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency",
+         "-s", lua, url], check=True, capture_output=True, text=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+
+    def pct(name: str) -> float:
+        m = re.search(rf"\s{name}%\s+([\d.]+)(us|ms|s)", out)
+        assert m, out
+        scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
+        return float(m.group(1)) * scale
+
+    return {"rps": rps, "total": total, "p50": pct("50"), "p99": pct("99"),
+            "errors": int(non2xx.group(1)) if non2xx else 0}
+
+
+def measure(name: str, pid: int, url: str, lua: str, conns: list[int], duration: int
+            ) -> dict[int, dict[str, float]]:
+    run_wrk(url, lua, 4, 2)  # warm up: caches, compiled script in every worker
+    results = {}
+    for c in conns:
+        before = cpu_seconds(pid)
+        r = run_wrk(url, lua, c, duration)
+        r["cpu_us"] = (cpu_seconds(pid) - before) / max(1, r["total"]) * 1e6
+        results[c] = r
+        print(f"  {name:<16} c={c:<3} {r['rps']:>8.0f} req/s  p50 {r['p50']:6.2f} ms  "
+              f"p99 {r['p99']:6.2f} ms  cpu/req {r['cpu_us']:5.0f} us  non-2xx {r['errors']:.0f}",
+              flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--connections", default="4,16,64")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    conns = [int(c) for c in args.connections.split(",")]
+    if not shutil.which("wrk"):
+        sys.exit("invoke_bench: wrk is not installed (apt-get install wrk)")
+
+    tmp = Path(tempfile.mkdtemp(prefix="logic-bench-"))
+    db = f"sqlite:///{tmp / 'bench.db'}"
+    cfg = tmp / "bench.toml"
+    cfg.write_text(CONFIG.format(workers=args.workers))
+    (tmp / "script.py").write_text(SCRIPT)
+    logic(db, str(cfg), "db", "upgrade")
+    logic(db, str(cfg), "guild", "create", "1000", "--owner", "42", "--plan", "bench")
+    script_id = str(logic(db, str(cfg), "script", "create", "1000", "--name", "bench",
+                          "--file", str(tmp / "script.py"))["logicScriptId"])
+    logic(db, str(cfg), "endpoint", "enable", "1000", script_id)
+    secret = str(logic(db, str(cfg), "secret", "regenerate", "1000", script_id, "--as", "42")["secret"])
+    lua = tmp / "post.lua"
+    lua.write_text(WRK_LUA.format(body=json.dumps(BODY), secret=secret))
+    path = f"/endpoints/1000/{script_id}"
+
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        bare_port = free_port()
+        bare = subprocess.Popen(["taskset", "-c", "1", sys.executable, str(HERE / "bare_server.py"),
+                                 str(bare_port), secret], stdout=subprocess.PIPE, text=True)
+        procs.append(bare)
+        wait_listening(bare)
+        print(f"bare Tornado handler (in-process work), {args.duration}s per run", flush=True)
+        base = measure("bare", bare.pid, f"http://127.0.0.1:{bare_port}{path}", str(lua), conns,
+                       args.duration)
+        bare.send_signal(signal.SIGTERM)
+        bare.wait(10)
+
+        port = free_port()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        svc = subprocess.Popen(["taskset", "-c", "1", LOGIC, "--database-url", db, "--config",
+                                str(cfg), "serve", "--port", str(port)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env)
+        procs.append(svc)
+        wait_listening(svc)
+        print(f"logic serve ({args.workers} workers; secret, rate limit, sandbox, history, stats)",
+              flush=True)
+        ours = measure("logic-endpoints", svc.pid, f"http://127.0.0.1:{port}{path}", str(lua),
+                       conns, args.duration)
+        svc.send_signal(signal.SIGTERM)
+        svc.wait(60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print("\nratio (logic-endpoints / bare):")
+    for c in conns:
+        print(f"  c={c:<3} throughput {ours[c]['rps'] / base[c]['rps']:6.1%}   "
+              f"p50 {ours[c]['p50']:.2f} vs {base[c]['p50']:.2f} ms   "
+              f"p99 {ours[c]['p99']:.2f} vs {base[c]['p99']:.2f} ms   "
+              f"cpu/req {ours[c]['cpu_us']:.0f} vs {base[c]['cpu_us']:.0f} us")
+
+
+if __name__ == "__main__":
+    main()

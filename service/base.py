@@ -1,0 +1,102 @@
+"""`BaseHandler`: request ids, the JSON error envelope and typed access to the app's parts.
+
+This is the only place where exceptions become HTTP responses. Every error the
+service answers has the shape of DESIGN section 4:
+``{"success": false, "error": {"code", "message", "requestId"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from tornado import httputil
+from tornado.web import HTTPError, RequestHandler
+
+from service.errors import STATUS_CODES, MethodNotAllowedError, NotFoundError, ServiceError
+
+if TYPE_CHECKING:
+    from service.context import AppContext
+
+log = logging.getLogger("logic.http")
+
+
+def new_request_id() -> str:
+    """A short random id that names one request in logs, history and errors."""
+    return "req_" + secrets.token_urlsafe(12)
+
+
+class BaseHandler(RequestHandler):
+    """Common behaviour of every handler of the service."""
+
+    request_id: str
+
+    def initialize(self, context: AppContext) -> None:  # type: ignore[override]
+        self.context = context
+
+    def set_default_headers(self) -> None:
+        # set_default_headers runs again after clear() in send_error, so the id
+        # is made once and kept.
+        if not hasattr(self, "request_id"):
+            self.request_id = new_request_id()
+        self.set_header("X-Request-Id", self.request_id)
+        self.set_header("Cache-Control", "no-store")
+
+    def write_json(self, payload: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(payload, separators=(",", ":")))
+
+    def fail(self, error: ServiceError) -> None:
+        """Answer `error` now (used where raising cannot reach `write_error`)."""
+        if self._finished:
+            return
+        self.send_error(error.status, exc_info=(type(error), error, None))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, ServiceError):
+            code, message = exc.code, exc.message
+            for name, value in exc.headers.items():
+                self.set_header(name, value)
+        else:
+            if isinstance(exc, HTTPError) and exc.status_code == 405:
+                self.set_header("Allow", "POST, OPTIONS")
+            code = STATUS_CODES.get(status_code, "error")
+            message = httputil.responses.get(status_code, "Error") + "."
+            if status_code >= 500:
+                message = "Internal server error."
+        self.set_header("Content-Type", "application/json")
+        self.finish(
+            json.dumps(
+                {
+                    "success": False,
+                    "error": {"code": code, "message": message, "requestId": self.request_id},
+                },
+                separators=(",", ":"),
+            )
+        )
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, ServiceError):
+            # Expected outcomes of client requests: no stack trace, and only the
+            # operator message (never the client's input or a secret).
+            if value.log_message:
+                log.info("%s %s: %s", self.request_id, value.code, value.log_message)
+            return
+        if isinstance(value, HTTPError) and value.status_code < 500:
+            return
+        log.error("%s uncaught exception on %s", self.request_id, self.request.path,
+                  exc_info=(typ, value, tb))
+
+
+class NotFoundHandler(BaseHandler):
+    """Every path no route matches: a JSON 404 (or 405 for methods we never serve)."""
+
+    def prepare(self) -> None:
+        raise NotFoundError()
+
+
+__all__ = ["BaseHandler", "NotFoundHandler", "MethodNotAllowedError", "new_request_id"]

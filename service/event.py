@@ -1,0 +1,138 @@
+"""The `event` a script sees, built from an HTTP request (DESIGN section 5).
+
+Also the caller's IP: `X-Forwarded-For` is believed only when the TCP peer is
+one of the configured trusted proxies, and then only up to the first address
+that is not itself a trusted proxy (right to left), so a client cannot forge
+its address by sending the header itself.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import parse_qsl
+
+from tornado.httputil import HTTPHeaders, HTTPServerRequest
+
+from service.auth import SECRET_HEADERS
+from service.errors import InvalidBodyError
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+#: Headers never shown to scripts nor stored: they carry credentials.
+HIDDEN_HEADERS = frozenset(SECRET_HEADERS) | {"cookie", "proxy-authorization"}
+
+
+def client_ip(peer: str, forwarded_for: str | None, trusted: Sequence[IPNetwork]) -> str:
+    """The client address: the peer, or the nearest untrusted hop of `X-Forwarded-For`."""
+    if not trusted or not forwarded_for or not _in_any(peer, trusted):
+        return peer
+    hops = [h.strip() for h in forwarded_for.split(",") if h.strip()]
+    for hop in reversed(hops):
+        try:
+            ipaddress.ip_address(hop)
+        except ValueError:
+            return peer  # a malformed chain is not believed at all
+        if not _in_any(hop, trusted):
+            return hop
+    return hops[0] if hops else peer
+
+
+def _in_any(ip: str, networks: Sequence[IPNetwork]) -> bool:
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    return any(address in net for net in networks)
+
+
+def ip_allowed(ip: str, whitelist: Sequence[IPNetwork]) -> bool:
+    """True when there is no whitelist or `ip` is inside one of its networks."""
+    return not whitelist or _in_any(ip, whitelist)
+
+
+def visible_headers(headers: HTTPHeaders) -> dict[str, str]:
+    """Lower-case request headers without the ones that carry credentials."""
+    out: dict[str, str] = {}
+    for name, value in headers.get_all():
+        lname = name.lower()
+        if lname in HIDDEN_HEADERS:
+            continue
+        out[lname] = f"{out[lname]}, {value}" if lname in out else value
+    return out
+
+
+def parse_query(query: str) -> dict[str, str | list[str]]:
+    """Query arguments: a string, or a list when the name repeats."""
+    out: dict[str, str | list[str]] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name in out:
+            prev = out[name]
+            out[name] = [*prev, value] if isinstance(prev, list) else [prev, value]
+        else:
+            out[name] = value
+    return out
+
+
+def media_type(content_type: str) -> tuple[str, str | None]:
+    """The lower-case media type and the charset parameter, if any."""
+    main, _, params = content_type.partition(";")
+    charset = None
+    for param in params.split(";"):
+        key, _, value = param.partition("=")
+        if key.strip().lower() == "charset":
+            charset = value.strip().strip('"').lower() or None
+    return main.strip().lower(), charset
+
+
+def parse_body(content_type: str, raw: bytes) -> tuple[Any, str | bytes]:
+    """`(body, rawBody)` for the event; raises `InvalidBodyError` when it does not parse.
+
+    JSON (`application/json`, `*+json`) gives dict/list/any JSON value; a form
+    (`application/x-www-form-urlencoded`) gives a dict like `query`; `text/*`
+    gives str; anything else gives bytes. Textual bodies must be UTF-8 (or the
+    declared charset) and their `rawBody` is the decoded text. An empty body is
+    `None` whatever its type.
+    """
+    mtype, charset = media_type(content_type)
+    textual = mtype == "application/json" or mtype.endswith("+json") or mtype.startswith("text/") \
+        or mtype == "application/x-www-form-urlencoded"
+    if not textual:
+        return (raw if raw else None), raw
+    try:
+        text = raw.decode(charset or "utf-8")
+    except (LookupError, UnicodeDecodeError) as exc:
+        raise InvalidBodyError("The request body is not valid text in its declared charset.") from exc
+    if not raw:
+        return None, text
+    if mtype == "application/x-www-form-urlencoded":
+        return parse_query(text), text
+    if mtype.startswith("text/"):
+        return text, text
+    try:
+        return json.loads(text, parse_constant=_reject_constant), text
+    except (ValueError, RecursionError) as exc:
+        raise InvalidBodyError("The request body is not valid JSON.") from exc
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def build_event(request: HTTPServerRequest, raw: bytes, ip: str, started: float) -> dict[str, Any]:
+    """The plain-data event shipped to the sandbox (see docs/script-language.md)."""
+    body, raw_body = parse_body(request.headers.get("Content-Type", ""), raw)
+    stamp = datetime.fromtimestamp(started, tz=timezone.utc)
+    return {
+        "body": body,
+        "rawBody": raw_body,
+        "headers": visible_headers(request.headers),
+        "query": parse_query(request.query),
+        "method": request.method,
+        "ip": ip,
+        "userAgent": request.headers.get("User-Agent", ""),
+        "timestamp": stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z",
+    }

@@ -1,0 +1,126 @@
+"""Running the service: start the sandbox pool, serve HTTP, drain and stop on a signal.
+
+Order matters (see tornado/process.py and gunicorn's arbiter): the pool forks
+before the event loop or any thread exists; then the loop, the argon2 thread
+pool and the record writer start. On SIGTERM or SIGINT the listener closes,
+requests in flight finish (up to `drain_seconds`), queued records are written,
+and the pool stops gracefully.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from sandbox.pool import Pool
+from service.app import make_app
+from service.auth import SecretVerifier
+from service.context import AppContext
+from service.ratelimit import RateLimits
+from service.records import RecordWriter
+from service.settings import Settings
+
+log = logging.getLogger("logic.server")
+
+
+def serve(
+    settings: Settings,
+    *,
+    on_listening: Callable[[int], None] | None = None,
+    drain_seconds: float = 30.0,
+) -> None:
+    """Run the service until SIGTERM/SIGINT; blocks. `on_listening(port)` is called once bound."""
+    from models.db import connect
+    from models.migrate import ensure_current
+
+    database = connect(settings.database.url)
+    ensure_current(database)
+    database.close()  # the loop thread and the writer thread each open their own
+
+    pool = Pool(size=settings.sandbox.workers, queue_timeout_ms=settings.sandbox.queue_timeout_ms)
+    pool.start()  # forks: before the event loop or any thread exists
+    for layer, active in sorted(pool.hardening.items()):
+        if not active:
+            log.warning("sandbox layer unavailable on this host: %s", layer)
+    try:
+        asyncio.run(_run(settings, pool, database, on_listening, drain_seconds))
+    finally:
+        database.close()
+
+
+async def _run(
+    settings: Settings,
+    pool: Pool,
+    database: object,
+    on_listening: Callable[[int], None] | None,
+    drain_seconds: float,
+) -> None:
+    from service.core.invoke_target import load_target
+    from service.core.records import write_batch
+    from service.core.secrets import verify_secret
+
+    db = database  # peewee Database; typed loosely to keep models out of this module's API
+    executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-argon2")
+    records = RecordWriter(
+        write_batch,
+        on_thread_start=lambda: db.connect(reuse_if_open=True),  # type: ignore[attr-defined]
+        on_thread_stop=db.close,  # type: ignore[attr-defined]
+    )
+    records.start()
+
+    def db_ping() -> bool:
+        try:
+            db.execute_sql("SELECT 1")  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - any failure means "not ready"
+            return False
+        return True
+
+    context = AppContext(
+        settings=settings,
+        pool=pool,
+        limits=RateLimits(settings.ratelimit.storage),
+        verifier=SecretVerifier(verify_secret, executor),
+        records=records,
+        load_target=partial(_load, load_target, settings),
+        db_ping=db_ping,
+    )
+    max_body = max((p.body_bytes for p in settings.plans.values()), default=0) + 1
+    server = HTTPServer(make_app(context), max_body_size=max_body, idle_connection_timeout=60,
+                        body_timeout=30)
+    sockets = bind_sockets(settings.server.port, settings.server.host, family=socket.AF_UNSPEC)
+    server.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]
+    log.info("listening on http://%s:%d (%d sandbox workers)", settings.server.host, port,
+             pool.live_workers)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if on_listening:
+        on_listening(port)
+    await stop.wait()
+
+    log.info("stopping: draining %d requests in flight", context.in_flight)
+    context.draining = True
+    server.stop()
+    if not await context.wait_idle(drain_seconds):
+        log.warning("drain timed out with %d requests in flight", context.in_flight)
+    await server.close_all_connections()
+    await loop.run_in_executor(None, records.stop)
+    await pool.stop()
+    executor.shutdown(wait=False)
+    log.info("stopped: %d records written, %d dropped", records.written, records.dropped)
+
+
+def _load(load_target: Callable[..., object], settings: Settings, guild_id: str,
+          script_id: str) -> object:
+    return load_target(guild_id, script_id, settings.plans)

@@ -1,0 +1,139 @@
+"""A real `logic serve` process on loopback, and a raw HTTP client to talk to it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOGIC = str(Path(sys.executable).parent / "logic")
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def code(self) -> str | None:
+        try:
+            return self.json["error"]["code"]  # type: ignore[no-any-return]
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+@dataclass
+class Server:
+    """A `logic serve` subprocess; its log lines are collected for inspection."""
+
+    database_url: str
+    config: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    proc: subprocess.Popen[str] | None = None
+    log_lines: list[str] = field(default_factory=list)
+
+    def start(self, timeout: float = 20.0) -> Server:
+        args = [LOGIC, "--database-url", self.database_url]
+        if self.config:
+            args += ["--config", self.config]
+        args += ["serve", "--host", "127.0.0.1", "--port", "0", *self.extra_args]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env)
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.log_lines.append(line)
+                match = re.search(r"listening on http://[^:]+:(\d+)", line)
+                if match and not ready.is_set():
+                    self.port = int(match.group(1))
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(timeout) or not self.port:
+            self.kill()
+            raise RuntimeError("logic serve did not start:\n" + "".join(self.log_lines))
+        return self
+
+    @property
+    def log(self) -> str:
+        return "".join(self.log_lines)
+
+    def url(self, guild_id: str, script_id: str) -> str:
+        return f"/endpoints/{guild_id}/{script_id}"
+
+    def request(
+        self,
+        path: str,
+        *,
+        method: str = "POST",
+        body: bytes | str | None = None,
+        json_body: Any = None,
+        secret: str | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 10.0,
+        source_ip: str | None = None,
+    ) -> Response:
+        hdrs = dict(headers or {})
+        if secret is not None:
+            hdrs.setdefault("Authorization", f"Bearer {secret}")
+        if json_body is not None:
+            body = json.dumps(json_body)
+            hdrs.setdefault("Content-Type", "application/json")
+        conn = http.client.HTTPConnection(
+            "127.0.0.1", self.port, timeout=timeout,
+            source_address=(source_ip, 0) if source_ip else None)
+        try:
+            conn.request(method, path, body=body, headers=hdrs)
+            resp = conn.getresponse()
+            return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+        finally:
+            conn.close()
+
+    def request_from(self, ip: str, path: str, **kwargs: Any) -> Response:
+        """The same request, sent from another loopback address (127.0.0.0/8)."""
+        return self.request(path, source_ip=ip, **kwargs)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())

@@ -1,0 +1,132 @@
+"""Health, readiness, concurrency under hostile scripts, busy pool and graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+from tests.service.http.harness import Server, wait_until
+from tests.service.http.test_checks import ECHO, assert_error
+
+SLOW = """
+import time
+on endpoint(event):
+    t = time.monotonic()
+    while time.monotonic() - t < 0.3:
+        pass
+    event.reply({"n": event.body["n"]})
+"""
+
+
+def test_health_and_readiness(server: Server) -> None:
+    resp = server.request("/healthz", method="GET")
+    assert resp.status == 200 and resp.json["status"] == "ok"
+    resp = server.request("/readyz", method="GET")
+    assert resp.status == 200 and resp.json["status"] == "ready"
+    assert resp.json["workers"] >= 1
+
+
+async def _post(port: int, path: str, secret: str, body: object) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    data = json.dumps(body).encode()
+    writer.write((f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                  "Connection: close\r\n\r\n").encode() + data)
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), payload
+
+
+def test_good_scripts_succeed_next_to_hostile_ones(make_server, make_endpoint) -> None:
+    # Each infinite loop holds a worker for the full second: the queue may wait that long.
+    server = make_server(workers=2, queue_timeout_ms=30000)
+    good = make_endpoint(source="on endpoint(event):\n    event.reply({'n': event.body['n'] * 2})\n",
+                         plan="bench")
+    loop_ep = make_endpoint(source="on endpoint(event):\n    while True:\n        pass\n",
+                            plan="bench")
+    hog = make_endpoint(source="on endpoint(event):\n    x = []\n    while True:\n"
+                               "        x.append('z' * 4096)\n", plan="bench")
+
+    async def run() -> list[tuple[str, int, bytes, int]]:
+        tasks = []
+        for i in range(200):
+            ep = loop_ep if i % 20 == 3 else hog if i % 20 == 7 else good
+            tasks.append((ep.name, i, asyncio.ensure_future(_post(server.port, ep.path, ep.secret,
+                                                                 {"n": i}))))
+        out = []
+        for name, i, task in tasks:
+            status, payload = await task
+            out.append((name, status, payload, i))
+        return out
+
+    results = asyncio.run(run())
+    by_kind = Counter((name, status) for name, status, _, _ in results)
+    good_results = [(s, p, i) for name, s, p, i in results if name == good.name]
+    assert good_results and all(s == 200 for s, _, _ in good_results), by_kind
+    assert all(json.loads(p) == {"n": i * 2} for _, p, i in good_results)
+    # The hostile ones fail with their own codes.
+    assert by_kind[(loop_ep.name, 504)] == 10, by_kind
+    assert by_kind[(hog.name, 500)] == 10, by_kind
+    assert all(b"script_memory_exceeded" in p for name, _, p, _ in results if name == hog.name)
+
+
+def test_graceful_shutdown_answers_and_records_in_flight_requests(
+        make_server, make_endpoint, read_history) -> None:
+    server = make_server(workers=4, queue_timeout_ms=20000)
+    ep = make_endpoint(source=SLOW, plan="bench")
+
+    async def run() -> list[tuple[int, bytes]]:
+        tasks = [asyncio.ensure_future(_post(server.port, ep.path, ep.secret, {"n": i}))
+                 for i in range(50)]
+        await asyncio.sleep(0.5)  # all 50 are in flight (4 workers x 0.3 s each)
+        server.proc.send_signal(15)  # type: ignore[union-attr]
+        return list(await asyncio.gather(*tasks))
+
+    results = asyncio.run(run())
+    assert [status for status, _ in results] == [200] * 50, results
+    assert sorted(json.loads(p)["n"] for _, p in results) == list(range(50))
+    assert server.proc.wait(60) == 0  # type: ignore[union-attr]
+    assert len(read_history(ep)) == 50
+
+
+def test_busy_pool_answers_503(make_server, make_endpoint) -> None:
+    server = make_server(workers=1, queue_timeout_ms=200)
+    slow = make_endpoint(source=SLOW, plan="bench")
+
+    async def run() -> list[tuple[int, bytes]]:
+        return list(await asyncio.gather(*[_post(server.port, slow.path, slow.secret, {"n": i})
+                                           for i in range(6)]))
+
+    statuses = Counter(status for status, _ in asyncio.run(run()))
+    assert statuses[200] >= 1 and statuses[503] >= 1, statuses
+    ok = make_endpoint(source=ECHO, plan="bench")
+    assert wait_until(lambda: server.request(ok.path, json_body={}, secret=ok.secret).status == 200)
+    resp = None
+
+    async def busy() -> None:
+        nonlocal resp
+        first = asyncio.ensure_future(_post(server.port, slow.path, slow.secret, {"n": 0}))
+        await asyncio.sleep(0.05)
+        resp = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: server.request(slow.path, json_body={"n": 1}, secret=slow.secret))
+        await first
+
+    asyncio.run(busy())
+    assert resp is not None
+    assert_error(resp, 503, "busy")
+    assert resp.headers["retry-after"] == "1"
+
+
+def test_trusted_proxy_supplies_the_client_ip(make_server, make_endpoint, tmp_path) -> None:
+    echo_ip = "on endpoint(event):\n    event.reply(event.ip)\n"
+    plain = make_server()
+    ep = make_endpoint(source=echo_ip)
+    forged = {"X-Forwarded-For": "203.0.113.9"}
+    assert plain.request(ep.path, json_body={}, secret=ep.secret, headers=forged).json == "127.0.0.1"
+    proxied = make_server(trusted_proxies=["127.0.0.1/32"])
+    resp = proxied.request(ep.path, json_body={}, secret=ep.secret,
+                           headers={"X-Forwarded-For": "198.51.100.1, 203.0.113.9"})
+    assert resp.json == "203.0.113.9"

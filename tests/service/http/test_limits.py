@@ -1,0 +1,106 @@
+"""Rate limits, failed-secret throttling and secret rotation, end to end."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+
+from tests.service.http.harness import Server
+from tests.service.http.test_checks import ECHO, assert_error
+
+
+def test_quota_is_exact_and_retry_after_is_right(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source=ECHO, plan="plus")  # 30 per minute
+    first = time.time()
+    remaining = []
+    for _ in range(30):
+        resp = server.request(ep.path, json_body={}, secret=ep.secret)
+        assert resp.status == 200, resp.body
+        assert resp.headers["ratelimit-limit"] == "30"
+        remaining.append(int(resp.headers["ratelimit-remaining"]))
+    assert remaining == list(range(29, -1, -1))
+    resp = server.request(ep.path, json_body={}, secret=ep.secret)
+    assert_error(resp, 429, "rate_limited")
+    expected = 60 - (time.time() - first)
+    assert abs(int(resp.headers["retry-after"]) - expected) <= 1.5
+    assert resp.headers["ratelimit-remaining"] == "0"
+    assert abs(int(resp.headers["ratelimit-reset"]) - expected) <= 1.5
+
+
+def test_unauthenticated_requests_do_not_use_the_quota(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source=ECHO, plan="plus")
+    for _ in range(15):
+        assert server.request(ep.path, json_body={}, secret="lsk_wrong").status == 401
+        assert server.request(ep.path, json_body={}).status == 401
+    resp = server.request(ep.path, json_body={}, secret=ep.secret)
+    assert resp.status == 200
+    assert resp.headers["ratelimit-remaining"] == "29"
+
+
+def test_more_than_20_wrong_secrets_are_throttled(server: Server, make_endpoint,
+                                                  source_ip) -> None:
+    ip = source_ip()
+    ep = make_endpoint(source=ECHO)
+    for _ in range(20):
+        resp = server.request_from(ip, ep.path, json_body={}, secret="lsk_wrong")
+        assert_error(resp, 401, "unauthorized")
+    resp = server.request_from(ip, ep.path, json_body={}, secret="lsk_wrong")
+    assert_error(resp, 429, "auth_throttled")
+    assert 55 <= int(resp.headers["retry-after"]) <= 60
+    # Throttled without checking: even the right secret waits.
+    assert_error(server.request_from(ip, ep.path, json_body={}, secret=ep.secret), 429,
+                 "auth_throttled")
+    # Another address is not affected.
+    assert server.request_from(source_ip(), ep.path, json_body={}, secret=ep.secret).status == 200
+
+
+def test_regenerated_secret_takes_effect_on_the_next_request(server: Server, make_endpoint,
+                                                             regenerate) -> None:
+    ep = make_endpoint(source=ECHO)
+    assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200  # now cached
+    new_secret = regenerate(ep)
+    assert_error(server.request(ep.path, json_body={}, secret=ep.secret), 401, "unauthorized")
+    assert server.request(ep.path, json_body={}, secret=new_secret).status == 200
+
+
+def _latency(server: Server, ip: str, path: str, secret: str, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        resp = server.request_from(ip, path, json_body={"a": 1}, secret=secret)
+        times.append(time.perf_counter() - started)
+        assert resp.status == 200
+    return times
+
+
+FLOOD = """
+import http.client, sys
+port, path, ip, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(ip, 0))
+for i in range(n):
+    conn.request("POST", path, body="{}", headers={"Authorization": f"Bearer lsk_wrong{i}",
+                                                  "Content-Type": "application/json"})
+    conn.getresponse().read()
+print(n)
+"""
+
+
+def test_wrong_secret_flood_does_not_slow_other_clients(server: Server, make_endpoint,
+                                                        source_ip) -> None:
+    ep = make_endpoint(source=ECHO, plan="pro")
+    good_ip, bad_ip = source_ip(), source_ip()
+    baseline = statistics.median(_latency(server, good_ip, ep.path, ep.secret, 40))
+    # The flood comes from another process, so it competes for the server, not for
+    # this test's own interpreter.
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, str(server.port), ep.path, bad_ip,
+                              "1000"], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.2)
+        assert flood.poll() is None, "the flood ended before it could be measured against"
+        under_flood = statistics.median(_latency(server, good_ip, ep.path, ep.secret, 40))
+    finally:
+        out, _ = flood.communicate(timeout=120)
+    assert out.strip() == "1000"
+    assert under_flood <= 2 * baseline, (baseline, under_flood)

@@ -1,0 +1,181 @@
+"""Script outcomes (DESIGN section 4) and the event a script sees (section 5), end to end."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import psutil
+
+from tests.service.http.harness import Server, wait_until
+from tests.service.http.test_checks import assert_error
+
+ECHO_EVENT = """
+on endpoint(event):
+    event.reply({
+        "body": event.body, "rawBody": event.rawBody, "headers": event.headers,
+        "query": event.query, "method": event.method, "ip": event.ip,
+        "userAgent": event.userAgent, "timestamp": event.timestamp,
+    })
+"""
+
+
+def test_event_fields(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source=ECHO_EVENT)
+    resp = server.request(ep.path + "?a=1&b=2&b=3&c=", json_body={"score": 7},
+                          secret=ep.secret, headers={"User-Agent": "game/1.0", "X-Custom": "v"})
+    assert resp.status == 200, resp.body
+    event = resp.json
+    assert event["body"] == {"score": 7}
+    assert event["rawBody"] == '{"score": 7}'
+    assert event["query"] == {"a": "1", "b": ["2", "3"], "c": ""}
+    assert event["method"] == "POST"
+    assert event["ip"] == "127.0.0.1"
+    assert event["userAgent"] == "game/1.0"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", event["timestamp"])
+    assert event["headers"]["x-custom"] == "v"
+    assert event["headers"]["content-type"] == "application/json"
+    assert "authorization" not in event["headers"]
+    assert ep.secret not in resp.body.decode()
+
+
+def test_event_body_by_content_type(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source=ECHO_EVENT)
+    form = server.request(ep.path, body="x=1&y=2&y=3", secret=ep.secret,
+                          headers={"Content-Type": "application/x-www-form-urlencoded"}).json
+    assert form["body"] == {"x": "1", "y": ["2", "3"]}
+    text = server.request(ep.path, body="héllo".encode(), secret=ep.secret,
+                          headers={"Content-Type": "text/plain; charset=utf-8"}).json
+    assert text["body"] == "héllo" and text["rawBody"] == "héllo"
+    raw = make_endpoint(source="on endpoint(event):\n    event.reply(event.body)\n")
+    resp = server.request(raw.path, body=b"\x00\x01\xff", secret=raw.secret,
+                          headers={"Content-Type": "application/octet-stream"})
+    assert resp.status == 200 and resp.body == b"\x00\x01\xff"
+    assert resp.headers["content-type"] == "application/octet-stream"
+
+
+def test_x_service_secret_is_hidden_from_the_script(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source=ECHO_EVENT)
+    resp = server.request(ep.path, json_body={}, headers={"X-Service-Secret": ep.secret})
+    assert resp.status == 200
+    assert "x-service-secret" not in resp.json["headers"]
+    assert ep.secret not in resp.body.decode()
+
+
+def test_reply_status_and_headers(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source="""
+on endpoint(event):
+    event.status(201)
+    event.header("X-Game", "on")
+    event.reply({"first": True})
+    event.reply({"created": event.body["id"]})
+""")
+    resp = server.request(ep.path, json_body={"id": 5}, secret=ep.secret)
+    assert resp.status == 201
+    assert resp.headers["x-game"] == "on"
+    assert resp.headers["content-type"].startswith("application/json")
+    assert resp.json == {"created": 5}
+    assert resp.headers["ratelimit-limit"] == "120"
+
+
+def test_text_reply_with_content_type(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source="""
+on endpoint(event):
+    event.header("Content-Type", "text/csv")
+    event.reply("a,b\\n1,2\\n")
+""")
+    resp = server.request(ep.path, json_body={}, secret=ep.secret)
+    assert resp.status == 200
+    assert resp.headers["content-type"].startswith("text/csv")
+    assert resp.body == b"a,b\n1,2\n"
+
+
+def test_never_replied_is_success_true(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source="on endpoint(event):\n    print('seen')\n")
+    resp = server.request(ep.path, json_body={}, secret=ep.secret)
+    assert resp.status == 200
+    assert resp.json == {"success": True}
+
+
+def test_script_failures_map_to_their_codes(server: Server, make_endpoint, read_errors) -> None:
+    cases = [
+        ("on endpoint(event):\n    raise ValueError('boom')\n", 500, "script_error"),
+        ("on endpoint(event):\n    while True:\n        pass\n", 504, "script_timeout"),
+        ("on endpoint(event):\n    x = []\n    while True:\n        x.append('y' * 1000)\n",
+         500, "script_memory_exceeded"),
+        ("on endpoint(event):\n    event.status(99)\n", 500, "invalid_reply"),
+        ("on other(event):\n    pass\n", 501, "no_endpoint_handler"),
+    ]
+    for source, status, code in cases:
+        ep = make_endpoint(source=source, plan="plus")
+        started = time.monotonic()
+        resp = server.request(ep.path, json_body={}, secret=ep.secret)
+        assert_error(resp, status, code)
+        assert "boom" not in resp.body.decode()  # details go to the error log only
+        if code == "script_timeout":
+            assert time.monotonic() - started < 1.5
+        assert wait_until(lambda ep=ep: read_errors(ep)), f"no error record for {code}"
+        record = read_errors(ep)[0]
+        assert record["kind"] == code
+        assert record["requestId"] == resp.json["error"]["requestId"]
+        if code == "script_error":
+            assert "boom" in record["message"]
+            assert record["line"] == 2
+
+
+def test_worker_killed_mid_run_is_a_crash(server: Server, make_endpoint, read_errors) -> None:
+    ep = make_endpoint(source="on endpoint(event):\n    while True:\n        pass\n", plan="pro")
+    result: dict[str, object] = {}
+
+    def call() -> None:
+        result["resp"] = server.request(ep.path, json_body={}, secret=ep.secret)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert server.proc is not None
+    parent = psutil.Process(server.proc.pid)
+
+    def busy_worker() -> psutil.Process | None:
+        for child in parent.children(recursive=True):
+            try:
+                if child.cpu_percent(interval=0.05) > 50:
+                    return child
+            except psutil.NoSuchProcess:
+                continue
+        return None
+
+    victim = None
+    deadline = time.monotonic() + 0.8
+    while victim is None and time.monotonic() < deadline:
+        victim = busy_worker()
+    assert victim is not None, "no worker was running the script"
+    victim.kill()
+    thread.join(10)
+    resp = result["resp"]
+    assert_error(resp, 500, "script_error")  # type: ignore[arg-type]
+    assert wait_until(lambda: read_errors(ep))
+    assert read_errors(ep)[0]["kind"] == "crash"
+    # The pool replaced the worker: the next request runs normally.
+    ok = make_endpoint(source="on endpoint(event):\n    event.reply(1)\n")
+    assert wait_until(lambda: server.request(ok.path, json_body={}, secret=ok.secret).status == 200)
+
+
+def test_history_records_the_request_without_the_secret(server: Server, make_endpoint,
+                                                       read_history) -> None:
+    ep = make_endpoint(source="on endpoint(event):\n    print('score', event.body['s'])\n"
+                              "    event.reply({'ok': True})\n")
+    resp = server.request(ep.path + "?q=1", json_body={"s": 3}, secret=ep.secret,
+                          headers={"User-Agent": "ua/2"})
+    assert resp.status == 200
+    assert wait_until(lambda: read_history(ep))
+    record = read_history(ep)[0]
+    assert record["status"] == 200
+    assert record["method"] == "POST"
+    assert record["ip"] == "127.0.0.1"
+    assert record["userAgent"] == "ua/2"
+    assert record["query"] == {"q": "1"}
+    assert "score 3" in record["output"]
+    assert "authorization" not in {k.lower() for k in record["headers"]}
+    assert ep.secret not in repr(record)
+    assert ep.secret not in server.log
