@@ -39,10 +39,10 @@ def serve(
 ) -> None:
     """Run the service until SIGTERM/SIGINT; blocks. `on_listening(port)` is called once bound."""
     from models.db import connect
-    from models.migrate import ensure_current
+    from models.migrate import Runner
 
     database = connect(settings.database.url)
-    ensure_current(database)
+    Runner(database).check()  # refuses a database that is behind (SchemaBehindError)
     database.close()  # the loop thread and the writer thread each open their own
 
     pool = Pool(size=settings.sandbox.workers, queue_timeout_ms=settings.sandbox.queue_timeout_ms)

@@ -1,0 +1,201 @@
+"""Fixtures for end-to-end tests: a migrated SQLite file, `logic serve` processes on it,
+and factories that set up guilds, scripts, endpoints and secrets through the service layer."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.service.http.harness import LOGIC, Server
+
+CONFIG = """
+[plans.bench]
+endpoints = 9
+memory_kb = 4096
+requests_per_minute = 1000000
+body_bytes = 1048576
+history = 200
+error_logs = true
+ip_whitelist = true
+advanced_stats = true
+time_limit_ms = 1000
+"""
+
+OWNER = "4242"
+_guild_ids = itertools.count(10_000)
+_ips = itertools.count(2)
+
+
+@dataclass
+class Env:
+    database_url: str
+    config: Path
+    db: Any
+    plans: Any
+
+
+@dataclass
+class Ep:
+    guild_id: str
+    script_id: str
+    name: str
+    secret: str = field(repr=False)
+
+    @property
+    def path(self) -> str:
+        return f"/endpoints/{self.guild_id}/{self.script_id}"
+
+
+@pytest.fixture(scope="session")
+def http_env(tmp_path_factory: pytest.TempPathFactory) -> Env:
+    from models.db import open_database
+    from service.settings import load_settings
+
+    root = tmp_path_factory.mktemp("http")
+    url = f"sqlite:///{root / 'logic.db'}"
+    config = root / "logic.toml"
+    config.write_text(CONFIG)
+    subprocess.run([LOGIC, "--database-url", url, "db", "upgrade"], check=True,
+                   capture_output=True)
+    settings = load_settings(str(config), env={})
+    return Env(url, config, open_database(url), settings.plans)
+
+
+@pytest.fixture()
+def bind(http_env: Env) -> Callable[[], None]:
+    """Bind the model proxy to the test database (other test modules bind it elsewhere)."""
+    from models.db import database
+
+    def do() -> None:
+        database.initialize(http_env.db)
+
+    do()
+    return do
+
+
+def _start(http_env: Env, tmp_path: Path, **options: Any) -> Server:
+    lines = []
+    sandbox = {k: v for k, v in options.items() if k in ("workers", "queue_timeout_ms")}
+    if sandbox:
+        lines.append("[sandbox]")
+        lines += [f"{k} = {v}" for k, v in sandbox.items()]
+    if "trusted_proxies" in options:
+        lines.append("[server]")
+        lines.append("trusted_proxies = [" + ", ".join(f'"{c}"' for c in options["trusted_proxies"])
+                     + "]")
+    config = tmp_path / f"server-{next(_guild_ids)}.toml"
+    config.write_text("\n".join(lines) + "\n" + CONFIG)
+    return Server(http_env.database_url, str(config)).start()
+
+
+@pytest.fixture(scope="module")
+def server(http_env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = _start(http_env, tmp_path_factory.mktemp("srv"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture()
+def make_server(http_env: Env, tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    started: list[Server] = []
+
+    def make(**options: Any) -> Server:
+        srv = _start(http_env, tmp_path, **options)
+        started.append(srv)
+        return srv
+
+    yield make
+    for srv in started:
+        try:
+            srv.stop()
+        except Exception:  # noqa: BLE001 - a test may have stopped it already
+            srv.kill()
+
+
+@pytest.fixture()
+def make_endpoint(http_env: Env, bind: Callable[[], None]) -> Callable[..., Ep]:
+    from service.core import endpoints, guilds, scripts, secrets
+    from service.core.access import Actor
+
+    def make(source: str, plan: str = "pro", enabled: bool = True,
+             whitelist: list[str] | None = None) -> Ep:
+        bind()
+        guild_id = str(next(_guild_ids))
+        owner = Actor.user(OWNER)
+        guilds.create_guild(Actor.operator(), guild_id, OWNER, plan, plans=http_env.plans)
+        script_id = scripts.create_script(owner, guild_id, f"s{guild_id}", source)["logicScriptId"]
+        if enabled:
+            endpoints.enable_endpoint(owner, guild_id, script_id, plans=http_env.plans)
+        if whitelist:
+            endpoints.set_whitelist(owner, guild_id, script_id, whitelist, plans=http_env.plans)
+        secret = secrets.regenerate_secret(owner, guild_id, script_id)["secret"]
+        return Ep(guild_id, script_id, f"s{guild_id}", secret)
+
+    return make
+
+
+@pytest.fixture()
+def set_plan(http_env: Env, bind: Callable[[], None]) -> Callable[[str, str], None]:
+    from service.core import guilds
+    from service.core.access import Actor
+
+    def do(guild_id: str, plan: str) -> None:
+        bind()
+        guilds.set_plan(Actor.operator(), guild_id, plan, plans=http_env.plans)
+
+    return do
+
+
+@pytest.fixture()
+def regenerate(bind: Callable[[], None]) -> Callable[[Ep], str]:
+    from service.core import secrets
+    from service.core.access import Actor
+
+    def do(ep: Ep) -> str:
+        bind()
+        return str(secrets.regenerate_secret(Actor.user(OWNER), ep.guild_id, ep.script_id)["secret"])
+
+    return do
+
+
+@pytest.fixture()
+def read_history(http_env: Env, bind: Callable[[], None]) -> Callable[[Ep], list[dict[str, Any]]]:
+    from service.core import reads
+    from service.core.access import Actor
+
+    def do(ep: Ep) -> list[dict[str, Any]]:
+        bind()
+        return list(reads.history(Actor.user(OWNER), ep.guild_id, ep.script_id,
+                                  plans=http_env.plans)["records"])
+
+    return do
+
+
+@pytest.fixture()
+def read_errors(http_env: Env, bind: Callable[[], None]) -> Callable[[Ep], list[dict[str, Any]]]:
+    from service.core import reads
+    from service.core.access import Actor
+
+    def do(ep: Ep) -> list[dict[str, Any]]:
+        bind()
+        return list(reads.errors(Actor.user(OWNER), ep.guild_id, ep.script_id,
+                                 plans=http_env.plans)["errors"])
+
+    return do
+
+
+@pytest.fixture()
+def source_ip() -> Callable[[], str]:
+    """A fresh loopback source address per call, so per-IP throttles do not collide."""
+
+    def make() -> str:
+        n = next(_ips)
+        return f"127.0.{n // 250}.{n % 250 + 2}"
+
+    return make
