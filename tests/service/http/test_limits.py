@@ -29,11 +29,13 @@ def test_quota_is_exact_and_retry_after_is_right(server: Server, make_endpoint) 
     assert abs(int(resp.headers["ratelimit-reset"]) - expected) <= 1.5
 
 
-def test_unauthenticated_requests_do_not_use_the_quota(server: Server, make_endpoint) -> None:
+def test_unauthenticated_requests_do_not_use_the_quota(server: Server, make_endpoint,
+                                                       source_ip) -> None:
     ep = make_endpoint(source=ECHO, plan="plus")
+    ip = source_ip()
     for _ in range(15):
-        assert server.request(ep.path, json_body={}, secret="lsk_wrong").status == 401
-        assert server.request(ep.path, json_body={}).status == 401
+        assert server.request_from(ip, ep.path, json_body={}, secret="lsk_wrong").status == 401
+        assert server.request_from(ip, ep.path, json_body={}).status == 401
     resp = server.request(ep.path, json_body={}, secret=ep.secret)
     assert resp.status == 200
     assert resp.headers["ratelimit-remaining"] == "29"
