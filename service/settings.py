@@ -91,12 +91,9 @@ def _int(lo: int, hi: int) -> Callable[[Any], int]:
 
 
 def _bool(value: Any) -> bool:
+    # Plans come only from TOML, which has real booleans: a string is a typo.
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
-        return True
-    if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
-        return False
     raise ValueError("expected true or false")
 
 
