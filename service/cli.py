@@ -57,8 +57,9 @@ class State:
         """Connect the models; refuse a database that is behind."""
         from models.db import DatabaseURLError, connect
         from models.migrate import Runner, SchemaBehindError
+        url = self.settings.database.url
         try:
-            db = connect(self.settings.database.url)
+            db = connect(url)
             db.connect(reuse_if_open=True)
             if check_schema:
                 Runner(db).check()

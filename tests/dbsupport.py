@@ -95,18 +95,23 @@ def pg_migrated(pg_schema: PgSchema) -> Iterator[str]:
     yield pg_schema.url
 
 
+@pytest.fixture
+def pg_empty_url(pg_schema: PgSchema) -> Iterator[str]:
+    """A URL to a fresh, empty PostgreSQL schema (for migration and CLI tests)."""
+    name = f"{pg_schema.name}_{uuid.uuid4().hex[:6]}"
+    admin = connect_admin()
+    admin.execute_sql(f'CREATE SCHEMA "{name}"')
+    yield with_search_path(pg_base_url(), name)
+    admin.execute_sql(f'DROP SCHEMA "{name}" CASCADE')
+    admin.close()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: "os.PathLike[str]") -> str:
     """An empty, un-migrated database URL on each backend."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/test.db"
-    schema: PgSchema = request.getfixturevalue("pg_schema")
-    # A fresh sub-schema per test: migration tests need a truly empty one.
-    name = f"{schema.name}_{uuid.uuid4().hex[:6]}"
-    admin = connect_admin()
-    admin.execute_sql(f'CREATE SCHEMA "{name}"')
-    request.addfinalizer(lambda: (admin.execute_sql(f'DROP SCHEMA "{name}" CASCADE'), admin.close()))
-    return with_search_path(pg_base_url(), name)
+    return str(request.getfixturevalue("pg_empty_url"))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
