@@ -155,3 +155,25 @@ def test_the_secret_is_never_stored_or_logged(db, caplog):
     assert Endpoint.select().count() == 1 and Script.select().count() == 1
     assert secret not in dump and secret[4:] not in dump
     assert secret not in caplog.text and "SELECT" in caplog.text
+
+
+def test_concurrent_writers_from_a_thread_pool(db):
+    """Each thread gets its own connection; batches serialise cleanly."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gid = make_guild("plus")
+    sid = make_script(gid)
+    eid = _endpoint(gid, sid)
+
+    def work(t: int) -> None:
+        try:
+            for b in range(5):
+                write_batch([make_request(eid, t * 100 + b * 10 + i, keep=20) for i in range(10)]
+                            + [StatHit(eid, NOW, 200, 1.0, f"192.0.2.{t}")] * 10)
+        finally:
+            db.close()      # the worker thread's own connection
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(work, range(4)))
+    assert len(core.history(OWNER, gid, sid)["records"]) == 20
+    assert core.stats(OWNER, gid, sid)["total"] == 200
