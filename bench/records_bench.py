@@ -25,6 +25,7 @@ from models.migrate import Runner  # noqa: E402
 from service import core  # noqa: E402
 from service.core.invoke_target import load_target  # noqa: E402
 from service.core.records import RequestRecordIn, StatHit, write_batch  # noqa: E402
+from models.migrate import _sql  # noqa: E402
 
 
 def setup(endpoints: int) -> list[int]:
@@ -47,7 +48,7 @@ def run(url: str, records: int, batch: int, keep: int, endpoints: int) -> float:
     start = time.perf_counter()
     for offset in range(0, records, batch):
         now = datetime.now(timezone.utc)
-        items: list = []
+        items: list[RequestRecordIn | StatHit] = []
         for n in range(offset, min(offset + batch, records)):
             eid = ids[n % len(ids)]
             items.append(RequestRecordIn(
@@ -88,14 +89,14 @@ def main() -> None:
     if not args.no_postgres:
         schema = f"bench_{uuid.uuid4().hex[:8]}"
         admin = open_database(args.postgres)
-        admin.execute_sql(f'CREATE SCHEMA "{schema}"')
+        _sql(admin, f'CREATE SCHEMA "{schema}"')
         try:
             sep = "&" if "?" in args.postgres else "?"
             url = f"{args.postgres}{sep}options={quote(f'-c search_path={schema}')}"
             rate = run(url, args.records, args.batch, args.keep, args.endpoints)
             print(f"postgresql  {rate:10,.0f} records/s  ({shape})")
         finally:
-            admin.execute_sql(f'DROP SCHEMA "{schema}" CASCADE')
+            _sql(admin, f'DROP SCHEMA "{schema}" CASCADE')
             admin.close()
 
 

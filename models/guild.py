@@ -1,7 +1,7 @@
 """Guilds (a chat-platform server, keyed by its platform ID) and their managers."""
 from __future__ import annotations
 
-from peewee import CharField, DateTimeField, ForeignKeyField
+from peewee import AutoField, CharField, DateTimeField, ForeignKeyField
 
 from models.clock import utcnow
 from models.db import BaseModel
@@ -19,6 +19,7 @@ class Guild(BaseModel):
 class GuildManager(BaseModel):
     """A user allowed to edit the guild's scripts and endpoints."""
 
+    id = AutoField()
     guild = ForeignKeyField(Guild, backref="managers", on_delete="CASCADE", index=False)
     user_id = CharField(max_length=64)
     created_at = DateTimeField(default=utcnow)

@@ -16,6 +16,7 @@ import logging
 import pkgutil
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from peewee import Database, PostgresqlDatabase
 
@@ -26,6 +27,11 @@ log = logging.getLogger("logic.migrate")
 HISTORY_TABLE = "schema_version"
 _PACKAGE = "models.migrations"
 _ADVISORY_KEY = 0x4C6F676963   # "Logic"
+
+
+def _sql(db: Database, sql: str, params: tuple[Any, ...] = ()) -> Any:
+    """`db.execute_sql` (untyped in peewee's stubs) behind one typed call."""
+    return db.execute_sql(sql, params)  # type: ignore[no-untyped-call]
 
 
 class MigrationError(Exception):
@@ -89,7 +95,7 @@ class Runner:
         """The highest applied version; 0 for an empty database."""
         if not self.db.table_exists(HISTORY_TABLE):
             return 0
-        row = self.db.execute_sql(f"SELECT MAX(version) FROM {HISTORY_TABLE}").fetchone()
+        row = _sql(self.db, f"SELECT MAX(version) FROM {HISTORY_TABLE}").fetchone()
         return int(row[0] or 0)
 
     def check(self) -> None:
@@ -103,13 +109,13 @@ class Runner:
         # Inside a transaction: serialise concurrent runners (SQLite already
         # holds the write lock from BEGIN IMMEDIATE).
         if isinstance(self.db, PostgresqlDatabase):
-            self.db.execute_sql("SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_KEY,))
+            _sql(self.db, "SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_KEY,))
 
     def _ensure_history(self) -> None:
         with self.db.atomic():
             self._lock()
-            self.db.execute_sql(
-                f"CREATE TABLE IF NOT EXISTS {HISTORY_TABLE} ("
+            _sql(self.db,
+                 f"CREATE TABLE IF NOT EXISTS {HISTORY_TABLE} ("
                 "version INTEGER NOT NULL PRIMARY KEY, name VARCHAR(100) NOT NULL, "
                 "applied_at TIMESTAMP NOT NULL)")
 
@@ -128,8 +134,8 @@ class Runner:
                     continue
                 log.info("applying migration %s", migration.name)
                 migration.module.up(self.db)
-                self.db.execute_sql(
-                    f"INSERT INTO {HISTORY_TABLE} (version, name, applied_at) "
+                _sql(self.db,
+                     f"INSERT INTO {HISTORY_TABLE} (version, name, applied_at) "
                     f"VALUES ({self.db.param}, {self.db.param}, {self.db.param})",
                     (migration.version, migration.name, utcnow()))
                 applied.append(migration.version)
@@ -148,8 +154,8 @@ class Runner:
                     continue
                 log.info("reverting migration %s", migration.name)
                 migration.module.down(self.db)
-                self.db.execute_sql(
-                    f"DELETE FROM {HISTORY_TABLE} WHERE version = {self.db.param}",
+                _sql(self.db,
+                     f"DELETE FROM {HISTORY_TABLE} WHERE version = {self.db.param}",
                     (migration.version,))
                 reverted.append(migration.version)
         return reverted

@@ -327,7 +327,10 @@ def token_create(state: State, user_id: str | None, operator: bool, as_json: boo
 @pass_state
 def token_revoke(state: State, token_id: int, as_json: bool) -> None:
     """Revoke an API token by id."""
-    _run(state, lambda: core.revoke_api_token(core.Actor.operator(), token_id) or {})
+    def revoke() -> dict[str, Any]:
+        core.revoke_api_token(core.Actor.operator(), token_id)
+        return {}
+    _run(state, revoke)
     emit({"id": token_id, "revoked": True}, as_json)
 
 

@@ -93,7 +93,7 @@ def get_guild(guild_id: str, *, lock: bool = False) -> Guild:
     query = Guild.select().where(Guild.id == guild_id)
     if lock and is_postgres():
         query = query.for_update()
-    guild = query.first()
+    guild: Guild | None = query.first()
     if guild is None:
         raise NotFoundError(f"guild {guild_id} not found", code="guild_not_found")
     return guild

@@ -13,7 +13,7 @@ import importlib.util
 import logging
 import secrets
 import string
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, cast
 
 from peewee import IntegrityError
 
@@ -88,11 +88,11 @@ def _validate_name(name: str) -> str:
     return name
 
 
-def script_view(script: Script, with_source: bool = False) -> dict[str, Any]:
+def script_view(script: Script, guild_id: str, with_source: bool = False) -> dict[str, Any]:
     """The JSON shape of a script."""
     endpoint = Endpoint.get(Endpoint.script == script.id)
     view: dict[str, Any] = {
-        "logicScriptId": script.public_id, "guildId": script.guild_id, "name": script.name,
+        "logicScriptId": script.public_id, "guildId": guild_id, "name": script.name,
         "version": script.version, "createdAt": iso(script.created_at),
         "updatedAt": iso(script.updated_at), "endpointEnabled": bool(endpoint.enabled),
         "sourceBytes": len(script.source.encode("utf-8")),
@@ -125,7 +125,7 @@ def create_script(actor: Actor, guild_id: str, name: str, source: str | bytes) -
         audit.record(actor, "script.created", guild_id=guild.id, script_id=script.public_id,
                      name=name)
     log.info("script %s created in guild %s by %s", script.public_id, guild.id, actor.label)
-    return script_view(script)
+    return script_view(script, guild.id)
 
 
 def update_script(actor: Actor, guild_id: str, script_id: str, source: str | bytes | None = None,
@@ -146,7 +146,7 @@ def update_script(actor: Actor, guild_id: str, script_id: str, source: str | byt
         script = Script.get_by_id(script.id)
         audit.record(actor, "script.updated", guild_id=guild.id, script_id=script.public_id,
                      version=script.version, renamed=new_name is not None)
-    return script_view(script)
+    return script_view(script, guild.id)
 
 
 def delete_script(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]:
@@ -167,8 +167,8 @@ def delete_script(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]
 
 def show_script(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]:
     """The script with its source.  Raises `NotFoundError`, `PermissionDeniedError`."""
-    _, script, _ = guild_and_script(actor, guild_id, script_id, "view scripts")
-    return script_view(script, with_source=True)
+    guild, script, _ = guild_and_script(actor, guild_id, script_id, "view scripts")
+    return script_view(script, guild.id, with_source=True)
 
 
 def list_scripts(actor: Actor, guild_id: str) -> dict[str, Any]:
@@ -176,9 +176,12 @@ def list_scripts(actor: Actor, guild_id: str) -> dict[str, Any]:
     `NotFoundError`, `PermissionDeniedError`."""
     guild = get_guild(guild_id)
     require_role(actor, guild, EDITORS, "list scripts")
-    rows = (Script.select(Script, Endpoint.enabled).join(Endpoint, on=(Endpoint.script == Script.id))
-            .where((Script.guild == guild.id) & Script.deleted_at.is_null())
-            .order_by(Script.id).objects())
-    return {"scripts": [{"logicScriptId": s.public_id, "name": s.name, "version": s.version,
-                         "endpointEnabled": bool(s.enabled), "updatedAt": iso(s.updated_at)}
+    query = (Script.select(Script.public_id, Script.name, Script.version, Script.updated_at,
+                           Endpoint.enabled)
+             .join(Endpoint, on=(Endpoint.script == Script.id))
+             .where((Script.guild == guild.id) & Script.deleted_at.is_null())
+             .order_by(Script.id).dicts())
+    rows = cast(Iterable[dict[str, Any]], query)
+    return {"scripts": [{"logicScriptId": s["public_id"], "name": s["name"], "version": s["version"],
+                         "endpointEnabled": bool(s["enabled"]), "updatedAt": iso(s["updated_at"])}
                         for s in rows]}

@@ -8,10 +8,16 @@ import pytest
 
 from models import AuditRecord, Guild
 from service import core
-from service.core.invoke_target import load_target
+from service.core.invoke_target import InvokeTarget, load_target
 from service.core.secrets import verify_secret
 from service.plans import DEFAULT_PLANS, Plan
 from tests.factories import MANAGER, OPERATOR, OWNER, STRANGER, make_guild, make_script
+
+
+def must_load(gid: str, sid: str, plans=DEFAULT_PLANS) -> InvokeTarget:
+    target = load_target(gid, sid, plans)
+    assert target is not None
+    return target
 
 
 @pytest.mark.parametrize("plan,quota", [("free", 0), ("plus", 3), ("pro", 9)])
@@ -78,10 +84,10 @@ def test_secret_owner_only(db):
     assert first["hint"] == first["secret"][-4:]
     shown = core.show_endpoint(MANAGER, gid, sid)
     assert shown["secret"]["hint"] == first["hint"] and "secret" not in str(shown["secret"].values())
-    target = load_target(gid, sid)
+    target = must_load(gid, sid)
     assert target is not None and verify_secret(target.secret_hash, first["secret"])
     second = core.regenerate_secret(OWNER, gid, sid)
-    target = load_target(gid, sid)
+    target = must_load(gid, sid)
     assert verify_secret(target.secret_hash, second["secret"])
     assert not verify_secret(target.secret_hash, first["secret"])
     assert not verify_secret(None, second["secret"]) and not verify_secret("garbage", "x")
@@ -100,7 +106,7 @@ def test_whitelist_pro_only_and_normalised(db):
     view = core.set_whitelist(MANAGER, pro, s_pro,
                               ["2001:DB8::/32", "10.0.0.0/8", "192.0.2.7", "10.0.0.0/8", "::1"])
     assert view["whitelist"] == ["10.0.0.0/8", "192.0.2.7/32", "::1/128", "2001:db8::/32"]
-    target = load_target(pro, s_pro)
+    target = must_load(pro, s_pro)
     assert ipaddress.ip_network("2001:db8::/32") in target.whitelist
 
 
@@ -122,18 +128,18 @@ def test_load_target(db):
     assert load_target(gid, "logic_" + "b" * 22) is None
     assert load_target("999", sid) is None
     assert load_target("not-digits", sid) is None
-    target = load_target(gid, sid)
+    target = must_load(gid, sid)
     assert target.enabled is False and target.script_version == 1 and target.secret_hash is None
     assert target.plan == DEFAULT_PLANS["plus"] and target.whitelist == ()
     core.enable_endpoint(OWNER, gid, sid)
-    assert load_target(gid, sid).enabled is True
+    assert must_load(gid, sid).enabled is True
     # A guild put on a plan without endpoints behind the service's back:
     Guild.update(plan="free").where(Guild.id == gid).execute()
-    assert load_target(gid, sid).enabled is False
+    assert must_load(gid, sid).enabled is False
     # Operator-defined plans come from the settings mapping.
     custom = {"free": DEFAULT_PLANS["free"], "bench": Plan("bench", 9, 4096, 10**6, 1 << 20, 200,
                                                            True, True, True, 1000)}
     Guild.update(plan="bench").where(Guild.id == gid).execute()
-    assert load_target(gid, sid, custom).plan.requests_per_minute == 10**6
+    assert must_load(gid, sid, custom).plan.requests_per_minute == 10**6
     core.delete_script(OWNER, gid, sid)
     assert load_target(gid, sid) is None

@@ -19,7 +19,8 @@ def test_api_tokens_are_hashed_and_act_as_their_user(db):
     stored = [t.token_hash for t in ApiToken.select()]
     assert user["token"] not in stored and all(len(h) == 64 for h in stored)
     assert core.authenticate_token(user["token"]) == core.Actor.user("100")
-    assert core.authenticate_token(op["token"]).is_operator
+    op_actor = core.authenticate_token(op["token"])
+    assert op_actor is not None and op_actor.is_operator
     assert core.authenticate_token("lat_nope") is None and core.authenticate_token("") is None
     core.revoke_api_token(OPERATOR, user["id"])
     assert core.authenticate_token(user["token"]) is None
