@@ -84,6 +84,18 @@ def guild_show(state: State, guild_id: str, as_user: str | None, as_json: bool) 
                                              plans=state.settings.plans)), as_json)
 
 
+@guild.command("list")
+@as_option
+@json_option
+@pass_state
+def guild_list(state: State, as_user: str | None, as_json: bool) -> None:
+    """List guilds: all for the operator, owned or managed with --as."""
+    data = _run(state, lambda: core.list_guilds(actor_of(as_user), plans=state.settings.plans))
+    emit(data, as_json, lambda d: "\n".join(
+        f"{g['guildId']}  {g['plan']}  owner {g['ownerId']}  {g['endpointsEnabled']}/{g['endpointsAllowed']} endpoints"
+        for g in d["guilds"]) or "(no guilds)")
+
+
 @guild.command("set-plan")
 @click.argument("guild_id")
 @click.argument("plan")

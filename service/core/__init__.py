@@ -11,7 +11,8 @@ from service.core.endpoints import (disable_endpoint, enable_endpoint, endpoint_
                                     set_whitelist, show_endpoint)
 from service.core.errors import (ConflictError, CoreError, NotFoundError,
                                  PermissionDeniedError, QuotaError, ValidationError)
-from service.core.guilds import add_manager, create_guild, remove_manager, set_plan, show_guild
+from service.core.guilds import (add_manager, create_guild, list_guilds, remove_manager, set_plan,
+                                 show_guild)
 from service.core.reads import errors, history, stats
 from service.core.scripts import (create_script, delete_script, list_scripts, show_script,
                                   update_script)
@@ -22,7 +23,7 @@ from service.core.tokens import (authenticate_token, consume_login_token, create
 __all__ = [
     "Actor", "Role", "audit_log", "disable_endpoint", "enable_endpoint", "endpoint_url",
     "set_whitelist", "show_endpoint", "ConflictError", "CoreError", "NotFoundError",
-    "PermissionDeniedError", "QuotaError", "ValidationError", "add_manager", "create_guild",
+    "PermissionDeniedError", "QuotaError", "ValidationError", "add_manager", "create_guild", "list_guilds",
     "remove_manager", "set_plan", "show_guild", "errors", "history", "stats", "create_script",
     "delete_script", "list_scripts", "show_script", "update_script", "regenerate_secret",
     "verify_secret", "authenticate_token", "consume_login_token", "create_api_token",

@@ -62,6 +62,17 @@ def show_guild(actor: Actor, guild_id: str, *,
     return guild_view(guild, plans)
 
 
+def list_guilds(actor: Actor, *,
+                plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
+    """`{"guilds": [...]}`: every guild for the operator, else the guilds the
+    user owns or manages (what the dashboard lists after login)."""
+    query = Guild.select().order_by(Guild.id)
+    if not actor.is_operator:
+        managed = GuildManager.select(GuildManager.guild).where(GuildManager.user_id == actor.user_id)
+        query = query.where((Guild.owner_id == actor.user_id) | Guild.id.in_(managed))
+    return {"guilds": [guild_view(g, plans) for g in query]}
+
+
 def set_plan(actor: Actor, guild_id: str, plan: str, *,
              plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
     """Change the guild's plan (operator only).  A downgrade disables the

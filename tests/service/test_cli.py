@@ -52,6 +52,7 @@ def scenario(logic: Logic, tmp_path: Path) -> None:
     logic("guild", "create", "1x", "--owner", "10", "--json", code=2)           # bad id
     logic("guild", "add-manager", "1", "20", "--as", "10", "--json")
     logic("guild", "add-manager", "1", "21", "--as", "20", "--json", code=3)    # manager
+    assert [g["guildId"] for g in logic("guild", "list", "--as", "20", "--json")["guilds"]] == ["1"]
     sid = logic("script", "create", "1", "--name", "hello", "--file", str(src), "--json")["logicScriptId"]
     assert sid.startswith("logic_") and len(sid) == 28
     assert logic("script", "list", "1", "--json")["scripts"][0]["logicScriptId"] == sid

@@ -121,3 +121,12 @@ def test_audit_records_actions(db):
     actions = [(a["actor"], a["action"]) for a in core.audit_log(OWNER, gid)["audit"]]
     assert actions[0] == ("user:200", "endpoint.enabled")
     assert ("operator", "guild.created") in actions and ("user:100", "script.created") in actions
+
+
+def test_list_guilds_by_role(db):
+    a, b = make_guild(manager=True), make_guild(manager=False)
+    core.create_guild(OPERATOR, "5", "999")
+    assert [g["guildId"] for g in core.list_guilds(OWNER)["guilds"]] == sorted([a, b])
+    assert [g["guildId"] for g in core.list_guilds(MANAGER)["guilds"]] == [a]
+    assert core.list_guilds(STRANGER)["guilds"] == []
+    assert len(core.list_guilds(OPERATOR)["guilds"]) == 3
