@@ -11,14 +11,18 @@ One URL picks the backend (as `playhouse.db_url` does):
 
 Threads: peewee keeps one connection per thread (`thread_safe=True`), so a
 thread pool gets one connection per worker thread, opened on first use and
-reused.  `close()` closes the calling thread's connection.
+reused.  `close()` closes the calling thread's connection.  A PostgreSQL
+connection the server dropped is reopened on the next statement outside a
+transaction (see `ReconnectingPostgresqlDatabase`).
 """
 from __future__ import annotations
 
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlparse
 
-from peewee import Database, DatabaseProxy, Model, PostgresqlDatabase, SqliteDatabase
+from peewee import (Database, DatabaseProxy, InterfaceError, Model, OperationalError,
+                    PostgresqlDatabase, SqliteDatabase)
+from playhouse.shortcuts import ReconnectMixin
 
 #: The proxy every model binds to; `connect()` points it at a real database.
 database = DatabaseProxy()
@@ -33,6 +37,20 @@ class BaseModel(Model):
     class Meta:
         database = database
         legacy_table_names = False
+
+
+class ReconnectingPostgresqlDatabase(ReconnectMixin, PostgresqlDatabase):  # type: ignore[misc]
+    """PostgreSQL that reopens a connection the server dropped (restart,
+    failover, idle timeout).  The mixin never retries inside a transaction,
+    and every write here runs in one, so a retried statement is a read or a
+    BEGIN: nothing is applied twice."""
+
+    reconnect_errors = (
+        (OperationalError, "server closed the connection"),
+        (OperationalError, "terminating connection"),
+        (OperationalError, "could not receive data from server"),
+        (InterfaceError, "connection already closed"),
+    )
 
 
 class DatabaseURLError(ValueError):
@@ -77,7 +95,7 @@ def open_database(url: str) -> Database:
         name = unquote(parsed.path[1:])
         if not name:
             raise DatabaseURLError(f"database url {url!r}: missing database name")
-        return PostgresqlDatabase(name, **kwargs)
+        return ReconnectingPostgresqlDatabase(name, **kwargs)
     raise DatabaseURLError(f"database url {url!r}: unsupported scheme (use sqlite:// or postgresql://)")
 
 
