@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl, unquote, urlparse
 
 from peewee import (Database, DatabaseProxy, InterfaceError, Model, OperationalError,
                     PostgresqlDatabase, SqliteDatabase)
-from playhouse.shortcuts import ReconnectMixin
+from playhouse.shortcuts import ReconnectMixin  # type: ignore[import-untyped]
 
 #: The proxy every model binds to; `connect()` points it at a real database.
 database = DatabaseProxy()

@@ -230,7 +230,7 @@ def endpoint() -> None:
 
 
 def _endpoint_command(name: str, call: Any, doc: str) -> None:
-    @endpoint.command(name)
+    @endpoint.command(name, help=doc)
     @click.argument("guild_id")
     @click.argument("script_id")
     @as_option
@@ -241,7 +241,6 @@ def _endpoint_command(name: str, call: Any, doc: str) -> None:
         emit(_run(state, lambda: call(actor_of(as_user), guild_id, script_id,
                                       plans=state.settings.plans,
                                       base_url=state.settings.server.base_url)), as_json)
-    command.__doc__ = doc
 
 
 _endpoint_command("enable", core.enable_endpoint, "Switch the endpoint on (within the plan's quota).")
@@ -291,7 +290,7 @@ def whitelist_set(state: State, guild_id: str, script_id: str, cidrs: tuple[str,
 
 # ---------------------------------------------------------------- reads
 def _read_command(name: str, call: Any, doc: str) -> None:
-    @cli.command(name)
+    @cli.command(name, help=doc)
     @click.argument("guild_id")
     @click.argument("script_id")
     @as_option
@@ -301,7 +300,6 @@ def _read_command(name: str, call: Any, doc: str) -> None:
                 as_json: bool) -> None:
         emit(_run(state, lambda: call(actor_of(as_user), guild_id, script_id,
                                       plans=state.settings.plans)), as_json, _summary)
-    command.__doc__ = doc
 
 
 def _summary(data: dict[str, Any]) -> str:

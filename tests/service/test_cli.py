@@ -114,3 +114,19 @@ def test_env_config_file_and_text_output(tmp_path):
     assert bad("db", "upgrade", url=False, code=2) == "logic: error: env: unknown variable LOGIC_SERVER_HOTS"
     config.write_text("[server]\nhots = 1\n")
     assert logic("db", "upgrade", url=False, code=2) == "logic: error: config: unknown key server.hots"
+
+
+def test_commands_refuse_a_partly_migrated_database(tmp_path):
+    from models.db import connect, database
+    from models.migrate import Runner
+    url = f"sqlite:///{tmp_path}/old.db"
+    db = connect(url)
+    Runner(db).upgrade(2)
+    db.close()
+    database.initialize(None)
+    logic = Logic(url, tmp_path)
+    assert logic("script", "list", "1", "--json", code=1) == (
+        'logic: error: database schema is at version 2, this release needs 3: run "logic db upgrade"')
+    assert logic("db", "upgrade", "--json") == {"applied": [3], "from": 2, "to": 3}
+    assert logic("db", "version", "--json") == {"current": 3, "latest": 3}
+    assert "secret regenerate" not in logic("--help") and "Commands:" in logic("--help")
