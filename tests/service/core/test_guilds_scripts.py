@@ -130,3 +130,13 @@ def test_list_guilds_by_role(db):
     assert [g["guildId"] for g in core.list_guilds(MANAGER)["guilds"]] == [a]
     assert core.list_guilds(STRANGER)["guilds"] == []
     assert len(core.list_guilds(OPERATOR)["guilds"]) == 3
+
+
+def test_the_real_compiler_when_present(db):
+    if scripts_module._compiler() is None:
+        pytest.skip("sandbox.compiler is not in this tree yet (size/UTF-8 checks only)")
+    gid = make_guild()
+    with pytest.raises(core.ValidationError) as err:
+        core.create_script(OWNER, gid, "bad", "on endpoint(event):\n    x = (\n")
+    assert err.value.code == "compile_error" and "2:" in err.value.message
+    core.create_script(OWNER, gid, "good", SOURCE)
