@@ -1,0 +1,114 @@
+"""Database handle: one `DatabaseProxy` every model binds to, and `connect(url)`.
+
+One URL picks the backend (as `playhouse.db_url` does):
+- `sqlite:///relative/path.db`, `sqlite:////abs/path.db`, `sqlite:///:memory:`:
+  WAL journal, foreign keys on, a busy timeout, and `BEGIN IMMEDIATE` for every
+  transaction so two writers queue instead of failing half-way through a
+  read-then-write (quota checks read, then write);
+- `postgresql://user:pass@host:port/dbname?options=...`: psycopg2; query
+  parameters are passed to `psycopg2.connect` (e.g. `connect_timeout`,
+  `sslmode`, `options=-c search_path=...`).
+
+Threads: peewee keeps one connection per thread (`thread_safe=True`), so a
+thread pool gets one connection per worker thread, opened on first use and
+reused.  `close()` closes the calling thread's connection.  A PostgreSQL
+connection the server dropped is reopened on the next statement outside a
+transaction (see `ReconnectingPostgresqlDatabase`).
+"""
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlparse
+
+from peewee import (Database, DatabaseProxy, InterfaceError, Model, OperationalError,
+                    PostgresqlDatabase, SqliteDatabase)
+from playhouse.shortcuts import ReconnectMixin  # type: ignore[import-untyped]
+
+#: The proxy every model binds to; `connect()` points it at a real database.
+database = DatabaseProxy()
+
+#: Milliseconds a SQLite writer waits for the lock before failing.
+SQLITE_BUSY_TIMEOUT_S = 10.0
+
+
+class BaseModel(Model):
+    """Shared base: binds to the proxy; table names are snake_case."""
+
+    class Meta:
+        database = database
+        legacy_table_names = False
+
+
+class ReconnectingPostgresqlDatabase(ReconnectMixin, PostgresqlDatabase):  # type: ignore[misc]
+    """PostgreSQL that reopens a connection the server dropped (restart,
+    failover, idle timeout).  The mixin never retries inside a transaction,
+    and every write here runs in one, so a retried statement is a read or a
+    BEGIN: nothing is applied twice."""
+
+    reconnect_errors = (
+        (OperationalError, "server closed the connection"),
+        (OperationalError, "terminating connection"),
+        (OperationalError, "could not receive data from server"),
+        (InterfaceError, "connection already closed"),
+    )
+
+
+class DatabaseURLError(ValueError):
+    """The database URL cannot be used; the message names the problem."""
+
+
+def _qs_value(value: str) -> Any:
+    return int(value) if value.isdigit() else value
+
+
+def open_database(url: str) -> Database:
+    """Return an unconnected peewee `Database` for `url` (no proxy change)."""
+    parsed = urlparse(url)
+    params = {k: _qs_value(v) for k, v in parse_qsl(parsed.query, keep_blank_values=True)}
+    if parsed.scheme == "sqlite":
+        path = unquote(parsed.path[1:]) if parsed.path.startswith("/") else parsed.path
+        if not path:
+            raise DatabaseURLError(f"database url {url!r}: missing file path (sqlite:///logic.db)")
+        return SqliteDatabase(
+            path,
+            pragmas={
+                "journal_mode": "wal",
+                "foreign_keys": 1,
+                "busy_timeout": int(SQLITE_BUSY_TIMEOUT_S * 1000),
+                # WAL makes NORMAL durable against application crashes; only
+                # an OS crash can lose the last transactions.
+                "synchronous": "normal",
+            },
+            timeout=SQLITE_BUSY_TIMEOUT_S,
+            lock_type="IMMEDIATE",
+        )
+    if parsed.scheme in ("postgres", "postgresql"):
+        kwargs: dict[str, Any] = dict(params)
+        if parsed.username:
+            kwargs["user"] = unquote(parsed.username)
+        if parsed.password:
+            kwargs["password"] = unquote(parsed.password)
+        if parsed.hostname:
+            kwargs["host"] = parsed.hostname
+        if parsed.port:
+            kwargs["port"] = parsed.port
+        name = unquote(parsed.path[1:])
+        if not name:
+            raise DatabaseURLError(f"database url {url!r}: missing database name")
+        return ReconnectingPostgresqlDatabase(name, **kwargs)
+    raise DatabaseURLError(f"database url {url!r}: unsupported scheme (use sqlite:// or postgresql://)")
+
+
+def connect(url: str) -> Database:
+    """Open the database at `url`, bind the model proxy to it and return it."""
+    db = open_database(url)
+    database.initialize(db)
+    return db
+
+
+def is_postgres(db: Database | DatabaseProxy | None = None) -> bool:
+    """True when the (bound) database is PostgreSQL."""
+    target = db if db is not None else database
+    if isinstance(target, DatabaseProxy):
+        target = target.obj
+    return isinstance(target, PostgresqlDatabase)

@@ -1,0 +1,47 @@
+"""Scripts and their one endpoint each.
+
+A script's public ID (`logicScriptId`) is never reused: deleting a script
+keeps its row as a tombstone (`deleted_at` set, source cleared), and the unique
+index on `public_id` then refuses the same ID forever.
+"""
+from __future__ import annotations
+
+from peewee import (AutoField, BooleanField, CharField, DateTimeField,
+                    ForeignKeyField, IntegerField, TextField)
+
+from models.clock import utcnow
+from models.db import BaseModel
+from models.guild import Guild
+
+
+class Script(BaseModel):
+    """A guild's script; `version` grows on every source update."""
+
+    id = AutoField()
+    public_id = CharField(max_length=28, unique=True)
+    guild = ForeignKeyField(Guild, backref="scripts", on_delete="CASCADE", index=False)
+    name = CharField(max_length=100)
+    source = TextField()
+    version = IntegerField(default=1)
+    created_at = DateTimeField(default=utcnow)
+    updated_at = DateTimeField(default=utcnow)
+    deleted_at = DateTimeField(null=True)
+
+    class Meta:
+        # Listing a guild's live scripts, and the guild part of the hot lookup.
+        indexes = ((("guild", "deleted_at"), False),)
+
+
+class Endpoint(BaseModel):
+    """The inbound HTTP endpoint of one script: switch, secret hash, whitelist."""
+
+    id = AutoField()
+    script = ForeignKeyField(Script, backref="endpoint_rows", on_delete="CASCADE", unique=True)
+    enabled = BooleanField(default=False)
+    enabled_at = DateTimeField(null=True)
+    secret_hash = CharField(max_length=255, null=True)
+    secret_hint = CharField(max_length=4, null=True)
+    secret_created_at = DateTimeField(null=True)
+    secret_created_by = CharField(max_length=64, null=True)
+    whitelist = TextField(default="[]")      # JSON list of normalised CIDRs
+    created_at = DateTimeField(default=utcnow)

@@ -1,0 +1,160 @@
+"""The `logic` command (DESIGN section 9): parses arguments, builds the
+`Settings`, calls the service layer and prints.  No rules of its own.
+
+Output: human-readable lines, or with `--json` exactly one JSON object on
+stdout.  Errors: one line on stderr, exit 2 (usage, bad input, not found),
+3 (permission refused), 4 (quota or plan refused), 1 (anything else, e.g. a
+database that is behind).  Add a command with `@cli.command()` or to a group
+(`guild`, `script`, ...); `serve` and `demo` plug in the same way.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, NoReturn
+
+import click
+
+from service.core.access import Actor
+from service.core.errors import (CoreError, NotFoundError, PermissionDeniedError, QuotaError,
+                                 ValidationError)
+from service.settings import Settings, SettingsError, load_settings
+
+EXIT_ERROR, EXIT_USAGE, EXIT_DENIED, EXIT_QUOTA = 1, 2, 3, 4
+
+
+class CommandError(Exception):
+    """An error the CLI reports as one line with a given exit code."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class State:
+    """Per-invocation context: global options, then settings and the database."""
+
+    database_url: str | None = None
+    config: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    _settings: Settings | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            overrides = {"database.url": self.database_url, **self.overrides}
+            try:
+                self._settings = load_settings(self.config, os.environ, overrides)
+            except SettingsError as err:
+                raise CommandError(str(err), EXIT_USAGE) from None
+        return self._settings
+
+    def open_database(self, check_schema: bool = True) -> None:
+        """Connect the models; refuse a database that is behind."""
+        from models.db import DatabaseURLError, connect
+        from models.migrate import Runner, SchemaBehindError
+        url = self.settings.database.url
+        try:
+            db = connect(url)
+            db.connect(reuse_if_open=True)
+            if check_schema:
+                Runner(db).check()
+        except DatabaseURLError as err:
+            raise CommandError(str(err), EXIT_USAGE) from None
+        except SchemaBehindError as err:
+            raise CommandError(str(err), EXIT_ERROR) from None
+        except Exception as err:  # driver errors: one line, never a traceback
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise CommandError(f"cannot open database: {first}", EXIT_ERROR) from None
+
+
+pass_state = click.make_pass_decorator(State)
+
+
+def emit(data: dict[str, Any], as_json: bool, text: Callable[[dict[str, Any]], str] | None = None) -> None:
+    """Print one JSON object, or a human-readable rendering."""
+    if as_json:
+        click.echo(json.dumps(data, sort_keys=True))
+    elif text is not None:
+        click.echo(text(data))
+    else:
+        for key, value in data.items():
+            shown = json.dumps(value) if isinstance(value, (dict, list)) else value
+            click.echo(f"{key}: {shown}")
+
+
+def actor_of(as_user: str | None) -> Actor:
+    """`--as USER_ID`, or the operator."""
+    return Actor.operator() if as_user is None else Actor.user(as_user)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+as_option = click.option("--as", "as_user", metavar="USER_ID", default=None,
+                         help="Act as this user (default: the operator).")
+
+
+def run_core(state: State, call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Open the database (checking the schema) and run a service-layer call."""
+    state.open_database()
+    return call()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--database-url", metavar="URL", default=None,
+              help="Database URL (env LOGIC_DATABASE_URL; default sqlite:///logic.db).")
+@click.option("--config", metavar="FILE", default=None, type=click.Path(dir_okay=False),
+              help="TOML configuration file (env LOGIC_CONFIG).")
+@click.version_option(package_name="logic-endpoints", prog_name="logic")
+@click.pass_context
+def cli(ctx: click.Context, database_url: str | None, config: str | None) -> None:
+    """Logic Endpoints: inbound HTTP endpoints for guild scripts."""
+    # Env and file precedence is handled by load_settings, so these options
+    # have no click-level default that would override the config file.
+    ctx.obj = State(database_url=database_url, config=config)
+
+
+# Register the command groups (their modules attach to `cli`).
+from service import cli_commands  # noqa: E402,F401  (import for side effects)
+
+
+def _exit_code(err: CoreError) -> int:
+    if isinstance(err, PermissionDeniedError):
+        return EXIT_DENIED
+    if isinstance(err, QuotaError):
+        return EXIT_QUOTA
+    if isinstance(err, (NotFoundError, ValidationError)):
+        return EXIT_USAGE
+    return EXIT_ERROR
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"logic: error: {' '.join(message.split())}", err=True)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: one-line errors with stable exit codes."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cli.main(args=argv, prog_name="logic", standalone_mode=False)
+    except click.UsageError as err:
+        if type(err).__name__ == "NoArgsIsHelpError":   # click >= 8.2: bare group
+            click.echo(err.ctx.get_help() if err.ctx else err.format_message())
+            sys.exit(EXIT_USAGE)
+        _fail(err.format_message(), EXIT_USAGE)
+    except click.ClickException as err:
+        _fail(err.format_message(), err.exit_code or EXIT_ERROR)
+    except click.exceptions.Abort:
+        _fail("aborted", EXIT_ERROR)
+    except click.exceptions.Exit as err:
+        sys.exit(err.exit_code)
+    except CommandError as err:
+        _fail(str(err), err.exit_code)
+    except CoreError as err:
+        _fail(err.message, _exit_code(err))
+    except SettingsError as err:
+        _fail(str(err), EXIT_USAGE)

@@ -1,0 +1,31 @@
+"""The service layer: every rule of DESIGN section 7, with no Tornado.
+
+The CLI, the admin API and the dashboard call these functions with an
+`Actor`; they raise `service.core.errors.CoreError` subclasses, which each
+front maps (HTTP status / exit code).  The database must be connected
+(`models.db.connect`) before any call.
+"""
+from service.core.access import Actor, Role
+from service.core.audit import audit_log
+from service.core.endpoints import (disable_endpoint, enable_endpoint, endpoint_url,
+                                    set_whitelist, show_endpoint)
+from service.core.errors import (ConflictError, CoreError, NotFoundError,
+                                 PermissionDeniedError, QuotaError, ValidationError)
+from service.core.guilds import (add_manager, create_guild, list_guilds, remove_manager, set_plan,
+                                 show_guild)
+from service.core.reads import errors, history, stats
+from service.core.scripts import (create_script, delete_script, list_scripts, show_script,
+                                  update_script)
+from service.core.secrets import regenerate_secret, verify_secret
+from service.core.tokens import (authenticate_token, consume_login_token, create_api_token,
+                                 create_login_link, revoke_api_token)
+
+__all__ = [
+    "Actor", "Role", "audit_log", "disable_endpoint", "enable_endpoint", "endpoint_url",
+    "set_whitelist", "show_endpoint", "ConflictError", "CoreError", "NotFoundError",
+    "PermissionDeniedError", "QuotaError", "ValidationError", "add_manager", "create_guild", "list_guilds",
+    "remove_manager", "set_plan", "show_guild", "errors", "history", "stats", "create_script",
+    "delete_script", "list_scripts", "show_script", "update_script", "regenerate_secret",
+    "verify_secret", "authenticate_token", "consume_login_token", "create_api_token",
+    "create_login_link", "revoke_api_token",
+]

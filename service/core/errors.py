@@ -1,0 +1,55 @@
+"""Service-layer errors: each has a stable `code` (for clients and scripts)
+and an HTTP `status` (for the admin API); the CLI maps the classes to exit
+codes.  Messages are safe to show to the caller: they never hold a secret."""
+from __future__ import annotations
+
+
+class CoreError(Exception):
+    """Base class; `code` and `status` may be overridden per instance."""
+
+    code = "error"
+    status = 400
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+class ValidationError(CoreError):
+    """The input is malformed (bad ID, bad CIDR, source that does not compile)."""
+
+    code = "invalid_input"
+    status = 400
+
+
+class ConflictError(ValidationError):
+    """The input is fine but clashes with what exists (guild already exists)."""
+
+    code = "conflict"
+    status = 409
+
+
+class NotFoundError(CoreError):
+    """The guild or script does not exist (or was deleted)."""
+
+    code = "not_found"
+    status = 404
+
+
+class PermissionDeniedError(CoreError):
+    """The actor's role does not allow this action."""
+
+    code = "forbidden"
+    status = 403
+
+
+class QuotaError(CoreError):
+    """The guild's plan refuses this: quota reached or feature not included."""
+
+    code = "plan_refused"
+    status = 409

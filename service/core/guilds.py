@@ -1,0 +1,141 @@
+"""Guilds: create, show, change plan (with downgrade), managers."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+from models import Endpoint, Guild, GuildManager, Script, database
+from models.clock import iso, utcnow
+from service.core import audit
+from service.core.access import (EDITORS, Actor, Role, get_guild, require_role,
+                                 validate_guild_id, validate_user_id)
+from service.core.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
+from service.plans import DEFAULT_PLAN_NAME, DEFAULT_PLANS, Plan, resolve_plan
+
+log = logging.getLogger("logic.core")
+
+
+def _check_plan(plans: Mapping[str, Plan], name: str) -> Plan:
+    if name not in plans:
+        raise ValidationError(f"unknown plan {name!r} (known: {', '.join(sorted(plans))})",
+                              code="unknown_plan")
+    return plans[name]
+
+
+def guild_view(guild: Guild, plans: Mapping[str, Plan]) -> dict[str, Any]:
+    """The JSON shape of a guild."""
+    managers = [m.user_id for m in GuildManager.select(GuildManager.user_id)
+                .where(GuildManager.guild == guild.id).order_by(GuildManager.user_id)]
+    plan = resolve_plan(plans, guild.plan)
+    enabled = (Endpoint.select().join(Script)
+               .where((Script.guild == guild.id) & Script.deleted_at.is_null() & Endpoint.enabled)
+               .count())
+    return {"guildId": guild.id, "ownerId": guild.owner_id, "plan": guild.plan,
+            "managers": managers, "endpointsEnabled": enabled,
+            "endpointsAllowed": plan.endpoints, "createdAt": iso(guild.created_at)}
+
+
+def create_guild(actor: Actor, guild_id: str, owner_id: str, plan: str | None = None, *,
+                 plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
+    """Register a guild (operator only).  Raises `ValidationError`,
+    `ConflictError` (exists), `PermissionDeniedError`."""
+    if not actor.is_operator:
+        raise PermissionDeniedError("only the operator may create guilds")
+    validate_guild_id(guild_id)
+    validate_user_id(owner_id)
+    plan_name = plan or DEFAULT_PLAN_NAME
+    _check_plan(plans, plan_name)
+    with database.atomic():
+        if Guild.select().where(Guild.id == guild_id).exists():
+            raise ConflictError(f"guild {guild_id} already exists", code="guild_exists")
+        guild = Guild.create(id=guild_id, owner_id=owner_id, plan=plan_name, created_at=utcnow())
+        audit.record(actor, "guild.created", guild_id=guild_id, owner=owner_id, plan=plan_name)
+    log.info("guild %s created by %s", guild_id, actor.label)
+    return guild_view(guild, plans)
+
+
+def show_guild(actor: Actor, guild_id: str, *,
+               plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
+    """The guild.  Raises `NotFoundError`, `PermissionDeniedError`."""
+    guild = get_guild(guild_id)
+    require_role(actor, guild, EDITORS, "view the guild")
+    return guild_view(guild, plans)
+
+
+def list_guilds(actor: Actor, *,
+                plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
+    """`{"guilds": [...]}`: every guild for the operator, else the guilds the
+    user owns or manages (what the dashboard lists after login)."""
+    query = Guild.select().order_by(Guild.id)
+    if not actor.is_operator:
+        managed = GuildManager.select(GuildManager.guild).where(GuildManager.user_id == actor.user_id)
+        query = query.where((Guild.owner_id == actor.user_id) | Guild.id.in_(managed))
+    return {"guilds": [guild_view(g, plans) for g in query]}
+
+
+def set_plan(actor: Actor, guild_id: str, plan: str, *,
+             plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
+    """Change the guild's plan (operator only).  A downgrade disables the
+    enabled endpoints over the new quota, most recently enabled first, and
+    audits each.  Returns the guild plus `"disabled": [script ids]`.
+    Raises `ValidationError`, `NotFoundError`, `PermissionDeniedError`."""
+    new_plan = _check_plan(plans, plan)
+    with database.atomic():
+        guild = get_guild(guild_id, lock=True)
+        require_role(actor, guild, (Role.OPERATOR,), "change the plan")
+        old = guild.plan
+        rows = list(Endpoint.select(Endpoint, Script).join(Script)
+                    .where((Script.guild == guild.id) & Script.deleted_at.is_null()
+                           & Endpoint.enabled)
+                    .order_by(Endpoint.enabled_at.desc(), Endpoint.id.desc()))
+        over = rows[: max(0, len(rows) - new_plan.endpoints)]
+        disabled: list[str] = []
+        for endpoint in over:
+            Endpoint.update(enabled=False).where(Endpoint.id == endpoint.id).execute()
+            disabled.append(endpoint.script.public_id)
+            audit.record(actor, "endpoint.disabled", guild_id=guild.id,
+                         script_id=endpoint.script.public_id, reason="plan_downgrade", plan=plan)
+        if old != plan:
+            Guild.update(plan=plan).where(Guild.id == guild.id).execute()
+            guild.plan = plan
+            audit.record(actor, "plan.changed", guild_id=guild.id, old=old, new=plan,
+                         disabled=disabled)
+    log.info("guild %s plan %s -> %s by %s; %d endpoint(s) disabled",
+             guild.id, old, plan, actor.label, len(disabled))
+    view = guild_view(guild, plans)
+    view["disabled"] = disabled
+    return view
+
+
+def add_manager(actor: Actor, guild_id: str, user_id: str, *,
+                plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
+    """Add a manager (owner or operator).  Idempotent.  Raises
+    `ValidationError`, `NotFoundError`, `PermissionDeniedError`."""
+    validate_user_id(user_id)
+    with database.atomic():
+        guild = get_guild(guild_id)
+        require_role(actor, guild, (Role.OWNER, Role.OPERATOR), "add managers")
+        if user_id == guild.owner_id:
+            raise ValidationError("the owner is not added as a manager", code="is_owner")
+        exists = (GuildManager.select().where((GuildManager.guild == guild.id)
+                                              & (GuildManager.user_id == user_id)).exists())
+        if not exists:
+            GuildManager.create(guild=guild.id, user_id=user_id, created_at=utcnow())
+            audit.record(actor, "manager.added", guild_id=guild.id, user=user_id)
+    return guild_view(guild, plans)
+
+
+def remove_manager(actor: Actor, guild_id: str, user_id: str, *,
+                   plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
+    """Remove a manager (owner or operator).  Raises `NotFoundError`
+    (not a manager), `PermissionDeniedError`."""
+    with database.atomic():
+        guild = get_guild(guild_id)
+        require_role(actor, guild, (Role.OWNER, Role.OPERATOR), "remove managers")
+        deleted = (GuildManager.delete().where((GuildManager.guild == guild.id)
+                                               & (GuildManager.user_id == user_id)).execute())
+        if not deleted:
+            raise NotFoundError(f"user {user_id} is not a manager of guild {guild.id}",
+                                code="manager_not_found")
+        audit.record(actor, "manager.removed", guild_id=guild.id, user=user_id)
+    return guild_view(guild, plans)

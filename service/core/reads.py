@@ -1,0 +1,152 @@
+"""Reads for script authors: request history, error log, statistics.
+
+Shapes follow DESIGN section 9.  Who may read: owner, managers, operator.
+The error log needs a plan with error logs; the advanced statistics
+(percentiles, series, top IPs) need a plan with advanced statistics.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any, Iterable, Mapping, cast
+
+from peewee import fn as _fn
+
+from models import Endpoint, ErrorRecord, RequestRecord, StatBucket, StatIp
+from models.clock import iso, utcnow
+from models.stats import HOUR, LATENCY_BOUNDS_MS, MINUTE, histogram_fields
+from service.core.access import Actor, guild_and_script
+from service.core.errors import QuotaError
+from service.core.records import ERROR_KEEP
+from service.plans import DEFAULT_PLANS, Plan, resolve_plan
+
+TOP_IPS = 10
+# peewee's `fn` is untyped in its stubs: one typed alias instead of ignores.
+fn: Any = _fn
+
+
+def _endpoint_and_plan(actor: Actor, guild_id: str, script_id: str, what: str,
+                       plans: Mapping[str, Plan]) -> tuple[Endpoint, Plan]:
+    guild, script, _ = guild_and_script(actor, guild_id, script_id, what)
+    return Endpoint.get(Endpoint.script == script.id), resolve_plan(plans, guild.plan)
+
+
+def history(actor: Actor, guild_id: str, script_id: str, *,
+            plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
+    """`{"records": [...]}` newest first.  Raises `NotFoundError`, `PermissionDeniedError`."""
+    endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read history", plans)
+    if plan.history <= 0:
+        return {"records": []}
+    # Limit as well as prune: after a downgrade the older rows stay until
+    # the next write prunes them, but they are no longer the plan's to show.
+    rows = (RequestRecord.select().where(RequestRecord.endpoint == endpoint.id)
+            .order_by(RequestRecord.id.desc()).limit(plan.history))
+    return {"records": [{
+        "id": r.id, "requestId": r.request_id, "time": iso(r.time), "method": r.method,
+        "status": r.status, "ip": r.ip, "userAgent": r.user_agent,
+        "query": json.loads(r.query), "headers": json.loads(r.headers),
+        "body": r.body, "bodyEncoding": r.body_encoding, "bodyTruncated": bool(r.body_truncated),
+        "responseHeaders": json.loads(r.response_headers), "responseBody": r.response_body,
+        "responseBodyEncoding": r.response_body_encoding,
+        "responseBodyTruncated": bool(r.response_body_truncated),
+        "durationMs": r.duration_ms, "output": r.output, "error": r.error,
+    } for r in rows]}
+
+
+def errors(actor: Actor, guild_id: str, script_id: str, *,
+           plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
+    """`{"errors": [...]}` newest first.  Raises `QuotaError` (`plan_feature`)
+    on plans without error logs, `NotFoundError`, `PermissionDeniedError`."""
+    endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read error logs", plans)
+    if not plan.error_logs:
+        raise QuotaError(f"plan {plan.name} does not include error logs", code="plan_feature")
+    rows = (ErrorRecord.select().where(ErrorRecord.endpoint == endpoint.id)
+            .order_by(ErrorRecord.id.desc()).limit(ERROR_KEEP))
+    return {"errors": [{"id": r.id, "time": iso(r.time), "requestId": r.request_id,
+                        "kind": r.kind, "message": r.message, "line": r.line,
+                        "traceback": r.traceback} for r in rows]}
+
+
+def percentile(histogram: list[int], p: float) -> float | None:
+    """Upper bound (ms) of the bin holding the p-th quantile; None without data.
+    The open last bin reports the highest bound (read it as "at least")."""
+    total = sum(histogram)
+    if total == 0:
+        return None
+    rank = p * total
+    seen = 0
+    for i, n in enumerate(histogram):
+        seen += n
+        if seen >= rank and n:
+            return float(LATENCY_BOUNDS_MS[min(i, len(LATENCY_BOUNDS_MS) - 1)])
+    return float(LATENCY_BOUNDS_MS[-1])
+
+
+def _series(endpoint_id: int, granularity: str, since: datetime) -> list[dict[str, Any]]:
+    rows = (StatBucket.select(StatBucket.start, StatBucket.status, StatBucket.count,
+                              StatBucket.duration_sum)
+            .where((StatBucket.endpoint == endpoint_id) & (StatBucket.granularity == granularity)
+                   & (StatBucket.start >= since))
+            .order_by(StatBucket.start, StatBucket.status))
+    points: dict[datetime, dict[str, Any]] = {}
+    for r in rows:
+        point = points.setdefault(r.start, {"time": iso(r.start), "total": 0, "byStatus": {},
+                                            "durationSum": 0.0})
+        point["total"] += r.count
+        point["byStatus"][str(r.status)] = r.count
+        point["durationSum"] += r.duration_sum
+    out = []
+    for point in points.values():
+        point["avgMs"] = round(point.pop("durationSum") / point["total"], 3) if point["total"] else None
+        out.append(point)
+    return out
+
+
+def hour_floor(t: datetime) -> datetime:
+    return t.replace(minute=0, second=0, microsecond=0)
+
+
+def stats(actor: Actor, guild_id: str, script_id: str, *,
+          plans: Mapping[str, Plan] = DEFAULT_PLANS, now: datetime | None = None) -> dict[str, Any]:
+    """Counters over the last 30 days: `{"total", "byStatus", "last24h", "avgMs"}`,
+    plus on plans with advanced statistics `latency` (p50/p90/p99 over 24 h,
+    from the histogram), `perMinute` (24 h), `perHour` (30 days) and `topIps`.
+    Raises `NotFoundError`, `PermissionDeniedError`."""
+    endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read statistics", plans)
+    now = now or utcnow()
+    month, day = now - timedelta(days=30), now - timedelta(hours=24)
+    by_status: dict[str, int] = {}
+    total, duration = 0, 0.0
+    for status, count, dsum in cast(Iterable[tuple[Any, ...]], (
+            StatBucket.select(StatBucket.status, fn.SUM(StatBucket.count),
+                              fn.SUM(StatBucket.duration_sum))
+            .where((StatBucket.endpoint == endpoint.id) & (StatBucket.granularity == HOUR)
+                   & (StatBucket.start >= hour_floor(month)))
+            .group_by(StatBucket.status).order_by(StatBucket.status).tuples())):
+        by_status[str(status)] = int(count)
+        total += int(count)
+        duration += float(dsum or 0)
+    last24 = (StatBucket.select(fn.COALESCE(fn.SUM(StatBucket.count), 0))
+              .where((StatBucket.endpoint == endpoint.id) & (StatBucket.granularity == MINUTE)
+                     & (StatBucket.start >= day)).scalar())
+    result: dict[str, Any] = {"total": total, "byStatus": by_status, "last24h": int(last24 or 0),
+                              "avgMs": round(duration / total, 3) if total else None,
+                              "window": "30d", "advanced": plan.advanced_stats}
+    if not plan.advanced_stats:
+        return result
+    hist = histogram_fields()
+    sums = (StatBucket.select(*[fn.COALESCE(fn.SUM(f), 0) for f in hist])
+            .where((StatBucket.endpoint == endpoint.id) & (StatBucket.granularity == MINUTE)
+                   & (StatBucket.start >= day)).tuples().first())
+    histogram = [int(v or 0) for v in (sums or [0] * len(hist))]
+    result["latency"] = {"window": "24h", "p50": percentile(histogram, 0.50),
+                         "p90": percentile(histogram, 0.90), "p99": percentile(histogram, 0.99),
+                         "histogram": {"boundsMs": list(LATENCY_BOUNDS_MS), "counts": histogram}}
+    result["perMinute"] = _series(endpoint.id, MINUTE, day)
+    result["perHour"] = _series(endpoint.id, HOUR, hour_floor(month))
+    top = cast(Iterable[tuple[Any, ...]], StatIp.select(StatIp.ip, fn.SUM(StatIp.count).alias("n"))
+           .where((StatIp.endpoint == endpoint.id) & (StatIp.start >= hour_floor(month)))
+           .group_by(StatIp.ip).order_by(fn.SUM(StatIp.count).desc(), StatIp.ip)
+           .limit(TOP_IPS).tuples())
+    result["topIps"] = [{"ip": ip, "count": int(n)} for ip, n in top]
+    return result

@@ -1,0 +1,187 @@
+"""Scripts: create, update, delete, show, list; source validation.
+
+Source is checked by `sandbox.compiler.compile_script` when the sandbox
+package provides it, and always for size and UTF-8.  Every script gets its
+endpoint, disabled, in the same transaction (DESIGN section 4: 404 only for an
+unknown guild or script).  Deleting keeps a tombstone so the ID is never
+reused.  User source is never logged.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import secrets
+import string
+from typing import Any, Callable, Iterable, cast
+
+from peewee import IntegrityError
+
+from models import Endpoint, ErrorRecord, RequestRecord, Script, StatBucket, StatIp, database
+from models.clock import iso, utcnow
+from service.core import audit
+from service.core.access import EDITORS, Actor, get_guild, guild_and_script, require_role
+from service.core.errors import ValidationError
+
+log = logging.getLogger("logic.core")
+
+MAX_SOURCE_BYTES = 262144
+MAX_NAME_CHARS = 100
+SCRIPT_ID_PREFIX = "logic_"
+_ID_ALPHABET = string.ascii_letters + string.digits + "-_"
+
+
+def new_script_id() -> str:
+    """`logic_` + 22 URL-safe characters from the OS CSPRNG (~131 bits)."""
+    return SCRIPT_ID_PREFIX + "".join(secrets.choice(_ID_ALPHABET) for _ in range(22))
+
+
+def _compiler() -> Callable[[str], Any] | None:
+    # The sandbox compiler is optional at this layer: when the module is
+    # absent we fall back to size/encoding checks.  find_spec keeps a real
+    # ImportError *inside* the compiler visible instead of silently skipping it.
+    try:
+        if importlib.util.find_spec("sandbox.compiler") is None:
+            return None
+    except ModuleNotFoundError:
+        return None
+    module = importlib.import_module("sandbox.compiler")
+    return getattr(module, "compile_script", None)
+
+
+def validate_source(source: str | bytes) -> str:
+    """Return the source as text; raises `ValidationError` when it is too big,
+    not UTF-8, or does not compile (message lists `line:column: message`)."""
+    if isinstance(source, bytes):
+        raw = source
+        try:
+            text = source.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValidationError(f"source is not valid UTF-8 (byte {err.start})",
+                                  code="invalid_source") from None
+    else:
+        text = source
+        try:
+            raw = source.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValidationError("source is not valid UTF-8", code="invalid_source") from None
+    if len(raw) > MAX_SOURCE_BYTES:
+        raise ValidationError(f"source is {len(raw)} bytes; the limit is {MAX_SOURCE_BYTES}",
+                              code="source_too_large")
+    if "\x00" in text:
+        raise ValidationError("source contains a NUL character", code="invalid_source")
+    compile_script = _compiler()
+    if compile_script is not None:
+        result = compile_script(text)
+        if not result.ok:
+            lines = [f"{e.line}:{e.column}: {e.message}" for e in result.errors]
+            raise ValidationError("script does not compile: " + "; ".join(lines),
+                                  code="compile_error")
+    return text
+
+
+def _validate_name(name: str) -> str:
+    name = (name or "").strip()
+    if not name or len(name) > MAX_NAME_CHARS or any(ord(c) < 32 for c in name):
+        raise ValidationError(f"script name must be 1-{MAX_NAME_CHARS} printable characters",
+                              code="invalid_name")
+    return name
+
+
+def script_view(script: Script, guild_id: str, with_source: bool = False) -> dict[str, Any]:
+    """The JSON shape of a script."""
+    endpoint = Endpoint.get(Endpoint.script == script.id)
+    view: dict[str, Any] = {
+        "logicScriptId": script.public_id, "guildId": guild_id, "name": script.name,
+        "version": script.version, "createdAt": iso(script.created_at),
+        "updatedAt": iso(script.updated_at), "endpointEnabled": bool(endpoint.enabled),
+        "sourceBytes": len(script.source.encode("utf-8")),
+    }
+    if with_source:
+        view["source"] = script.source
+    return view
+
+
+def create_script(actor: Actor, guild_id: str, name: str, source: str | bytes) -> dict[str, Any]:
+    """Create a script and its disabled endpoint.  Raises `ValidationError`,
+    `NotFoundError`, `PermissionDeniedError`."""
+    name = _validate_name(name)
+    text = validate_source(source)
+    with database.atomic():
+        guild = get_guild(guild_id)
+        require_role(actor, guild, EDITORS, "create scripts")
+        now = utcnow()
+        for _ in range(5):       # a collision is ~impossible; retry, never reuse
+            try:
+                with database.atomic():
+                    script = Script.create(public_id=new_script_id(), guild=guild.id, name=name,
+                                           source=text, version=1, created_at=now, updated_at=now)
+                break
+            except IntegrityError:
+                continue
+        else:  # pragma: no cover - needs five 131-bit collisions in a row
+            raise RuntimeError("could not allocate a script id")
+        Endpoint.create(script=script.id, enabled=False, created_at=now)
+        audit.record(actor, "script.created", guild_id=guild.id, script_id=script.public_id,
+                     name=name)
+    log.info("script %s created in guild %s by %s", script.public_id, guild.id, actor.label)
+    return script_view(script, guild.id)
+
+
+def update_script(actor: Actor, guild_id: str, script_id: str, source: str | bytes | None = None,
+                  name: str | None = None) -> dict[str, Any]:
+    """Replace the source (version + 1) and/or rename.  Raises
+    `ValidationError`, `NotFoundError`, `PermissionDeniedError`."""
+    text = validate_source(source) if source is not None else None
+    new_name = _validate_name(name) if name is not None else None
+    with database.atomic():
+        guild, script, _ = guild_and_script(actor, guild_id, script_id, "edit scripts")
+        changes: dict[str, Any] = {"updated_at": utcnow()}
+        if text is not None:
+            changes["source"] = text
+            changes["version"] = Script.version + 1
+        if new_name is not None:
+            changes["name"] = new_name
+        Script.update(**changes).where(Script.id == script.id).execute()
+        script = Script.get_by_id(script.id)
+        audit.record(actor, "script.updated", guild_id=guild.id, script_id=script.public_id,
+                     version=script.version, renamed=new_name is not None)
+    return script_view(script, guild.id)
+
+
+def delete_script(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]:
+    """Delete a script: tombstone the row (ID reserved forever), drop its
+    source, secret, history, errors and statistics.  Raises `NotFoundError`,
+    `PermissionDeniedError`."""
+    with database.atomic():
+        guild, script, _ = guild_and_script(actor, guild_id, script_id, "delete scripts")
+        endpoint = Endpoint.get(Endpoint.script == script.id)
+        for model in (RequestRecord, ErrorRecord, StatBucket, StatIp):
+            model.delete().where(model.endpoint == endpoint.id).execute()
+        Endpoint.update(enabled=False, secret_hash=None, secret_hint=None,
+                        whitelist="[]").where(Endpoint.id == endpoint.id).execute()
+        Script.update(deleted_at=utcnow(), source="").where(Script.id == script.id).execute()
+        audit.record(actor, "script.deleted", guild_id=guild.id, script_id=script.public_id)
+    return {"logicScriptId": script.public_id, "guildId": guild.id, "deleted": True}
+
+
+def show_script(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]:
+    """The script with its source.  Raises `NotFoundError`, `PermissionDeniedError`."""
+    guild, script, _ = guild_and_script(actor, guild_id, script_id, "view scripts")
+    return script_view(script, guild.id, with_source=True)
+
+
+def list_scripts(actor: Actor, guild_id: str) -> dict[str, Any]:
+    """`{"scripts": [...]}` of live scripts, oldest first.  Raises
+    `NotFoundError`, `PermissionDeniedError`."""
+    guild = get_guild(guild_id)
+    require_role(actor, guild, EDITORS, "list scripts")
+    query = (Script.select(Script.public_id, Script.name, Script.version, Script.updated_at,
+                           Endpoint.enabled)
+             .join(Endpoint, on=(Endpoint.script == Script.id))
+             .where((Script.guild == guild.id) & Script.deleted_at.is_null())
+             .order_by(Script.id).dicts())
+    rows = cast(Iterable[dict[str, Any]], query)
+    return {"scripts": [{"logicScriptId": s["public_id"], "name": s["name"], "version": s["version"],
+                         "endpointEnabled": bool(s["enabled"]), "updatedAt": iso(s["updated_at"])}
+                        for s in rows]}

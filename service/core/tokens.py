@@ -1,0 +1,103 @@
+"""Admin API tokens and one-time dashboard login links.
+
+Both are 256-bit random strings shown once and stored as SHA-256 (see
+`models.token`).  A login link expires (15 minutes by default) and works once:
+consuming it is a single conditional UPDATE, so two racing requests cannot
+both log in with it.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from datetime import timedelta
+from typing import Any
+
+from models import ApiToken, LoginToken, database
+from models.clock import iso, utcnow
+from service.core import audit
+from service.core.access import Actor, validate_user_id
+from service.core.errors import NotFoundError, PermissionDeniedError
+
+log = logging.getLogger("logic.core")
+
+API_TOKEN_PREFIX = "lat_"
+LOGIN_TOKEN_TTL = timedelta(minutes=15)
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def create_api_token(actor: Actor, user_id: str | None = None) -> dict[str, Any]:
+    """Create a token acting as `user_id`, or as the operator when None
+    (operator only).  Returns `{"token", "kind", "userId", "id"}` once.
+    Raises `PermissionDeniedError`, `ValidationError`."""
+    if not actor.is_operator:
+        raise PermissionDeniedError("only the operator may create API tokens")
+    if user_id is not None:
+        validate_user_id(user_id)
+    token = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    kind = "operator" if user_id is None else "user"
+    with database.atomic():
+        row = ApiToken.create(token_hash=_digest(token), hint=token[-4:], kind=kind,
+                              user_id=user_id, created_at=utcnow())
+        audit.record(actor, "token.created", kind=kind, user=user_id, token_id=row.id)
+    return {"id": row.id, "token": token, "kind": kind, "userId": user_id,
+            "createdAt": iso(row.created_at)}
+
+
+def authenticate_token(token: str) -> Actor | None:
+    """The actor behind an API token, or None (unknown or revoked).  The
+    admin API then applies `X-Acting-User` for operator tokens itself."""
+    if not token or not token.startswith(API_TOKEN_PREFIX):
+        return None
+    row = ApiToken.get_or_none((ApiToken.token_hash == _digest(token))
+                               & ApiToken.revoked_at.is_null())
+    if row is None:
+        return None
+    ApiToken.update(last_used_at=utcnow()).where(ApiToken.id == row.id).execute()
+    return Actor.operator() if row.kind == "operator" else Actor(row.user_id)
+
+
+def revoke_api_token(actor: Actor, token_id: int) -> None:
+    """Revoke a token by id (operator only).  Raises `PermissionDeniedError`, `NotFoundError`."""
+    if not actor.is_operator:
+        raise PermissionDeniedError("only the operator may revoke API tokens")
+    with database.atomic():
+        n = (ApiToken.update(revoked_at=utcnow())
+             .where((ApiToken.id == token_id) & ApiToken.revoked_at.is_null()).execute())
+        if not n:
+            raise NotFoundError(f"token {token_id} not found", code="token_not_found")
+        audit.record(actor, "token.revoked", token_id=token_id)
+
+
+def create_login_link(actor: Actor, user_id: str, base_url: str,
+                      ttl: timedelta = LOGIN_TOKEN_TTL) -> dict[str, Any]:
+    """A one-time link `{base_url}/login/{token}` for `user_id` (operator
+    only).  Raises `PermissionDeniedError`, `ValidationError`."""
+    if not actor.is_operator:
+        raise PermissionDeniedError("only the operator may create login links")
+    validate_user_id(user_id)
+    token = secrets.token_urlsafe(32)
+    now = utcnow()
+    with database.atomic():
+        LoginToken.create(token_hash=_digest(token), user_id=user_id, created_at=now,
+                          expires_at=now + ttl)
+        audit.record(actor, "login_link.created", user=user_id)
+    return {"url": f"{base_url.rstrip('/')}/login/{token}", "userId": user_id,
+            "expiresAt": iso(now + ttl)}
+
+
+def consume_login_token(token: str) -> str:
+    """Use a login token once; return its user id.  Raises `NotFoundError`
+    (`invalid_login_token`) when unknown, used or expired."""
+    now = utcnow()
+    digest = _digest(token or "")
+    with database.atomic():
+        used = (LoginToken.update(used_at=now)
+                .where((LoginToken.token_hash == digest) & LoginToken.used_at.is_null()
+                       & (LoginToken.expires_at > now)).execute())
+        if used != 1:
+            raise NotFoundError("login link is invalid, used or expired", code="invalid_login_token")
+        return str(LoginToken.get(LoginToken.token_hash == digest).user_id)

@@ -1,0 +1,261 @@
+"""Settings: the one validated, frozen configuration object (DESIGN section 10).
+
+Sources, lowest precedence first: built-in defaults, the TOML file
+(`--config` / `LOGIC_CONFIG`), environment variables `LOGIC_<SECTION>_<KEY>`,
+then command-line flags.  Every key is checked once here; an unknown key or a
+bad value raises `SettingsError` with a one-line message naming it, so the
+process stops before it binds a port or touches the database.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+from urllib.parse import urlparse
+
+from service.plans import DEFAULT_PLANS, PLAN_KEYS, Plan
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class SettingsError(Exception):
+    """A configuration problem; `str(err)` is one line naming the key."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    base_url: str = "http://127.0.0.1:8080"
+    trusted_proxies: tuple[IPNetwork, ...] = ()
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    url: str = "sqlite:///logic.db"
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    workers: int | None = None          # None: one per CPU
+    queue_timeout_ms: int = 2000
+
+    @property
+    def worker_count(self) -> int:
+        """The effective pool size."""
+        return self.workers if self.workers is not None else (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class RatelimitSettings:
+    storage: str = "memory://"
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    database: DatabaseSettings = field(default_factory=DatabaseSettings)
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)
+    ratelimit: RatelimitSettings = field(default_factory=RatelimitSettings)
+    plans: Mapping[str, Plan] = field(default_factory=lambda: DEFAULT_PLANS)
+
+
+# ---------------------------------------------------------------- parsers
+# Each parser takes the raw value (TOML-typed, or a string from env/CLI) and
+# returns the typed value or raises ValueError with a short reason.
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected a non-empty string")
+    return value
+
+
+def _int(lo: int, hi: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool):
+            raise ValueError("expected an integer")
+        if isinstance(value, str):
+            if not re.fullmatch(r"-?\d+", value.strip()):
+                raise ValueError("expected an integer")
+            value = int(value)
+        if not isinstance(value, int):
+            raise ValueError("expected an integer")
+        if not lo <= value <= hi:
+            raise ValueError(f"expected {lo}..{hi}")
+        return value
+    return parse
+
+
+def _bool(value: Any) -> bool:
+    # Plans come only from TOML, which has real booleans: a string is a typo.
+    if isinstance(value, bool):
+        return value
+    raise ValueError("expected true or false")
+
+
+def _workers(value: Any) -> int | None:
+    if value is None or (isinstance(value, str) and value.lower() in ("", "auto")):
+        return None
+    return _int(1, 256)(value)
+
+
+def _http_url(value: Any) -> str:
+    url = _str(value)
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError("expected an http:// or https:// URL")
+    return url.rstrip("/")
+
+
+def _db_url(value: Any) -> str:
+    url = _str(value)
+    if urlparse(url).scheme not in ("sqlite", "postgres", "postgresql"):
+        raise ValueError("expected sqlite:///PATH or postgresql://...")
+    return url
+
+
+def _storage(value: Any) -> str:
+    url = _str(value)
+    if urlparse(url).scheme not in ("memory", "redis", "rediss", "redis+sentinel", "redis+cluster"):
+        raise ValueError('expected "memory://" or a redis:// URL')
+    return url
+
+
+def _networks(value: Any) -> tuple[IPNetwork, ...]:
+    if isinstance(value, str):       # env / CLI: comma separated
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list):
+        raise ValueError("expected a list of CIDRs")
+    out = []
+    for item in value:
+        try:
+            out.append(ipaddress.ip_network(_str(item), strict=True))
+        except ValueError as err:
+            raise ValueError(f"bad CIDR {item!r} ({err})") from None
+    return tuple(out)
+
+
+_SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "server": {"host": _str, "port": _int(0, 65535), "base_url": _http_url,
+               "trusted_proxies": _networks},
+    "database": {"url": _db_url},
+    "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000)},
+    "ratelimit": {"storage": _storage},
+}
+_SECTION_TYPES: dict[str, type] = {
+    "server": ServerSettings, "database": DatabaseSettings,
+    "sandbox": SandboxSettings, "ratelimit": RatelimitSettings,
+}
+_PLAN_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "endpoints": _int(0, 10_000), "memory_kb": _int(0, 16 * 1024 * 1024),
+    "requests_per_minute": _int(0, 10**9), "body_bytes": _int(0, 1 << 30),
+    "history": _int(0, 100_000), "error_logs": _bool, "ip_whitelist": _bool,
+    "advanced_stats": _bool, "time_limit_ms": _int(0, 3_600_000),
+}
+_PLAN_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+
+
+def env_name(section: str, key: str) -> str:
+    """The environment variable for `section.key`, e.g. LOGIC_SERVER_BASE_URL."""
+    return f"LOGIC_{section}_{key}".upper()
+
+
+def _parse(where: str, dotted: str, parser: Callable[[Any], Any], value: Any) -> Any:
+    try:
+        return parser(value)
+    except ValueError as err:
+        raise SettingsError(f"{where}: bad value for {dotted}: {err}") from None
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as err:
+        raise SettingsError(f"config: cannot read {path}: {err.strerror}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise SettingsError(f"config: {path} is not valid TOML: {err}") from None
+
+
+def _plans_from(table: Any) -> Mapping[str, Plan]:
+    if not isinstance(table, dict):
+        raise SettingsError("config: plans must be a table of [plans.NAME] tables")
+    plans = dict(DEFAULT_PLANS)
+    for name, values in table.items():
+        if not _PLAN_NAME.fullmatch(name):
+            raise SettingsError(f"config: bad plan name plans.{name} (use a-z, 0-9, _ and -)")
+        if not isinstance(values, dict):
+            raise SettingsError(f"config: plans.{name} must be a table")
+        base = plans.get(name)
+        parsed: dict[str, Any] = {}
+        for key, raw in values.items():
+            if key not in _PLAN_PARSERS:
+                raise SettingsError(f"config: unknown key plans.{name}.{key}")
+            parsed[key] = _parse("config", f"plans.{name}.{key}", _PLAN_PARSERS[key], raw)
+        if base is None:
+            # A new plan must say every limit: a silent zero would be a
+            # plan nobody can use, a silent default one nobody chose.
+            missing = [k for k in PLAN_KEYS if k not in parsed]
+            if missing:
+                raise SettingsError(f"config: plans.{name} is new and misses {', '.join(missing)}")
+            plans[name] = Plan(name=name, **parsed)
+        else:
+            merged = {k: getattr(base, k) for k in PLAN_KEYS} | parsed
+            plans[name] = Plan(name=name, **merged)
+    return MappingProxyType(plans)
+
+
+def load_settings(config_file: str | None = None, env: Mapping[str, str] | None = None,
+                  overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Build the `Settings` from file, environment and CLI overrides.
+
+    `config_file` None falls back to `env["LOGIC_CONFIG"]`.  `overrides` maps
+    dotted keys ("server.port") to values; None values are ignored (a flag not
+    given).  Raises `SettingsError`.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, dict[str, Any]] = {s: {} for s in _SCHEMA}
+    plans: Mapping[str, Plan] = DEFAULT_PLANS
+
+    path = config_file or env.get("LOGIC_CONFIG") or None
+    if path:
+        data = _read_file(path)
+        for section, table in data.items():
+            if section == "plans":
+                plans = _plans_from(table)
+                continue
+            if section not in _SCHEMA:
+                raise SettingsError(f"config: unknown section [{section}]")
+            if not isinstance(table, dict):
+                raise SettingsError(f"config: {section} must be a table")
+            for key, raw in table.items():
+                if key not in _SCHEMA[section]:
+                    raise SettingsError(f"config: unknown key {section}.{key}")
+                values[section][key] = _parse("config", f"{section}.{key}", _SCHEMA[section][key], raw)
+
+    # Environment: only LOGIC_<SECTION>_* names are ours, so a typo inside a
+    # known section is an error while unrelated LOGIC_* variables pass.
+    for name, raw in env.items():
+        for section, keys in _SCHEMA.items():
+            prefix = f"LOGIC_{section.upper()}_"
+            if not name.startswith(prefix):
+                continue
+            key = name[len(prefix):].lower()
+            if key not in keys:
+                raise SettingsError(f"env: unknown variable {name}")
+            values[section][key] = _parse("env", name, keys[key], raw)
+
+    for dotted, raw in (overrides or {}).items():
+        if raw is None:
+            continue
+        section, _, key = dotted.partition(".")
+        if key not in _SCHEMA.get(section, {}):
+            raise SettingsError(f"flags: unknown setting {dotted}")
+        values[section][key] = _parse("flags", dotted, _SCHEMA[section][key], raw)
+
+    sections = {s: _SECTION_TYPES[s](**values[s]) for s in _SCHEMA}
+    return Settings(plans=plans, **sections)

@@ -1,0 +1,113 @@
+"""Migrations on SQLite and PostgreSQL: from empty and from every earlier
+version, idempotence, down/up, and the live models matching the migrated
+schema."""
+from __future__ import annotations
+
+import pytest
+
+from models import ALL_MODELS
+from models.clock import utcnow
+from models.db import connect, database, open_database
+from models.migrate import HISTORY_TABLE, Runner, SchemaBehindError, latest_version
+
+LATEST = latest_version()
+
+
+def _seed(db, version: int) -> None:
+    """Rows a database at `version` could hold, written with plain SQL (the
+    live models may not match an old schema)."""
+    p = db.param
+    now = utcnow()
+    db.execute_sql(f"INSERT INTO guild (id, owner_id, plan, created_at) VALUES ({p},{p},{p},{p})",
+                   ("42", "7", "pro", now))
+    db.execute_sql(f"INSERT INTO script (public_id, guild_id, name, source, version, created_at, "
+                   f"updated_at) VALUES ({p},{p},{p},{p},{p},{p},{p})",
+                   ("logic_" + "x" * 22, "42", "old", "on endpoint(e):\n    pass\n", 3, now, now))
+    db.execute_sql(f"INSERT INTO endpoint (script_id, enabled, whitelist, created_at) "
+                   f"VALUES ((SELECT id FROM script), {p}, {p}, {p})", (True, "[]", now))
+    if version >= 2:
+        db.execute_sql(f"INSERT INTO stat_bucket (endpoint_id, granularity, start, status, count, "
+                       f"duration_sum, h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11) VALUES "
+                       f"((SELECT id FROM endpoint), 'h', {p}, 200, 1, 1.0, 1,0,0,0,0,0,0,0,0,0,0,0)",
+                       (now.replace(minute=0, second=0, microsecond=0),))
+
+
+def test_there_are_several_versions():
+    assert LATEST >= 2
+
+
+def test_empty_database_upgrades_and_is_idempotent(db_url):
+    db = connect(db_url)
+    runner = Runner(db)
+    assert runner.current_version() == 0
+    with pytest.raises(SchemaBehindError) as err:
+        runner.check()
+    assert str(err.value) == (f'database schema is at version 0, this release needs {LATEST}: '
+                              f'run "logic db upgrade"')
+    assert runner.upgrade() == list(range(1, LATEST + 1))
+    assert runner.upgrade() == []
+    runner.check()
+    assert set(db.get_tables()) == {m._meta.table_name for m in ALL_MODELS} | {HISTORY_TABLE}
+    db.close()
+    database.initialize(None)
+
+
+@pytest.mark.parametrize("start", range(1, LATEST))
+def test_upgrade_from_every_earlier_version(db_url, start):
+    db = connect(db_url)
+    runner = Runner(db)
+    runner.upgrade(start)
+    assert runner.current_version() == start
+    _seed(db, start)
+    with pytest.raises(SchemaBehindError):
+        runner.check()
+    assert runner.upgrade() == list(range(start + 1, LATEST + 1))
+    runner.check()
+    from models import Endpoint, Guild, Script
+    script = Script.get()
+    assert (Guild.get().plan, script.version, Endpoint.get().enabled) == ("pro", 3, True)
+    db.close()
+    database.initialize(None)
+
+
+def test_down_to_zero_and_up_again(db_url):
+    db = connect(db_url)
+    runner = Runner(db)
+    runner.upgrade()
+    assert runner.downgrade(0) == list(range(LATEST, 0, -1))
+    assert set(db.get_tables()) == {HISTORY_TABLE}
+    assert runner.upgrade() == list(range(1, LATEST + 1))
+    db.close()
+    database.initialize(None)
+
+
+def _shape(db) -> dict[str, tuple]:
+    out = {}
+    for table in sorted(t for t in db.get_tables() if t != HISTORY_TABLE):
+        columns = tuple(sorted((c.name, c.data_type.lower(), c.null) for c in db.get_columns(table)))
+        indexes = tuple(sorted((tuple(i.columns), i.unique) for i in db.get_indexes(table)))
+        out[table] = (columns, indexes)
+    return out
+
+
+def test_live_models_match_the_migrated_schema(db_url, tmp_path):
+    migrated = connect(db_url)
+    Runner(migrated).upgrade()
+    expected = _shape(migrated)
+    migrated.close()
+    fresh_url = f"sqlite:///{tmp_path}/fresh.db"
+    if db_url.startswith("postgres"):
+        # A second empty schema: reuse the URL's search_path with another name.
+        fresh_url = db_url.replace("search_path%3D", "search_path%3Dfresh_")
+        admin = open_database(db_url)
+        schema = db_url.rsplit("search_path%3D", 1)[1]
+        admin.execute_sql(f'CREATE SCHEMA "fresh_{schema}"')
+    fresh = connect(fresh_url)
+    fresh.create_tables(ALL_MODELS)
+    actual = _shape(fresh)
+    fresh.close()
+    if db_url.startswith("postgres"):
+        admin.execute_sql(f'DROP SCHEMA "fresh_{schema}" CASCADE')
+        admin.close()
+    database.initialize(None)
+    assert actual == expected

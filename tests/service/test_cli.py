@@ -1,0 +1,132 @@
+"""The installed `logic` command, driven through subprocess with --json.
+
+One scenario per backend keeps the count of processes (about 0.15 s each)
+low while covering every command and every error exit code."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+LOGIC = str(Path(sys.executable).with_name("logic"))
+SOURCE = "on endpoint(event):\n    event.reply({'ok': True})\n"
+
+
+class Logic:
+    """Runs `logic --database-url URL ...` and checks exit code and output."""
+
+    def __init__(self, url: str, cwd: Path, env: dict[str, str] | None = None) -> None:
+        self.url, self.cwd = url, cwd
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("LOGIC_")}
+        self.env.update(env or {})
+
+    def __call__(self, *args: str, code: int = 0, url: bool = True) -> Any:
+        argv = [LOGIC, *(["--database-url", self.url] if url else []), *args]
+        proc = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == code, (args, proc.returncode, proc.stdout, proc.stderr)
+        if code:
+            lines = proc.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("logic: error: "), proc.stderr
+            assert proc.stdout == ""
+            return lines[0]
+        if "--json" in args:
+            assert proc.stdout.count("\n") == 1, proc.stdout      # exactly one object
+            return json.loads(proc.stdout)
+        return proc.stdout
+
+
+def scenario(logic: Logic, tmp_path: Path) -> None:
+    src = tmp_path / "s.py"
+    src.write_text(SOURCE)
+    behind = logic("guild", "create", "1", "--owner", "10", "--json", code=1)
+    assert behind.endswith('database schema is at version 0, this release needs 3: run "logic db upgrade"')
+    assert logic("db", "upgrade", "--json")["applied"] == [1, 2, 3]
+    assert logic("db", "upgrade", "--json") == {"applied": [], "from": 3, "to": 3}
+
+    assert logic("guild", "create", "1", "--owner", "10", "--json")["plan"] == "free"
+    logic("guild", "create", "1", "--owner", "10", "--json", code=2)            # exists
+    logic("guild", "create", "1x", "--owner", "10", "--json", code=2)           # bad id
+    logic("guild", "add-manager", "1", "20", "--as", "10", "--json")
+    logic("guild", "add-manager", "1", "21", "--as", "20", "--json", code=3)    # manager
+    assert [g["guildId"] for g in logic("guild", "list", "--as", "20", "--json")["guilds"]] == ["1"]
+    sid = logic("script", "create", "1", "--name", "hello", "--file", str(src), "--json")["logicScriptId"]
+    assert sid.startswith("logic_") and len(sid) == 28
+    assert logic("script", "list", "1", "--json")["scripts"][0]["logicScriptId"] == sid
+    logic("script", "create", "1", "--name", "x", "--file", str(tmp_path / "missing.py"), code=2)
+
+    quota = logic("endpoint", "enable", "1", sid, "--as", "20", "--json", code=4)   # free: 0
+    assert "plan free allows 0" in quota
+    logic("guild", "set-plan", "1", "plus", "--json")
+    logic("guild", "set-plan", "1", "gold", "--json", code=2)
+    shown = logic("endpoint", "enable", "1", sid, "--as", "20", "--json")
+    assert shown["enabled"] is True and shown["url"] == f"http://127.0.0.1:8080/endpoints/1/{sid}"
+    assert "operator" in logic("secret", "regenerate", "1", sid, "--json", code=3)
+    logic("secret", "regenerate", "1", sid, "--as", "20", "--json", code=3)
+    secret = logic("secret", "regenerate", "1", sid, "--as", "10", "--json")
+    assert secret["secret"].startswith("lsk_") and secret["hint"] == secret["secret"][-4:]
+    assert logic("endpoint", "show", "1", sid, "--json")["secret"]["hint"] == secret["hint"]
+    logic("whitelist", "set", "1", sid, "10.0.0.0/8", "--json", code=4)          # plus: no
+    logic("guild", "set-plan", "1", "pro", "--json")
+    logic("whitelist", "set", "1", sid, "10.0.0.1/8", "--json", code=2)          # host bits
+    assert logic("whitelist", "set", "1", sid, "10.0.0.0/8", "--as", "20", "--json")["whitelist"] == ["10.0.0.0/8"]
+
+    assert logic("history", "1", sid, "--json") == {"records": []}
+    assert logic("errors", "1", sid, "--as", "10", "--json") == {"errors": []}
+    assert logic("stats", "1", sid, "--json")["total"] == 0
+    logic("history", "1", sid, "--as", "99", "--json", code=3)
+    logic("history", "1", "logic_" + "z" * 22, "--json", code=2)                 # not found
+    logic("history", "2", sid, "--json", code=2)
+
+    src.write_text(SOURCE + "# v2\n")
+    assert logic("script", "update", "1", sid, "--file", str(src), "--json")["version"] == 2
+    assert logic("script", "show", "1", sid, "--json")["source"].endswith("# v2\n")
+    assert logic("guild", "set-plan", "1", "free", "--json")["disabled"] == [sid]
+    assert logic("token", "create", "--user", "10", "--json")["token"].startswith("lat_")
+    assert logic("token", "create", "--operator", "--json")["kind"] == "operator"
+    logic("token", "create", "--json", code=2)
+    link = logic("login-link", "10", "--json")["url"]
+    assert link.startswith("http://127.0.0.1:8080/login/")
+    assert logic("script", "delete", "1", sid, "--json")["deleted"] is True
+    logic("script", "show", "1", sid, "--json", code=2)
+    logic("no-such-command", code=2)
+
+
+def test_cli_on_sqlite(tmp_path):
+    scenario(Logic(f"sqlite:///{tmp_path}/logic.db", tmp_path), tmp_path)
+
+
+def test_cli_on_postgresql(pg_empty_url, tmp_path):
+    scenario(Logic(pg_empty_url, tmp_path), tmp_path)
+
+
+def test_env_config_file_and_text_output(tmp_path):
+    config = tmp_path / "logic.toml"
+    config.write_text(f'[database]\nurl = "sqlite:///{tmp_path}/c.db"\n'
+                      '[server]\nbase_url = "https://logic.example"\n')
+    logic = Logic("", tmp_path, env={"LOGIC_CONFIG": str(config)})
+    assert "upgraded from version 0 to 3" in logic("db", "upgrade", url=False)
+    assert logic("login-link", "5", url=False).startswith("https://logic.example/login/")
+    bad = Logic("", tmp_path, env={"LOGIC_SERVER_HOTS": "x"})
+    assert bad("db", "upgrade", url=False, code=2) == "logic: error: env: unknown variable LOGIC_SERVER_HOTS"
+    config.write_text("[server]\nhots = 1\n")
+    assert logic("db", "upgrade", url=False, code=2) == "logic: error: config: unknown key server.hots"
+
+
+def test_commands_refuse_a_partly_migrated_database(tmp_path):
+    from models.db import connect, database
+    from models.migrate import Runner
+    url = f"sqlite:///{tmp_path}/old.db"
+    db = connect(url)
+    Runner(db).upgrade(2)
+    db.close()
+    database.initialize(None)
+    logic = Logic(url, tmp_path)
+    assert logic("script", "list", "1", "--json", code=1) == (
+        'logic: error: database schema is at version 2, this release needs 3: run "logic db upgrade"')
+    assert logic("db", "upgrade", "--json") == {"applied": [3], "from": 2, "to": 3}
+    assert logic("db", "version", "--json") == {"current": 3, "latest": 3}
+    assert "secret regenerate" not in logic("--help") and "Commands:" in logic("--help")

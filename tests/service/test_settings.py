@@ -1,0 +1,105 @@
+"""Settings: defaults, TOML file, environment, flags, plans, errors."""
+from __future__ import annotations
+
+import ipaddress
+import os
+
+import pytest
+
+from service.plans import DEFAULT_PLANS, FREE, PLUS, PRO
+from service.settings import SettingsError, load_settings
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "logic.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_match_the_design():
+    s = load_settings(None, {}, {})
+    assert (s.server.host, s.server.port, s.server.base_url) == ("127.0.0.1", 8080, "http://127.0.0.1:8080")
+    assert s.server.trusted_proxies == () and s.database.url == "sqlite:///logic.db"
+    assert s.sandbox.workers is None and s.sandbox.worker_count == (os.cpu_count() or 1)
+    assert s.sandbox.queue_timeout_ms == 2000 and s.ratelimit.storage == "memory://"
+    assert dict(s.plans) == dict(DEFAULT_PLANS)
+    assert (FREE.endpoints, PLUS.endpoints, PRO.endpoints) == (0, 3, 9)
+    assert (PLUS.body_bytes, PRO.body_bytes, PLUS.history, PRO.history) == (131072, 1048576, 20, 200)
+    assert PRO.ip_whitelist and not PLUS.ip_whitelist and PRO.advanced_stats and PLUS.error_logs
+
+
+def test_file_env_and_flags_in_order(tmp_path):
+    path = write(tmp_path, """
+[server]
+host = "0.0.0.0"
+port = 9000
+base_url = "https://logic.example.com/"
+trusted_proxies = ["10.0.0.0/8", "::1/128"]
+[database]
+url = "postgresql://u@db/logic"
+[sandbox]
+workers = 4
+queue_timeout_ms = 500
+[ratelimit]
+storage = "redis://cache:6379/0"
+[plans.plus]
+history = 50
+[plans.bench]
+endpoints = 9
+memory_kb = 4096
+requests_per_minute = 1000000
+body_bytes = 1048576
+history = 200
+error_logs = true
+ip_whitelist = true
+advanced_stats = true
+time_limit_ms = 1000
+""")
+    s = load_settings(path, {"LOGIC_SERVER_PORT": "9100", "LOGIC_SANDBOX_WORKERS": "2",
+                             "LOGIC_OTHER": "ignored"},
+                      {"server.port": 9200, "database.url": None})
+    assert s.server.host == "0.0.0.0" and s.server.port == 9200
+    assert s.server.base_url == "https://logic.example.com"
+    assert s.server.trusted_proxies == (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("::1/128"))
+    assert s.database.url == "postgresql://u@db/logic" and s.sandbox.workers == 2
+    assert s.plans["plus"].history == 50 and s.plans["plus"].endpoints == 3
+    assert s.plans["bench"].requests_per_minute == 1000000 and "pro" in s.plans
+    # LOGIC_CONFIG names the file when no --config is given.
+    assert load_settings(None, {"LOGIC_CONFIG": path}, {}).server.port == 9000
+
+
+@pytest.mark.parametrize("text,env,message", [
+    ("[server]\nhots = 'x'\n", {}, "config: unknown key server.hots"),
+    ("[serve]\nhost = 'x'\n", {}, "config: unknown section [serve]"),
+    ("[server]\nport = 'eighty'\n", {}, "config: bad value for server.port: expected an integer"),
+    ("[server]\nport = 70000\n", {}, "config: bad value for server.port: expected 0..65535"),
+    ("[server]\ntrusted_proxies = ['10.0.0.1/8']\n", {}, "config: bad value for server.trusted_proxies"),
+    ("[database]\nurl = 'mysql://x'\n", {}, "config: bad value for database.url"),
+    ("[plans.plus]\nendpoint = 3\n", {}, "config: unknown key plans.plus.endpoint"),
+    ("[plans.plus]\nerror_logs = 'yes'\n", {}, "config: bad value for plans.plus.error_logs"),
+    ("[plans.gold]\nendpoints = 3\n", {}, "config: plans.gold is new and misses memory_kb"),
+    ("", {"LOGIC_SERVER_HOTS": "x"}, "env: unknown variable LOGIC_SERVER_HOTS"),
+    ("", {"LOGIC_SANDBOX_WORKERS": "0"}, "env: bad value for LOGIC_SANDBOX_WORKERS"),
+    ("not toml [", {}, "is not valid TOML"),
+])
+def test_errors_are_one_line_naming_the_key(tmp_path, text, env, message):
+    with pytest.raises(SettingsError) as err:
+        load_settings(write(tmp_path, text), env, {})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_file_and_unknown_flag(tmp_path):
+    with pytest.raises(SettingsError, match="cannot read"):
+        load_settings(str(tmp_path / "nope.toml"), {}, {})
+    with pytest.raises(SettingsError, match="flags: unknown setting server.hots"):
+        load_settings(None, {}, {"server.hots": "x"})
+    with pytest.raises(SettingsError, match="flags: bad value for server.port"):
+        load_settings(None, {}, {"server.port": "x"})
+
+
+def test_settings_are_frozen():
+    s = load_settings(None, {}, {})
+    with pytest.raises(Exception):
+        s.server.port = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        s.plans["x"] = PRO  # type: ignore[index]
