@@ -189,6 +189,10 @@ def _compile(source: str | bytes, filename: str) -> CompileResult:
         return _fail(CompileError(*_position(text, text.index("\x00")),
                                   "source contains a null byte"))
     headers, errors = _find_headers(text)
+    if errors:
+        # A malformed or misplaced header would also come back from the
+        # parser as a less helpful syntax error; report ours alone.
+        return _fail(*errors)
     header_lines = {h.line for h in headers}
     rewritten = _rewrite(text, headers)
     with warnings.catch_warnings():

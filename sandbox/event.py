@@ -117,10 +117,17 @@ class Event:
     def __init__(self, token: object, fields: dict[str, Any], state: ReplyState) -> None:
         if token is not _EVENT_TOKEN:
             raise TypeError("event objects cannot be created by scripts")
-        for name in ("body", "rawBody", "headers", "query", "method", "ip", "userAgent",
-                     "timestamp"):
-            object.__setattr__(self, name, fresh_copy(fields.get(name)))
-        object.__setattr__(self, "_state", state)
+        put = object.__setattr__
+        get = fields.get
+        put(self, "body", fresh_copy(get("body")))
+        put(self, "rawBody", fresh_copy(get("rawBody")))
+        put(self, "headers", fresh_copy(get("headers")))
+        put(self, "query", fresh_copy(get("query")))
+        put(self, "method", get("method"))
+        put(self, "ip", get("ip"))
+        put(self, "userAgent", get("userAgent"))
+        put(self, "timestamp", get("timestamp"))
+        put(self, "_state", state)
 
     def __init_subclass__(cls, **kwargs: Any) -> NoReturn:
         raise TypeError("event objects cannot be subclassed")
@@ -207,6 +214,8 @@ def _short(exc: BaseException) -> str:
 def fresh_copy(value: Any) -> Any:
     """Deep copy of trusted, msgpack-decoded request data (fresh containers)."""
     tp = type(value)
+    if tp is str or tp is bytes:
+        return value
     if tp is dict:
         return {key: fresh_copy(item) for key, item in value.items()}
     if tp is list or tp is tuple:

@@ -16,7 +16,7 @@ from typing import Any
 
 from sandbox.compiler import ENDPOINT_EVENT, CompiledScript
 from sandbox.event import ReplyState, new_event
-from sandbox.guards import BASE_BUILTINS, BASE_GUARDS, PrintCollector
+from sandbox.guards import PrintCollector, fresh_builtins, fresh_globals
 from sandbox.modules import make_importer
 from sandbox.policy import handler_name
 
@@ -34,9 +34,9 @@ _ERROR_STATUS = {"script_error": 500, "script_memory_exceeded": 500,
 
 
 def _new_globals(collector: PrintCollector) -> dict[str, Any]:
-    builtins = dict(BASE_BUILTINS)
+    builtins = fresh_builtins()
     builtins["__import__"] = make_importer()
-    scope = dict(BASE_GUARDS)
+    scope = fresh_globals()
     scope["__builtins__"] = builtins
     scope["_print_"] = collector
     return scope
