@@ -190,6 +190,15 @@ class Pool(Supervisor):
             log.warning("sandbox: _memguard extension missing; memory is measured with "
                         "tracemalloc after each run and enforced only by RLIMIT_AS")
 
+    def attach(self) -> None:
+        """Bind to the running event loop now (else the first ``run`` does it).
+
+        Until then worker deaths are only noticed when work arrives.
+        Raises PoolClosedError when the pool is not running.
+        """
+        if self._loop is None:
+            self._attach()
+
     def _attach(self) -> asyncio.AbstractEventLoop:
         if self._state != "running":
             raise PoolClosedError("pool is not running")
@@ -247,7 +256,18 @@ class Pool(Supervisor):
             self._c["invocations"] += 1
         self._ensure_tick()
         if not w.send(frame, self._loop, self._on_writable):
+            # The worker died before it could take the job (its EOF is not
+            # processed yet): replace it and give the request to another one.
+            w.req = None
+            self._busy -= 1
+            if req.kind == "job":
+                self._c["invocations"] -= 1
             self._worker_lost(w)
+            if self._idle:
+                self._dispatch(self._idle.pop(), req)
+            else:
+                req.deadline = now + self.queue_timeout
+                self._waiters.appendleft(req)
 
     def _release(self, w: WorkerHandle) -> None:
         waiters = self._waiters
