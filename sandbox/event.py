@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import types
 from typing import Any, NoReturn
 
 MAX_BODY_BYTES = 1048576        # 1 MiB reply body
@@ -40,9 +42,9 @@ class ReplyState:
     """What the script asked for so far; owned by one invocation."""
 
     __slots__ = ("status", "headers", "content_type", "kind", "payload", "replied",
-                 "invalid", "sealed")
+                 "invalid", "invalid_line", "sealed", "filename")
 
-    def __init__(self) -> None:
+    def __init__(self, filename: str = "<script>") -> None:
         self.status = 200
         self.headers: list[list[str]] = []
         self.content_type: str | None = None
@@ -50,12 +52,24 @@ class ReplyState:
         self.payload: bytes | str = b""
         self.replied = False
         self.invalid: str | None = None  # first refusal message, sticky
+        self.invalid_line: int | None = None
         self.sealed = False
+        self.filename = filename
 
     def refuse(self, message: str) -> NoReturn:
         if self.invalid is None:
             self.invalid = message
+            self.invalid_line = self._script_line()
         raise ReplyError(message)
+
+    def _script_line(self) -> int | None:
+        """Line of the innermost script frame (the call that was refused)."""
+        frame: types.FrameType | None = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename == self.filename:
+                return frame.f_lineno
+            frame = frame.f_back
+        return None
 
     def check_open(self) -> None:
         if self.sealed:
@@ -194,7 +208,9 @@ class Event:
             plain = _plain(value, 0, [MAX_BODY_BYTES], state)
             try:
                 data = _ENCODER.encode(plain).encode("utf-8")
-            except (ValueError, UnicodeEncodeError) as exc:
+            except UnicodeEncodeError:
+                state.refuse("reply text is not valid Unicode (lone surrogate)")
+            except ValueError as exc:  # e.g. an int past the 4300-digit limit
                 state.refuse(f"reply cannot be encoded as JSON: {_short(exc)}")
             if len(data) > MAX_BODY_BYTES:
                 state.refuse(f"reply is larger than {MAX_BODY_BYTES} bytes")

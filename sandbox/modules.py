@@ -179,10 +179,14 @@ _TIME = _public(time, ["time", "time_ns", "monotonic", "monotonic_ns", "perf_cou
                        "localtime", "mktime", "strftime", "strptime", "asctime", "ctime",
                        "struct_time", "timezone", "altzone", "daylight", "tzname"])
 
-_HASHLIB = _public(hashlib, ["md5", "sha1", "sha224", "sha256", "sha384", "sha512",
-                             "sha3_224", "sha3_256", "sha3_384", "sha3_512",
-                             "shake_128", "shake_256", "blake2b", "blake2s", "new",
-                             "pbkdf2_hmac", "algorithms_guaranteed", "algorithms_available"])
+_HASHLIB = {
+    **_public(hashlib, ["md5", "sha1", "sha224", "sha256", "sha384", "sha512",
+                        "sha3_224", "sha3_256", "sha3_384", "sha3_512",
+                        "shake_128", "shake_256", "blake2b", "blake2s", "new", "pbkdf2_hmac"]),
+    # hashlib's own are mutable, shared sets: expose frozen copies.
+    "algorithms_guaranteed": frozenset(hashlib.algorithms_guaranteed),
+    "algorithms_available": frozenset(hashlib.algorithms_available),
+}
 
 _HMAC = _public(hmac, ["new", "compare_digest", "digest"])
 

@@ -60,7 +60,7 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
     script does.
     """
     collector = PrintCollector(output_cap)
-    state = ReplyState()
+    state = ReplyState(script.code.co_filename)
     if not script.has_endpoint:
         return _result(state, collector, _error("no_endpoint_handler",
                                                 'the script has no "on endpoint" block'))
@@ -93,11 +93,20 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
     finally:
         # Drop the script's objects now, while the event is sealed, so
         # finalisers (generators' finally blocks) run here and not during the
-        # next invocation.
-        scope.clear()
+        # next invocation; what they raise is dropped, not printed.
+        hook = sys.unraisablehook
+        sys.unraisablehook = _ignore_unraisable
+        try:
+            scope.clear()
+        finally:
+            sys.unraisablehook = hook
     if state.invalid is not None and (error is None or error["kind"] == "script_error"):
-        error = _error("invalid_reply", state.invalid)
+        error = _error("invalid_reply", state.invalid, state.invalid_line)
     return _result(state, collector, error)
+
+
+def _ignore_unraisable(unraisable: Any) -> None:
+    """Swallow errors of script finalisers run while releasing its globals."""
 
 
 def _error(kind: str, message: str, line: int | None = None,

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from sandbox.guards import DENIED_ATTRIBUTES
-from sandbox.modules import ALLOWED_MODULES, STATIC_NAMESPACES, ModuleNamespace
+from sandbox.modules import (ALLOWED_MODULES, STATIC_NAMESPACES, ModuleNamespace,
+                             make_random_namespace)
 from tests.sandbox.script_helpers import error_kind, error_message, run_block
 
 
@@ -171,10 +172,16 @@ def test_decimal_context_cannot_be_changed_by_assignment() -> None:
                                   "Context objects")
 
 
+MUTABLE = (dict, list, set, bytearray, collections.OrderedDict, collections.deque,
+           collections.defaultdict)
+
+
 def _walk(root: Any, depth: int, seen: set[int], found: list[str], path: str) -> None:
     if depth == 0 or id(root) in seen:
         return
     seen.add(id(root))
+    if isinstance(root, MUTABLE):
+        found.append(f"{path}: shared {type(root).__name__}")
     for name in dir(root):
         if name.startswith("_") or name in DENIED_ATTRIBUTES:
             continue
@@ -189,12 +196,8 @@ def _walk(root: Any, depth: int, seen: set[int], found: list[str], path: str) ->
                               types.TracebackType)) or value is builtins.__dict__ or \
                 value is sys.modules:
             found.append(f"{where}: {type(value).__name__}")
-        mutable = (dict, list, set, bytearray, collections.OrderedDict, collections.deque,
-                   collections.defaultdict)
-        if isinstance(value, mutable):
-            again = getattr(root, name)
-            if again is value:
-                found.append(f"{where}: shared {type(value).__name__}")
+        if isinstance(value, MUTABLE) and getattr(root, name) is not value:
+            continue  # a fresh container per access (a property), not shared state
         _walk(value, depth - 1, seen, found, where)
 
 
@@ -204,7 +207,10 @@ def test_no_attribute_path_leads_to_modules_frames_code_or_shared_containers() -
     for label, ns in STATIC_NAMESPACES.items():
         members = object.__getattribute__(ns, "_members")
         for name, value in members.items():
-            _walk(value, 3, seen, found, f"{label}.{name}")
+            _walk(value, 4, seen, found, f"{label}.{name}")
+    members = object.__getattribute__(make_random_namespace(), "_members")
+    for name, value in members.items():
+        _walk(value, 4, seen, found, f"random.{name}")
     assert found == []
 
 
