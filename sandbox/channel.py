@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import socket
 from collections import OrderedDict
@@ -146,7 +147,6 @@ class WorkerHandle:
         """True once the process is gone (its pidfd turns readable)."""
         if self.pidfd < 0:
             return not psutil.pid_exists(self.pid)
-        import select
         readable, _, _ = select.select([self.pidfd], [], [], 0)
         return bool(readable)
 

@@ -58,6 +58,12 @@ class ScriptRef:
     version: int
     source: str
 
+    def __post_init__(self) -> None:
+        # Checked here, in the service, so a wrong type is the caller's error
+        # and never a protocol error that costs a worker.
+        if type(self.key) is not str or type(self.version) is not int or type(self.source) is not str:
+            raise TypeError("ScriptRef needs key: str, version: int, source: str")
+
 
 def _sandbox_user(name: str) -> tuple[int, int]:
     try:
@@ -77,6 +83,10 @@ class Pool(Supervisor):
                  network_namespace: bool = True, drop_user: bool = True, seccomp: bool = True,
                  prefer_memguard: bool = True, _unsafe_test_hooks: bool = False) -> None:
         # Builds configuration only: nothing here changes the process.
+        if size is not None and size < 1:
+            raise ValueError("size must be at least 1")
+        if queue_timeout_ms < 0 or max_jobs < 1 or max_jobs_jitter < 0:
+            raise ValueError("queue_timeout_ms, max_jobs and max_jobs_jitter must be positive")
         self.size = size or os.cpu_count() or 1
         self.queue_timeout = queue_timeout_ms / 1000.0
         self.max_queue = max_queue if max_queue is not None else 256 * self.size
@@ -244,7 +254,7 @@ class Pool(Supervisor):
             frame = w.job_frame(req)
         except ProtocolError as exc:
             self._release(w)
-            req.resolve(failure("script_error", f"invocation too large: {exc.message}", 0.0))
+            req.resolve(failure("script_error", f"invocation cannot be sent: {exc.message}", 0.0))
             return
         now = self._loop.time()
         req.t0 = now

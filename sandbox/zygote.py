@@ -39,7 +39,7 @@ WARM_MODULES = (
     "traceback", "linecache", "unicodedata", "encodings.latin_1", "encodings.ascii",
     "encodings.utf_16", "encodings.utf_32", "encodings.cp1252", "encodings.idna",
     "encodings.utf_8_sig", "encodings.unicode_escape", "encodings.raw_unicode_escape",
-    "encodings.punycode",
+    "encodings.punycode", "_strptime", "calendar", "locale",
 )
 WARM_SOURCE = '''import json
 on endpoint(event):

@@ -76,6 +76,28 @@ def test_source_is_sent_once_per_worker_and_version() -> None:
     run_with_pool(scenario, size=1)
 
 
+def test_worker_asks_for_a_source_it_lacks() -> None:
+    async def scenario(pool: Pool) -> None:
+        worker = next(w for w in pool._workers.values() if w is not None)
+        script = ref(ECHO, "logic_need", 4)
+        worker.known[("logic_need", 4)] = None  # the mirror wrongly believes it is cached
+        out = await pool.run(script, event({"n": 3}), LIMITS)
+        assert out.body == b'{"ok":true,"double":6}'
+        assert pool.worker_pids == [worker.pid]  # served by the same worker, no crash
+
+    run_with_pool(scenario, size=1)
+
+
+def test_event_that_cannot_be_encoded_is_refused_without_losing_the_worker() -> None:
+    async def scenario(pool: Pool) -> None:
+        out = await pool.run(ref(ECHO), {"body": object()}, LIMITS)
+        assert out.error_kind == "script_error" and "cannot be sent" in (out.error_message or "")
+        ok = await pool.run(ref(ECHO), event(), LIMITS)
+        assert ok.error_kind is None and pool.counters["restarts"] == 0
+
+    run_with_pool(scenario, size=1)
+
+
 def test_500_concurrent_invocations_over_two_workers() -> None:
     async def scenario(pool: Pool) -> None:
         outs = await asyncio.gather(*[pool.run(ref(ECHO), event({"n": i}), LIMITS)
