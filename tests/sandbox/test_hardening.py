@@ -120,3 +120,18 @@ def test_test_hook_is_refused_by_a_worker_started_without_it() -> None:
         assert getattr(out, "error_kind", None) == "crash"
 
     run_with_pool(scenario, size=1)
+
+
+def test_operator_check_reads_the_layers_from_proc() -> None:
+    from sandbox.check import inspect
+
+    async def scenario(pool: Pool) -> None:
+        seen = inspect(pool.worker_pids[0])
+        assert seen["no_new_privs"] and seen["seccomp_filter"]
+        assert seen["fds"] == [0, 1, 2, 3]
+        assert seen["limits"]["Max file size"] == ["0", "0"]
+        assert seen["limits"]["Max open files"] == ["16", "16"]
+        if ROOT:
+            assert seen["uid"] == ["65534"] and seen["own_network_namespace"]
+
+    run_with_pool(scenario, size=1)
