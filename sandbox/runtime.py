@@ -135,11 +135,21 @@ def _clean(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+# Read through the C descriptors: a script's exception class may shadow
+# ``args`` with a property, and no script code may run while we report.
+_EXC_ARGS = BaseException.__dict__["args"]
+_EXC_TRACEBACK = BaseException.__dict__["__traceback__"]
+_TYPE_MODULE = type.__dict__["__module__"]
+_TYPE_NAME = type.__dict__["__name__"]
+
+
 def _exception_text(exc: BaseException) -> str:
     """``str(exc)`` without running any method the script could have supplied."""
-    args = exc.args if type(exc.args) is tuple else ()
+    args = _EXC_ARGS.__get__(exc)
+    if type(args) is not tuple:
+        args = ()
     if all(type(a) in _PRIMITIVES for a in args):
-        if type(exc).__module__ == "builtins" or not args:
+        if _TYPE_MODULE.__get__(type(exc)) == "builtins" or not args:
             try:
                 return str(exc)
             except Exception:  # noqa: BLE001 - a broken __str__ must not break us
@@ -153,17 +163,24 @@ def _exception_text(exc: BaseException) -> str:
 
 
 def _type_name(exc: BaseException) -> str:
-    name = type.__dict__["__name__"].__get__(type(exc))
+    name = _TYPE_NAME.__get__(type(exc))
     return name if type(name) is str else "Exception"
 
 
 def _script_error(exc: BaseException, script: CompiledScript) -> dict[str, Any]:
+    try:
+        return _describe(exc, script)
+    except BaseException:  # noqa: BLE001 - reporting must never fail the invocation
+        return _error("script_error", _clean(_type_name(exc)))
+
+
+def _describe(exc: BaseException, script: CompiledScript) -> dict[str, Any]:
     name = _type_name(exc)
     text = _exception_text(exc)
     message = _clean(f"{name}: {text}" if text else name)
     frames: list[tuple[int, str]] = []
     filename = script.code.co_filename
-    tb = exc.__traceback__
+    tb = _EXC_TRACEBACK.__get__(exc)
     while tb is not None:
         code = tb.tb_frame.f_code
         if code.co_filename == filename:

@@ -281,3 +281,19 @@ def test_invocations_are_cheap() -> None:
         run_endpoint(script, event)
     per_call = (time.perf_counter() - start) / 2000
     assert per_call < 200e-6, per_call  # ~15 µs on a laptop; generous for CI
+
+
+def test_exception_args_property_of_a_script_class_is_not_called() -> None:
+    out = run_block("""\
+        calls = []
+        class Boom(Exception):
+            @property
+            def args(self):
+                calls.append(1)
+                print("ran in trusted code")
+                raise RuntimeError("nested")
+        raise Boom("x")
+        """)
+    assert out["error"]["kind"] == "script_error"
+    assert out["error"]["message"] == "Boom: x"
+    assert out["output"] == ""
