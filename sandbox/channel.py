@@ -15,7 +15,7 @@ import socket
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
-import psutil
+import psutil  # type: ignore[import-untyped,unused-ignore]
 
 from sandbox import protocol
 

@@ -37,9 +37,9 @@ _PR_GET_NO_NEW_PRIVS = 39
 _libc = ctypes.CDLL(None, use_errno=True)
 
 try:
-    import pyseccomp as _seccomp
+    import pyseccomp as _seccomp  # type: ignore[import-untyped]
 except Exception:  # pragma: no cover - missing libseccomp on the host
-    _seccomp = None  # type: ignore[assignment]
+    _seccomp = None
 
 LAYERS = ("close_fds", "rlimits", "network_namespace", "drop_user", "nproc",
           "no_new_privs", "seccomp")

@@ -13,14 +13,16 @@ import resource
 import time
 import tracemalloc
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Protocol
 
 log = logging.getLogger("sandbox.limits")
 
+_memguard: ModuleType | None
 try:  # the optional C extension; see setup.py
-    from sandbox import _memguard
+    import sandbox._memguard as _memguard
 except ImportError:  # pragma: no cover - exercised only where it cannot be built
-    _memguard = None  # type: ignore[assignment]
+    _memguard = None
 
 MEMGUARD_AVAILABLE: bool = _memguard is not None
 

@@ -339,13 +339,13 @@ class Pool(Supervisor):
         w.jobs += 1
         if t == "xres":
             req.resolve((msg["ok"], msg.get("value")))
-            self._replace(w, None, backoff=False, count=False)  # hooks may have changed it
+            self._replace(w, None, backoff=False)  # hooks may have changed it
             return
         if msg["over"]:
             self._c["memory_kills"] += 1
         req.resolve(from_result(msg["r"], msg["dur"], msg["peak"]))
         if msg["exit"] or msg["over"] or w.jobs >= w.max_jobs:
-            self._replace(w, None, backoff=False, count=True)
+            self._replace(w, None, backoff=False)
         else:
             self._release(w)
 
@@ -397,11 +397,11 @@ class Pool(Supervisor):
             if w.rss() > self.max_rss:
                 log.info("sandbox worker %d passed %d MiB RSS; recycled", w.pid, self.max_rss >> 20)
                 self._idle.remove(w)
-                self._replace(w, None, backoff=False, count=True)
+                self._replace(w, None, backoff=False)
         now = time.monotonic()
-        for slot, w in self._workers.items():
+        for slot, held in self._workers.items():
             asked = self._spawning.get(slot)
-            if w is None and (asked is None or now - asked > self.spawn_timeout):
+            if held is None and (asked is None or now - asked > self.spawn_timeout):
                 self._request_spawn(slot)
 
     def _clear_failures(self, w: WorkerHandle) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import socket
 from typing import Any, Iterator
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 from sandbox.errors import ProtocolError
 
@@ -44,7 +44,7 @@ _packer = msgpack.Packer(use_bin_type=True)
 def encode(message: dict[str, Any], cap: int) -> bytes:
     """One frame for ``message``; raises :class:`ProtocolError` past ``cap`` bytes."""
     try:
-        body = _packer.pack(message)
+        body: bytes = _packer.pack(message)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ProtocolError(f"cannot encode frame: {type(exc).__name__}") from None
     if len(body) > cap:

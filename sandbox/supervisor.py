@@ -17,7 +17,7 @@ import time
 from collections import deque
 from typing import Any
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import PoolClosedError
@@ -57,13 +57,17 @@ class Supervisor:
     _c: dict[str, int]
 
     # provided by Pool
-    def _on_readable(self, w: WorkerHandle) -> None: ...
+    def _on_readable(self, w: WorkerHandle) -> None:
+        raise NotImplementedError
 
-    def _ensure_tick(self) -> None: ...
+    def _ensure_tick(self) -> None:
+        raise NotImplementedError
 
-    def _dispatch(self, w: WorkerHandle, req: RequestState) -> None: ...
+    def _dispatch(self, w: WorkerHandle, req: RequestState) -> None:
+        raise NotImplementedError
 
-    def _attach(self) -> asyncio.AbstractEventLoop: ...
+    def _attach(self) -> asyncio.AbstractEventLoop:
+        raise NotImplementedError
 
     # --- zygote control channel -------------------------------------------
     def _on_control(self) -> None:
@@ -169,8 +173,7 @@ class Supervisor:
         if self._workers.get(w.slot) is w:
             self._workers[w.slot] = None
 
-    def _replace(self, w: WorkerHandle, outcome: Outcome | None, *, backoff: bool,
-                 count: bool = True) -> None:
+    def _replace(self, w: WorkerHandle, outcome: Outcome | None, *, backoff: bool) -> None:
         """Kill ``w``, answer its request (if any) and spawn its successor."""
         if not w.alive:
             return

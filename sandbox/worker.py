@@ -76,7 +76,8 @@ class _Runner:
             self._cache.move_to_end(key)
 
         exit_after = not self._cpu.before_job(msg["ms"])
-        if not compiled.ok:
+        result: dict[str, Any] | None
+        if not compiled.ok or compiled.script is None:
             first = compiled.errors[0] if compiled.errors else None
             result = _error_result("script_error",
                                    first.message if first else "script does not compile",
@@ -88,7 +89,7 @@ class _Runner:
         self._acct.arm(cap)
         try:
             result = self._run(compiled.script, msg["event"], output_cap=OUTPUT_CAP)
-            failure = None
+            failure: BaseException | None = None
         except BaseException as exc:  # the runtime promises plain data; anything else is a fault
             result = None
             failure = exc

@@ -29,7 +29,7 @@ import signal
 import socket
 from typing import Any, NoReturn
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 from sandbox import hardening, worker
 
@@ -163,13 +163,13 @@ class _Zygote:
     def loop(self) -> NoReturn:
         while True:
             try:
-                readable, _, _ = select.select([self.ctl, self.wake_r], [], [], 1.0)
+                readable, _, _ = select.select([self.ctl.fileno(), self.wake_r], [], [], 1.0)
             except InterruptedError:
                 readable = []
             if self.wake_r in readable:
                 os.read(self.wake_r, 512)
             self.reap()
-            if self.ctl in readable:
+            if self.ctl.fileno() in readable:
                 try:
                     data = self.ctl.recv(MAX_CONTROL)
                 except OSError:
