@@ -28,6 +28,7 @@ import random
 import re
 import statistics
 import string
+import sys
 import time
 import types
 import uuid
@@ -35,6 +36,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from sandbox.guards import ScriptType
+
+# time.strptime and datetime.strptime import _strptime on first use; import
+# it now so no import runs inside an invocation (under its memory cap and the
+# worker's seccomp filter).
+import _strptime  # noqa: E402,F401  isort: skip
 
 
 class ModuleNamespace:
@@ -245,6 +251,15 @@ STATIC_NAMESPACES: types.MappingProxyType[str, ModuleNamespace] = types.MappingP
 
 ALLOWED_MODULES: frozenset[str] = frozenset(STATIC_NAMESPACES) | {"random"}
 
+# C functions call PyImport_Import(), which goes through the *current
+# frame's* ``__import__`` (ours, while a script runs) with a list as
+# fromlist, then reads the module from sys.modules itself. time.strptime and
+# datetime.strptime need "_strptime", datetime methods need "time". For these
+# names we let the call succeed and return nothing: the C caller takes the
+# module from sys.modules, the script never sees it. Import statements always
+# pass a tuple or None as fromlist, so a script cannot take this path.
+_C_LEVEL_IMPORTS: frozenset[str] = frozenset({"_strptime", "time"})
+
 
 def make_random_namespace() -> ModuleNamespace:
     """A ``random`` namespace bound to a new, OS-seeded generator."""
@@ -256,7 +271,7 @@ def make_random_namespace() -> ModuleNamespace:
     return ModuleNamespace("random", members)
 
 
-def make_importer() -> Callable[..., ModuleNamespace]:
+def make_importer() -> Callable[..., ModuleNamespace | None]:
     """Return an ``__import__`` for one invocation.
 
     It resolves only the allowed top-level names, builds ``random`` lazily
@@ -266,9 +281,11 @@ def make_importer() -> Callable[..., ModuleNamespace]:
     cache: dict[str, ModuleNamespace] = {}
 
     def restricted_import(name: Any, globals: Any = None, locals: Any = None,
-                          fromlist: Any = (), level: Any = 0) -> ModuleNamespace:
+                          fromlist: Any = (), level: Any = 0) -> ModuleNamespace | None:
         if type(name) is not str or type(level) is not int:
             raise ImportError("invalid import")
+        if type(fromlist) is list and name in _C_LEVEL_IMPORTS and name in sys.modules:
+            return None
         if level != 0:
             raise ImportError("relative imports are not allowed")
         if name not in ALLOWED_MODULES:

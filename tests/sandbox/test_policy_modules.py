@@ -11,7 +11,7 @@ import pytest
 
 from sandbox.guards import DENIED_ATTRIBUTES
 from sandbox.modules import (ALLOWED_MODULES, STATIC_NAMESPACES, ModuleNamespace,
-                             make_random_namespace)
+                             make_importer, make_random_namespace)
 from tests.sandbox.script_helpers import error_kind, error_message, run_block
 
 
@@ -220,3 +220,28 @@ def test_namespace_objects_are_read_only_even_for_trusted_setattr() -> None:
         ns.dumps = None
     with pytest.raises(TypeError):
         type("Sub", (ModuleNamespace,), {})
+
+
+def test_strptime_and_datetime_methods_that_import_from_c_work() -> None:
+    assert reply_of("""\
+        d = datetime.datetime(2026, 1, 2, 3, 4, 5)
+        event.reply([
+            time.strptime("2026", "%Y").tm_year,
+            datetime.datetime.strptime("2026-01-02", "%Y-%m-%d").day,
+            d.timetuple().tm_mday,
+            d.strftime("%Y/%m/%d"),
+        ])
+        """, "import datetime, time\n") == b'[2026,2,2,"2026/01/02"]'
+
+
+def test_c_level_import_path_serves_nothing_to_scripts() -> None:
+    importer = make_importer()
+    # what C's PyImport_Import() sends: a list fromlist; it then reads sys.modules itself
+    assert importer("_strptime", {}, {}, [], 0) is None
+    assert importer("time", {}, {}, ["__doc__"], 0) is None
+    # the same names through an import statement (tuple/None fromlist) are refused
+    with pytest.raises(ImportError, match="import of '_strptime' is not allowed"):
+        importer("_strptime", {}, {}, None, 0)
+    with pytest.raises(ImportError, match="import of 'os' is not allowed"):
+        importer("os", {}, {}, [], 0)
+    assert isinstance(importer("time", {}, {}, None, 0), ModuleNamespace)
