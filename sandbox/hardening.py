@@ -121,7 +121,7 @@ def set_no_new_privs() -> tuple[bool, str]:
 
 
 def set_parent_death_signal(expected_parent: int) -> None:
-    """Die with the parent; set after the uid drop (a credential change clears it)."""
+    """Die with the parent (the zygote with the service); a credential change clears it."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != expected_parent:  # parent died before the prctl
         os._exit(70)
@@ -193,8 +193,8 @@ def load_seccomp(flt: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def harden(channel_fd: int, cfg: HardeningConfig, seccomp_filter: Any,
-           parent_pid: int) -> tuple[int, HardeningReport]:
+def harden(channel_fd: int, cfg: HardeningConfig,
+           seccomp_filter: Any) -> tuple[int, HardeningReport]:
     """Apply every layer in order; returns the channel's new fd and the report."""
     report = HardeningReport()
     fd = close_inherited_fds(channel_fd)
@@ -215,8 +215,9 @@ def harden(channel_fd: int, cfg: HardeningConfig, seccomp_filter: Any,
         report.set("drop_user", ok, why)
     else:
         report.set("drop_user", False, "disabled by configuration")
-    # Set after the credential change, which would clear it.
-    set_parent_death_signal(parent_pid)
+    # No parent-death signal here: a worker must outlive a crashed zygote and
+    # keep serving.  It ends when its channel closes (the service is gone),
+    # or, stuck in a loop, at its RLIMIT_CPU soft limit.
     # RLIMIT_NPROC does not bind root (CAP_SYS_RESOURCE), so it only counts
     # as a layer once the uid drop took effect or the service is not root.
     nproc_ok = limits.forbid_new_processes() and os.geteuid() != 0

@@ -146,10 +146,10 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any, parent_pid: int) -> NoReturn:
+def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
     """Worker entry point after fork; never returns."""
     try:
-        fd, report = hardening.harden(channel_fd, cfg.hardening, seccomp_filter, parent_pid)
+        fd, report = hardening.harden(channel_fd, cfg.hardening, seccomp_filter)
         sock = socket.socket(fileno=fd)
         sock.setblocking(True)
         accountant = limits.make_accountant(cfg.prefer_memguard)

@@ -125,7 +125,7 @@ class _Zygote:
                 self.ctl.detach()
                 parent_end.detach()
                 fd = child_end.detach()
-                worker.serve(fd, self.cfg, self.filter, os.getppid())
+                worker.serve(fd, self.cfg, self.filter)
             finally:
                 os._exit(70)
         self.children.add(pid)
@@ -205,6 +205,15 @@ def _main(ctl_fd: int, cfg: worker.WorkerConfig, service_pid: int) -> NoReturn:
     # Own process group: a terminal's Ctrl-C reaches the service, which then
     # stops the pool, not every worker mid-script.
     os.setpgid(0, 0)
+    # Handlers the service installed before start() are Python code of the
+    # service: they must never run here or in a worker.
+    signal.set_wakeup_fd(-1)
+    for signum in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     hardening.set_parent_death_signal(service_pid)
     zygote = _Zygote(ctl_fd, cfg)

@@ -206,3 +206,26 @@ def test_start_reports_hardening_and_workers() -> None:
                                       "restarts", "queue_depth", "busy_rejections"}
 
     run_with_pool(scenario)
+
+
+def test_service_signal_handlers_do_not_reach_the_zygote() -> None:
+    import signal as sig
+
+    hits: list[int] = []
+    old = sig.signal(sig.SIGUSR1, lambda signum, frame: hits.append(signum))
+    try:
+        pool = Pool(size=1)
+        pool.start()
+        zygote = pool._zygote_pid
+        os.kill(zygote, sig.SIGUSR1)  # default action in the zygote: it ends
+
+        async def main() -> None:
+            await wait_for(lambda: not alive(zygote))
+            ok = await pool.run(ref(ECHO), event(), LIMITS)  # existing workers still serve
+            assert ok.error_kind is None
+            await pool.stop()
+
+        asyncio.run(main())
+        assert hits == []
+    finally:
+        sig.signal(sig.SIGUSR1, old)
