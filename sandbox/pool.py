@@ -28,6 +28,7 @@ import os
 import pwd
 import select
 import signal
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -155,6 +156,10 @@ class Pool(Supervisor):
         if self._state != "new":
             raise RuntimeError("Pool.start() may be called once")
         self._state = "starting"
+        if threading.active_count() > 1:
+            log.warning("sandbox Pool.start() called with %d threads running; start the pool "
+                        "before any thread or event loop (a fork can copy a held lock)",
+                        threading.active_count())
         # RLIMIT_AS backstop: what a worker maps after start-up plus head-room.
         base = current_address_space()
         self._hcfg = HardeningConfig(**{**self._hcfg.__dict__,

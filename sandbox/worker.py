@@ -154,7 +154,8 @@ def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
         sock.setblocking(True)
         accountant = limits.make_accountant(cfg.prefer_memguard)
         report.set("memguard", accountant.enforcing,
-                   "C extension unavailable; tracemalloc measures after the run")
+                   "tracemalloc in use (extension not built or disabled): memory is "
+                   "judged after the run; RLIMIT_AS alone stops a growing loop")
         runner = _Runner(cfg, accountant)
         _send(sock, {"t": "ready", "pid": os.getpid(), "hard": report.layers,
                      "notes": report.notes})

@@ -135,3 +135,31 @@ def test_operator_check_reads_the_layers_from_proc() -> None:
             assert seen["uid"] == ["65534"] and seen["own_network_namespace"]
 
     run_with_pool(scenario, size=1)
+
+
+@pytest.mark.skipif(not ROOT, reason="a network namespace needs root")
+def test_without_seccomp_the_network_namespace_still_blocks_connect() -> None:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    code = f'''
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.settimeout(1)
+try:
+    s.connect(("127.0.0.1", {port}))
+    result = "connected"
+except OSError as exc:
+    result = exc.errno
+'''
+
+    async def scenario(pool: Pool) -> Any:
+        assert pool.hardening["seccomp"] is False
+        return await pool._test_exec(code)
+
+    try:
+        ok, value = run_with_pool(scenario, size=1, seccomp=False, _unsafe_test_hooks=True)
+    finally:
+        listener.close()
+    assert ok and value in (errno.ENETUNREACH, errno.ECONNREFUSED, errno.EADDRNOTAVAIL), value

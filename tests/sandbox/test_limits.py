@@ -154,3 +154,19 @@ def test_limits_validate_their_values() -> None:
         Limits(time_ms=0, memory_kb=512)
     with pytest.raises(ValueError):
         Limits(time_ms=1000, memory_kb=True)  # type: ignore[arg-type]
+
+
+def test_tracemalloc_fallback_pool_reports_and_still_judges_memory(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="sandbox.pool")
+
+    async def scenario(pool: Pool) -> None:
+        assert pool.hardening["memguard"] is False
+        cap = Limits(time_ms=3000, memory_kb=512)
+        small = await pool.run(ref(ALLOC), event({"kb": 100, "size": 1000}), cap)
+        assert small.body == b'{"chunks":100}'
+        big = await pool.run(ref(ALLOC), event({"kb": 2000, "size": 1000}), cap)
+        assert big.error_kind == "script_memory_exceeded"
+
+    run_with_pool(scenario, size=1, prefer_memguard=False)
+    assert any("memguard is NOT active" in r.getMessage() for r in caplog.records)
