@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import io
 import re
+import sys
 import tokenize
 import types
 import warnings
@@ -173,12 +174,31 @@ def _column(line: int, col0: int, header_lines: set[int]) -> int:
     return max(col0, 0) + 1
 
 
+# The policy walks the AST recursively, about four Python frames per level;
+# this headroom lets ~1000-level expressions (a + b + ... is left-nested)
+# through. Python-to-Python calls do not grow the C stack on 3.11.
+_COMPILE_RECURSION_HEADROOM = 4000
+
+
 def compile_script(source: str | bytes, filename: str = "<script>") -> CompileResult:
     """Compile a guild script; errors are returned, never raised."""
+    old_limit = sys.getrecursionlimit()
     try:
+        sys.setrecursionlimit(max(old_limit, _stack_depth() + _COMPILE_RECURSION_HEADROOM))
         return _compile(source, filename)
     except (RecursionError, MemoryError):
         return _fail(CompileError(1, 1, "script is nested too deeply to compile"))
+    finally:
+        sys.setrecursionlimit(old_limit)
+
+
+def _stack_depth() -> int:
+    depth = 0
+    frame: types.FrameType | None = sys._getframe()
+    while frame is not None:
+        depth += 1
+        frame = frame.f_back
+    return depth
 
 
 def _compile(source: str | bytes, filename: str) -> CompileResult:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import decimal
 import sys
 import types
+import warnings
 from typing import Any
 
 from sandbox.compiler import ENDPOINT_EVENT, CompiledScript
@@ -31,6 +32,19 @@ _ENDPOINT_KEY = handler_name(ENDPOINT_EVENT)
 _PRIMITIVES = (str, int, float, bool, type(None), bytes)
 _ERROR_STATUS = {"script_error": 500, "script_memory_exceeded": 500,
                  "invalid_reply": 500, "no_endpoint_handler": 501}
+
+
+def prepare_worker_process() -> None:
+    """Process-wide settings for a worker; call once after fork.
+
+    Warnings raised while a script runs (``bool(NotImplemented)``, a nested
+    set in a regex) would be printed to the worker's stderr once per
+    invocation; they are not the operator's concern, so they are ignored.
+    Doing this per call (``warnings.catch_warnings``) would cost ~2 µs.
+    """
+    warnings.simplefilter("ignore")
+    if not 0 < sys.get_int_max_str_digits() <= INT_MAX_STR_DIGITS:
+        sys.set_int_max_str_digits(INT_MAX_STR_DIGITS)
 
 
 def _new_globals(collector: PrintCollector) -> dict[str, Any]:

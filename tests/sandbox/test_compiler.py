@@ -256,3 +256,7 @@ def test_warnings_do_not_escape_the_compiler() -> None:
 def test_unterminated_string_reports_a_syntax_error() -> None:
     assert errors('on endpoint(event):\n    x = """\n') == [
         (2, 9, "SyntaxError: unterminated triple-quoted string literal (detected at line 2)")]
+
+
+def test_long_operator_chains_compile() -> None:
+    assert compile_script("x = " + " + ".join(["1"] * 800) + "\n").ok

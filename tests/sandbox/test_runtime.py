@@ -297,3 +297,13 @@ def test_exception_args_property_of_a_script_class_is_not_called() -> None:
     assert out["error"]["kind"] == "script_error"
     assert out["error"]["message"] == "Boom: x"
     assert out["output"] == ""
+
+
+def test_prepare_worker_process_silences_script_warnings() -> None:
+    import warnings
+
+    from sandbox.runtime import prepare_worker_process
+    with warnings.catch_warnings():
+        prepare_worker_process()
+        out = run_block("event.reply(bool(NotImplemented))")
+    assert out["error"] is None and out["body"] == b"true"
