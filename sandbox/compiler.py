@@ -13,6 +13,7 @@ as a :class:`CompileError`.
 from __future__ import annotations
 
 import ast
+import inspect
 import io
 import re
 import sys
@@ -51,6 +52,10 @@ class CompiledScript:
     has_endpoint: bool
     # The author's source lines, used to print tracebacks.
     source_lines: tuple[str, ...] = field(default=(), repr=False)
+    # Whether any function is a generator: only generators can run script
+    # code after the invocation (their finally blocks, when collected), so
+    # the runtime collects garbage eagerly for these scripts only.
+    has_generators: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +244,17 @@ def _compile(source: str | bytes, filename: str) -> CompileResult:
             return _fail(_syntax_error(exc, header_lines))
     events = tuple(dict.fromkeys(h.event for h in headers))
     return CompileResult(CompiledScript(code, events, ENDPOINT_EVENT in events,
-                                        tuple(text.split("\n"))), ())
+                                        tuple(text.split("\n")), _has_generators(code)), ())
+
+
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _has_generators(code: types.CodeType) -> bool:
+    if code.co_flags & _SUSPENDABLE:
+        return True
+    return any(isinstance(const, types.CodeType) and _has_generators(const)
+               for const in code.co_consts)
 
 
 def _syntax_error(exc: SyntaxError, header_lines: set[int]) -> CompileError:

@@ -216,11 +216,14 @@ _STATISTICS = _public(statistics, ["mean", "fmean", "geometric_mean", "harmonic_
                                    "variance", "quantiles", "correlation", "covariance",
                                    "linear_regression", "NormalDist", "StatisticsError"])
 
-# DefaultContext/BasicContext/ExtendedContext and setcontext are shared,
-# mutable process state; getcontext() returns the per-invocation context
-# the runtime installs.
+# The thread's current context (getcontext/setcontext/localcontext) and the
+# DefaultContext/BasicContext/ExtendedContext templates are process state
+# shared with the next invocation: a suspended `with localcontext()` or code
+# running late from a finaliser could change another guild's arithmetic.
+# Scripts use their own decimal.Context(...) objects instead; the runtime
+# resets the thread context before each invocation.
 _DECIMAL = {
-    **_public(decimal, ["Decimal", "Context", "localcontext", "getcontext",
+    **_public(decimal, ["Decimal", "Context",
                         "DecimalException", "InvalidOperation", "DivisionByZero",
                         "Inexact", "Rounded", "Subnormal", "Overflow", "Underflow",
                         "Clamped", "FloatOperation",

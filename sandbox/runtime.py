@@ -10,6 +10,7 @@ recursion and keeps ``int``/``str`` conversion at CPython's digit limit.
 from __future__ import annotations
 
 import decimal
+import gc
 import sys
 import types
 import warnings
@@ -112,6 +113,14 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
         sys.unraisablehook = _ignore_unraisable
         try:
             scope.clear()
+            if script.has_generators:
+                # A suspended generator in a reference cycle would otherwise
+                # run its finally block whenever the collector next runs:
+                # during another guild's invocation. Collect now (cheap in a
+                # worker whose heap is gc.freeze()-d); a second pass catches
+                # what the first pass's finalisers left behind.
+                if gc.collect():
+                    gc.collect()
         finally:
             sys.unraisablehook = hook
     if state.invalid is not None and (error is None or error["kind"] == "script_error"):

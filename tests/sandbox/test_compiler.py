@@ -260,3 +260,15 @@ def test_unterminated_string_reports_a_syntax_error() -> None:
 
 def test_long_operator_chains_compile() -> None:
     assert compile_script("x = " + " + ".join(["1"] * 800) + "\n").ok
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("x = 1\n", False),
+    ("def f():\n    return 1\n", False),
+    ("def f():\n    yield 1\n", True),
+    ("class A:\n    def m(self):\n        def g():\n            yield\n", True),
+    ("x = (i for i in [1])\n", True),
+    ("x = [i for i in [1]]\n", False),
+])
+def test_generator_detection(source: str, expected: bool) -> None:
+    assert compiled(source).has_generators is expected

@@ -91,7 +91,7 @@ def test_refused_imports(statement: str, message: str) -> None:
 @pytest.mark.parametrize(("module", "name"), [
     ("time", "sleep"), ("time", "tzset"), ("string", "Formatter"), ("functools", "wraps"),
     ("functools", "update_wrapper"), ("decimal", "setcontext"), ("decimal", "DefaultContext"),
-    ("uuid", "uuid1"), ("uuid", "getnode"), ("re", "DEBUG"), ("re", "purge"),
+    ("uuid", "uuid1"), ("uuid", "getnode"), ("decimal", "getcontext"), ("re", "DEBUG"), ("re", "purge"),
     ("json", "decoder"), ("json", "codecs"), ("json", "JSONEncoder"), ("random", "SystemRandom_"),
     ("hashlib", "file_digest"), ("collections", "abc"),
 ])
@@ -150,24 +150,30 @@ def test_random_is_the_same_generator_within_an_invocation() -> None:
         """, "import random\n") == b"true"
 
 
-def test_decimal_context_is_per_invocation() -> None:
-    reply_of("""\
-        decimal.Decimal(1) / decimal.Decimal(3)
-        def held():
-            with decimal.localcontext(prec=3):
-                yield 1
-        g = held()
-        next(g)
-        event.reply(decimal.getcontext().prec)
-        """, "import decimal\n")
+def test_decimal_context_is_reset_for_every_invocation() -> None:
+    import decimal
+    leftover = decimal.Context(prec=5)
+    decimal.setcontext(leftover)  # as if something had changed the thread context
+    try:
+        out = reply_of("event.reply(str(decimal.Decimal(1) / decimal.Decimal(7)))",
+                       "import decimal\n")
+    finally:
+        decimal.setcontext(decimal.Context())
+    assert out == b'"0.1428571428571428571428571429"'
+
+
+def test_decimal_thread_context_is_not_exposed() -> None:
+    for name in ("getcontext", "setcontext", "localcontext", "DefaultContext"):
+        out = run_block(f"x = decimal.{name}", "import decimal\n")
+        assert error_message(out) == f"AttributeError: module 'decimal' has no attribute '{name}'"
+
+
+def test_own_decimal_contexts_work_and_are_read_only() -> None:
     assert reply_of("""\
-        ctx = decimal.getcontext()
-        event.reply([ctx.prec, ctx.flags[decimal.Inexact]])
-        """, "import decimal\n") == b"[28,false]"
-
-
-def test_decimal_context_cannot_be_changed_by_assignment() -> None:
-    out = run_block("decimal.getcontext().prec = 2", "import decimal\n")
+        ctx = decimal.Context(prec=5, rounding=decimal.ROUND_DOWN)
+        event.reply(str(ctx.divide(decimal.Decimal(2), decimal.Decimal(3))))
+        """, "import decimal\n") == b'"0.66666"'
+    out = run_block("decimal.Context().prec = 2", "import decimal\n")
     assert error_message(out) == ("TypeError: cannot assign to attributes or items of "
                                   "Context objects")
 
