@@ -1,0 +1,178 @@
+"""Sandbox benchmark: the pool against in-process exec, and the cost of memory accounting.
+
+Run: ``python bench/sandbox_bench.py`` (``--quick`` for a short run).
+
+1. Throughput: invocations/s of a small JSON-validating script through
+   ``Pool`` (``--concurrency`` requests in flight) against ``run_endpoint``
+   on the same compiled script in this process, plus the ratio.
+2. Latency: p50/p99 of one request at a time through the pool, and the p50
+   overhead per invocation (pool p50 minus in-process p50).
+3. Memory accounting: an allocation-heavy script run in-process with no
+   accounting, with ``_memguard`` armed, and with tracemalloc.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from sandbox.compiler import compile_script  # noqa: E402
+from sandbox.limits import MEMGUARD_AVAILABLE, GuardAccountant  # noqa: E402
+from sandbox.pool import Limits, Pool, ScriptRef  # noqa: E402
+from sandbox.runtime import run_endpoint  # noqa: E402
+
+VALIDATE = '''import json
+
+def valid(d):
+    return isinstance(d, dict) and isinstance(d.get("score"), int) and isinstance(d.get("name"), str)
+
+on endpoint(event):
+    if not valid(event.body):
+        event.status(422)
+        event.reply({"error": "score must be an integer"})
+        return
+    event.reply({"ok": True, "double": event.body["score"] * 2, "name": event.body["name"]})
+'''
+ALLOCATE = '''on endpoint(event):
+    n = event.body["n"]
+    total = 0
+    for i in range(n):
+        row = {"id": i, "name": "item" + str(i), "tags": [i, i + 1, i + 2]}
+        total += len(row["tags"])
+    event.reply(total)
+'''
+BODY = {"score": 21, "name": "bench", "meta": {"source": "game-server", "region": "eu"},
+        "items": [1, 2, 3, 4, 5]}
+
+
+def make_event(body: Any) -> dict[str, Any]:
+    return {"body": body, "rawBody": "", "headers": {"content-type": "application/json"},
+            "query": {}, "method": "POST", "ip": "203.0.113.9", "userAgent": "bench",
+            "timestamp": "2026-11-21T10:00:00.000Z"}
+
+
+def per_call_us(fn: Callable[[], Any], n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return samples
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def bench_in_process(n: int) -> tuple[float, float]:
+    script = compile_script(VALIDATE).script
+    assert script is not None
+    event = make_event(BODY)
+    assert run_endpoint(script, event)["body"].startswith(b'{"ok":true')
+    t0 = time.perf_counter()
+    for _ in range(n):
+        run_endpoint(script, event)
+    rate = n / (time.perf_counter() - t0)
+    return rate, statistics.median(per_call_us(lambda: run_endpoint(script, event), 2000))
+
+
+async def bench_pool(pool: Pool, n: int, concurrency: int) -> tuple[float, list[float]]:
+    ref = ScriptRef("logic_bench", 1, VALIDATE)
+    limits = Limits(time_ms=1000, memory_kb=512)
+    event = make_event(BODY)
+    first = await pool.run(ref, event, limits)
+    assert first.error_kind is None, first
+    remaining = n
+
+    async def client() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            out = await pool.run(ref, event, limits)
+            assert out.status == 200
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    rate = n / (time.perf_counter() - t0)
+    latencies = []
+    for _ in range(min(n, 3000)):
+        t1 = time.perf_counter()
+        await pool.run(ref, event, limits)
+        latencies.append((time.perf_counter() - t1) * 1e6)
+    return rate, latencies
+
+
+def bench_memory(n_rows: int, reps: int) -> dict[str, float]:
+    script = compile_script(ALLOCATE).script
+    assert script is not None
+    event = make_event({"n": n_rows})
+
+    def run() -> None:
+        out = run_endpoint(script, event)
+        assert out["error"] is None, out
+
+    def timed(before: Callable[[], Any], after: Callable[[], Any]) -> float:
+        samples = []
+        for _ in range(reps):
+            before()
+            t0 = time.perf_counter()
+            run()
+            samples.append((time.perf_counter() - t0) * 1000)
+            after()
+        return statistics.median(samples)
+
+    results = {"none": timed(lambda: None, lambda: None)}
+    results["tracemalloc"] = timed(lambda: tracemalloc.start(1), tracemalloc.stop)
+    if MEMGUARD_AVAILABLE:
+        guard = GuardAccountant()  # installs the hooks for the rest of the process
+        results["memguard_disarmed"] = timed(lambda: None, lambda: None)
+        results["memguard_armed"] = timed(lambda: guard.arm(64 << 20), guard.disarm)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=30000, help="invocations per throughput run")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    n = 3000 if args.quick else args.n
+
+    pool = Pool(size=args.workers)  # before any loop or thread, as the service does
+    pool.start()
+    print(f"cpus={os.cpu_count()} workers={args.workers} concurrency={args.concurrency} "
+          f"python={sys.version.split()[0]} hardening={sorted(k for k, v in pool.hardening.items() if v)}")
+
+    async def run_pool() -> tuple[float, list[float]]:
+        try:
+            return await bench_pool(pool, n, args.concurrency)
+        finally:
+            await pool.stop()
+
+    pool_rate, latencies = asyncio.run(run_pool())
+    inproc_rate, inproc_p50 = bench_in_process(n)
+    p50 = pct(latencies, 0.5)
+    print(f"in-process exec      : {inproc_rate:10,.0f} inv/s   p50 {inproc_p50:7.1f} us")
+    print(f"through the pool     : {pool_rate:10,.0f} inv/s   p50 {p50:7.1f} us   "
+          f"p99 {pct(latencies, 0.99):7.1f} us (one at a time)")
+    print(f"ratio pool/in-process: {pool_rate / inproc_rate:10.3f}")
+    print(f"p50 overhead per invocation: {p50 - inproc_p50:.1f} us")
+
+    mem = bench_memory(2000 if args.quick else 20000, 5 if args.quick else 15)
+    base = mem["none"]
+    print("memory accounting, allocation-heavy script (median ms per run):")
+    for name, value in mem.items():
+        print(f"  {name:18s} {value:8.2f} ms   x{value / base:5.2f}")
+
+
+if __name__ == "__main__":
+    main()

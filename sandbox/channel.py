@@ -1,0 +1,173 @@
+"""Service-side handles: one per worker channel, one per request in flight.
+
+A :class:`WorkerHandle` owns the service's end of a worker's socketpair, the
+worker's pidfd (signals through it cannot hit a recycled pid), the frame
+reader, the write backlog and the mirror of the worker's compile cache (so a
+script version's source is sent to each worker once).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import signal
+import socket
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable
+
+import psutil  # type: ignore[import-untyped,unused-ignore]
+
+from sandbox import protocol
+
+if TYPE_CHECKING:
+    from sandbox.limits import Limits
+
+
+class RequestState:
+    """One ``pool.run`` call: its future, what to run and its deadline."""
+
+    __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker")
+
+    def __init__(self, future: "asyncio.Future[Any]", kind: str, ref: Any,
+                 event: dict[str, Any], limits: "Limits") -> None:
+        self.future = future
+        self.kind = kind  # "job", or "exec" for the test hook
+        self.ref = ref
+        self.event = event
+        self.limits = limits
+        self.id = 0
+        self.t0 = 0.0
+        self.deadline = 0.0
+        self.worker: WorkerHandle | None = None
+
+    def resolve(self, value: Any) -> None:
+        """Set the result unless the caller already went away (cancelled)."""
+        if not self.future.done():
+            self.future.set_result(value)
+
+
+class WorkerHandle:
+    """The service's view of one worker process."""
+
+    __slots__ = ("slot", "pid", "pidfd", "sock", "fd", "reader", "known", "cache_size", "jobs",
+                 "max_jobs", "spawned_at", "ready", "req", "alive", "outbuf", "_proc")
+
+    def __init__(self, slot: int, pid: int, channel_fd: int, pidfd: int, *, cache_size: int,
+                 max_jobs: int, now: float) -> None:
+        self.slot = slot
+        self.pid = pid
+        self.pidfd = pidfd
+        self.sock = socket.socket(fileno=channel_fd)
+        self.sock.setblocking(False)
+        self.fd = channel_fd
+        self.reader = protocol.FrameReader(protocol.MAX_REPLY_BYTES)
+        self.known: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self.cache_size = cache_size
+        self.jobs = 0
+        self.max_jobs = max_jobs
+        self.spawned_at = now
+        self.ready = False
+        self.req: RequestState | None = None
+        self.alive = True
+        self.outbuf: bytearray | None = None
+        self._proc: psutil.Process | None = None
+
+    def job_frame(self, req: RequestState) -> bytes:
+        """Encode ``req`` for this worker; the source goes along only if it lacks it.
+
+        Raises ProtocolError when the frame would pass the job cap.
+        """
+        if req.kind == "exec":
+            return protocol.encode({"t": "exec", "id": req.id, "code": req.event["code"]},
+                                   protocol.MAX_JOB_BYTES)
+        ref = req.ref
+        key = (ref.key, ref.version)
+        known = self.known
+        have = key in known
+        frame = protocol.encode(
+            {"t": "job", "id": req.id, "key": ref.key, "ver": ref.version,
+             "src": None if have else ref.source, "event": req.event,
+             "ms": req.limits.time_ms, "mem": req.limits.memory_kb * 1024},
+            protocol.MAX_JOB_BYTES)
+        # Same order of moves and evictions as the worker's LRU.
+        if have:
+            known.move_to_end(key)
+        else:
+            known[key] = None
+            if len(known) > self.cache_size:
+                known.popitem(last=False)
+        return frame
+
+    def send(self, frame: bytes, loop: asyncio.AbstractEventLoop | None,
+             on_writable: Callable[["WorkerHandle"], None]) -> bool:
+        """Write without blocking, keeping any rest for the writer callback; False if dead."""
+        if self.outbuf is not None:
+            self.outbuf += frame
+            return True
+        try:
+            n = self.sock.send(frame)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            return False
+        if n < len(frame):
+            assert loop is not None
+            self.outbuf = bytearray(memoryview(frame)[n:])
+            loop.add_writer(self.fd, on_writable, self)
+        return True
+
+    def flush(self, loop: asyncio.AbstractEventLoop | None) -> bool:
+        """Continue a partial write; False if the channel is dead."""
+        if self.outbuf is None:
+            return True
+        try:
+            n = self.sock.send(self.outbuf)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        del self.outbuf[:n]
+        if not self.outbuf:
+            self.outbuf = None
+            if loop is not None:
+                loop.remove_writer(self.fd)
+        return True
+
+    def signal(self, signum: int) -> None:
+        """Signal the worker through its pidfd (safe against pid reuse)."""
+        try:
+            if self.pidfd >= 0:
+                signal.pidfd_send_signal(self.pidfd, signum)
+            elif self.alive:  # no pidfd on this kernel: plain kill while we own the pid
+                os.kill(self.pid, signum)
+        except (ProcessLookupError, OSError):
+            pass
+
+    def exited(self) -> bool:
+        """True once the process is gone (its pidfd turns readable)."""
+        if self.pidfd < 0:
+            return not psutil.pid_exists(self.pid)
+        readable, _, _ = select.select([self.pidfd], [], [], 0)
+        return bool(readable)
+
+    def close(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Drop the channel: a late reply can never be read after this."""
+        self.alive = False
+        if loop is not None:
+            loop.remove_reader(self.fd)
+            if self.outbuf is not None:
+                loop.remove_writer(self.fd)
+        self.outbuf = None
+        self.sock.close()
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+    def rss(self) -> int:
+        """Resident set size in bytes (0 if it cannot be read)."""
+        try:
+            if self._proc is None:
+                self._proc = psutil.Process(self.pid)
+            return int(self._proc.memory_info().rss)
+        except psutil.Error:
+            return 0

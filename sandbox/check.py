@@ -1,0 +1,60 @@
+"""Operator check: start a small pool and verify each worker's hardening from outside.
+
+Run: ``python -m sandbox.check`` (exit status 1 when a layer is missing).
+
+It prints what the workers reported (``pool.hardening``) and, independently
+of that report, what the kernel says about each worker process in
+``/proc/<pid>/``: uid, NoNewPrivs, seccomp mode, limits, network namespace
+and open descriptors.  It runs no script and needs no test hook.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from sandbox.pool import Pool
+
+
+def inspect(pid: int) -> dict[str, Any]:
+    """What /proc says about one worker."""
+    base = f"/proc/{pid}"
+    with open(f"{base}/status") as f:
+        status = dict(line.rstrip("\n").split(":", 1) for line in f if ":" in line)
+    with open(f"{base}/limits") as f:
+        limit_lines = f.read().splitlines()[1:]
+    wanted = ("Max address space", "Max cpu time", "Max open files", "Max file size",
+              "Max core file size", "Max processes")
+    limits = {}
+    for line in limit_lines:
+        for name in wanted:
+            if line.startswith(name):
+                limits[name] = line[len(name):].split()[:2]
+    return {
+        "uid": status.get("Uid", "").split()[:1],
+        "no_new_privs": status.get("NoNewPrivs", "").strip() == "1",
+        "seccomp_filter": status.get("Seccomp", "").strip() == "2",
+        "own_network_namespace": os.readlink(f"{base}/ns/net") != os.readlink("/proc/self/ns/net"),
+        "fds": sorted(int(fd) for fd in os.listdir(f"{base}/fd")),
+        "limits": limits,
+    }
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    pool = Pool(size=1)
+    pool.start()
+    try:
+        report = {"reported": pool.hardening, "notes": pool.hardening_notes,
+                  "workers": {pid: inspect(pid) for pid in pool.worker_pids}}
+    finally:
+        asyncio.run(pool.stop())
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return 0 if all(pool.hardening.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

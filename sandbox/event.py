@@ -1,0 +1,246 @@
+"""The ``event`` object a script's ``on endpoint`` block receives, and reply checks.
+
+Everything a script hands to ``event.status/header/reply`` is checked here
+with exact types (``type(x) is int``; no subclasses, so no script-defined
+``__eq__``/``__hash__``/``__str__`` ever runs in trusted code) and turned into
+plain bytes and strings at the call. A bad value raises at the call *and*
+marks the invocation ``invalid_reply`` for good: catching the exception does
+not make the reply valid (docs/script-language.md).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import types
+from typing import Any, NoReturn
+
+MAX_BODY_BYTES = 1048576        # 1 MiB reply body
+MAX_DEPTH = 32                  # nesting of reply containers
+MAX_HEADERS = 64
+MAX_HEADER_NAME = 128
+MAX_HEADER_VALUE = 8192
+
+# Hop-by-hop and framing headers belong to the server; X-Request-Id and the
+# RateLimit-* family are set by the service (DESIGN section 4).
+FORBIDDEN_HEADERS = frozenset({
+    "connection", "keep-alive", "transfer-encoding", "content-length", "upgrade",
+    "te", "trailer", "host", "x-request-id", "ratelimit-limit", "ratelimit-remaining",
+    "ratelimit-reset",
+})
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789"
+                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_EVENT_TOKEN = object()
+
+
+class ReplyError(ValueError):
+    """A value given to event.status/header/reply was refused."""
+
+
+class ReplyState:
+    """What the script asked for so far; owned by one invocation."""
+
+    __slots__ = ("status", "headers", "content_type", "kind", "payload", "replied",
+                 "invalid", "invalid_line", "sealed", "filename")
+
+    def __init__(self, filename: str = "<script>") -> None:
+        self.status = 200
+        self.headers: list[list[str]] = []
+        self.content_type: str | None = None
+        self.kind = ""                  # "json", "text" or "bytes"
+        self.payload: bytes | str = b""
+        self.replied = False
+        self.invalid: str | None = None  # first refusal message, sticky
+        self.invalid_line: int | None = None
+        self.sealed = False
+        self.filename = filename
+
+    def refuse(self, message: str) -> NoReturn:
+        if self.invalid is None:
+            self.invalid = message
+            self.invalid_line = self._script_line()
+        raise ReplyError(message)
+
+    def _script_line(self) -> int | None:
+        """Line of the innermost script frame (the call that was refused)."""
+        frame: types.FrameType | None = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename == self.filename:
+                return frame.f_lineno
+            frame = frame.f_back
+        return None
+
+    def check_open(self) -> None:
+        if self.sealed:
+            raise RuntimeError("the event is sealed: the on endpoint block has returned")
+
+    def body(self) -> tuple[bytes, str]:
+        """Final body bytes and content type (DESIGN section 5 reply rules)."""
+        if self.kind == "text":
+            assert isinstance(self.payload, str)
+            if self.content_type is not None:
+                return self.payload.encode("utf-8"), self.content_type
+            return _ENCODER.encode(self.payload).encode("utf-8"), "application/json"
+        assert isinstance(self.payload, bytes)
+        default = "application/octet-stream" if self.kind == "bytes" else "application/json"
+        return self.payload, self.content_type or default
+
+
+def _plain(value: Any, depth: int, budget: list[int], state: ReplyState) -> Any:
+    """A fresh JSON-able copy of ``value`` made only of exact builtin types."""
+    tp = type(value)
+    if value is None or tp is bool:
+        budget[0] -= 5
+        return value
+    if tp is int:
+        budget[0] -= value.bit_length() // 3 + 1
+        return value
+    if tp is float:
+        if not math.isfinite(value):
+            state.refuse("reply contains NaN or Infinity, which JSON cannot carry")
+        budget[0] -= 24
+        return value
+    if tp is str:
+        budget[0] -= len(value) + 2
+        return value
+    if budget[0] < 0:
+        state.refuse(f"reply is larger than {MAX_BODY_BYTES} bytes")
+    if depth >= MAX_DEPTH:
+        state.refuse(f"reply is nested deeper than {MAX_DEPTH} levels")
+    if tp is dict:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            # Check the key's type before anything hashes or compares it.
+            if type(key) is not str:
+                state.refuse(f"reply dict keys must be str, not {type(key).__name__}")
+            budget[0] -= len(key) + 4
+            out[key] = _plain(item, depth + 1, budget, state)
+        return out
+    if tp is list or tp is tuple:
+        return [_plain(item, depth + 1, budget, state) for item in value]
+    state.refuse(f"reply value of type {tp.__name__} cannot be sent as JSON")
+
+
+class Event:
+    """The request as a script sees it, with the three reply methods."""
+
+    __slots__ = ("body", "rawBody", "headers", "query", "method", "ip", "userAgent",
+                 "timestamp", "_state")
+
+    def __init__(self, token: object, fields: dict[str, Any], state: ReplyState) -> None:
+        if token is not _EVENT_TOKEN:
+            raise TypeError("event objects cannot be created by scripts")
+        put = object.__setattr__
+        get = fields.get
+        put(self, "body", fresh_copy(get("body")))
+        put(self, "rawBody", fresh_copy(get("rawBody")))
+        put(self, "headers", fresh_copy(get("headers")))
+        put(self, "query", fresh_copy(get("query")))
+        put(self, "method", get("method"))
+        put(self, "ip", get("ip"))
+        put(self, "userAgent", get("userAgent"))
+        put(self, "timestamp", get("timestamp"))
+        put(self, "_state", state)
+
+    def __init_subclass__(cls, **kwargs: Any) -> NoReturn:
+        raise TypeError("event objects cannot be subclassed")
+
+    def __setattr__(self, name: str, value: Any) -> NoReturn:
+        raise AttributeError("event attributes are read-only")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError("event attributes are read-only")
+
+    def __repr__(self) -> str:
+        return "<event>"
+
+    def status(self, code: Any) -> None:
+        """Set the HTTP status (an int from 200 to 599)."""
+        state: ReplyState = self._state
+        state.check_open()
+        if type(code) is not int:
+            state.refuse(f"status must be an int, not {type(code).__name__}")
+        if not 200 <= code <= 599:
+            state.refuse(f"status must be between 200 and 599, not {code}")
+        state.status = code
+
+    def header(self, name: Any, value: Any) -> None:
+        """Add a response header; Content-Type sets the reply's content type."""
+        state: ReplyState = self._state
+        state.check_open()
+        if type(name) is not str or type(value) is not str:
+            state.refuse("header name and value must be str")
+        if not name or len(name) > MAX_HEADER_NAME or not _TOKEN_CHARS.issuperset(name):
+            state.refuse(f"invalid header name {name[:MAX_HEADER_NAME]!r}")
+        lowered = name.lower()
+        if lowered in FORBIDDEN_HEADERS or lowered.startswith("proxy-"):
+            state.refuse(f"header {name!r} is set by the server and cannot be set by a script")
+        if len(value) > MAX_HEADER_VALUE:
+            state.refuse(f"header {name!r} value is longer than {MAX_HEADER_VALUE} characters")
+        if any(ch in value for ch in "\r\n\x00") or not _printable_latin1(value):
+            state.refuse(f"header {name!r} value contains control or non-Latin-1 characters")
+        if lowered == "content-type":
+            state.content_type = value
+            return
+        if len(state.headers) >= MAX_HEADERS:
+            state.refuse(f"more than {MAX_HEADERS} headers")
+        state.headers.append([name, value])
+
+    def reply(self, value: Any) -> None:
+        """Set the response body; the last call wins."""
+        state: ReplyState = self._state
+        state.check_open()
+        tp = type(value)
+        if tp is bytes or tp is bytearray:
+            if len(value) > MAX_BODY_BYTES:
+                state.refuse(f"reply is larger than {MAX_BODY_BYTES} bytes")
+            state.kind, state.payload = "bytes", bytes(value)
+        elif tp is str:
+            try:
+                size = len(value.encode("utf-8"))
+            except UnicodeEncodeError:
+                state.refuse("reply text is not valid Unicode (lone surrogate)")
+            if size > MAX_BODY_BYTES:
+                state.refuse(f"reply is larger than {MAX_BODY_BYTES} bytes")
+            state.kind, state.payload = "text", value
+        else:
+            plain = _plain(value, 0, [MAX_BODY_BYTES], state)
+            try:
+                data = _ENCODER.encode(plain).encode("utf-8")
+            except UnicodeEncodeError:
+                state.refuse("reply text is not valid Unicode (lone surrogate)")
+            except ValueError as exc:  # e.g. an int past the 4300-digit limit
+                state.refuse(f"reply cannot be encoded as JSON: {_short(exc)}")
+            if len(data) > MAX_BODY_BYTES:
+                state.refuse(f"reply is larger than {MAX_BODY_BYTES} bytes")
+            state.kind, state.payload = "json", data
+        state.replied = True
+
+
+def _printable_latin1(value: str) -> bool:
+    return all(ch == "\t" or " " <= ch <= "~" or "\xa0" <= ch <= "\xff" for ch in value)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc.args[0]) if exc.args and type(exc.args[0]) is str else type(exc).__name__
+    return text[:200]
+
+
+def fresh_copy(value: Any) -> Any:
+    """Deep copy of trusted, msgpack-decoded request data (fresh containers)."""
+    tp = type(value)
+    if tp is str or tp is bytes:
+        return value
+    if tp is dict:
+        return {key: fresh_copy(item) for key, item in value.items()}
+    if tp is list or tp is tuple:
+        return [fresh_copy(item) for item in value]
+    if tp is bytearray:
+        return bytes(value)
+    return value
+
+
+def new_event(fields: dict[str, Any], state: ReplyState) -> Event:
+    """Build the event object for one invocation."""
+    return Event(_EVENT_TOKEN, fields, state)

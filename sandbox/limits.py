@@ -1,0 +1,169 @@
+"""Per-worker resource limits: rlimits, the CPU backstop and memory accounting.
+
+The supervisor's wall-clock SIGKILL is the real time limit and ``_memguard``
+is the real memory limit; the rlimits here are backstops for when those fail
+(a supervisor that is gone, an allocation that bypasses the Python
+allocators).  Everything here runs in a worker after fork, never in the
+service process.
+"""
+from __future__ import annotations
+
+import logging
+import resource
+import time
+import tracemalloc
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Protocol
+
+log = logging.getLogger("sandbox.limits")
+
+_memguard: ModuleType | None
+try:  # the optional C extension; see setup.py
+    import sandbox._memguard as _memguard
+except ImportError:  # pragma: no cover - exercised only where it cannot be built
+    _memguard = None
+
+MEMGUARD_AVAILABLE: bool = _memguard is not None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one invocation may use: wall-clock milliseconds and script memory in KiB."""
+
+    time_ms: int = 1000
+    memory_kb: int = 512
+
+    def __post_init__(self) -> None:
+        if type(self.time_ms) is not int or not 1 <= self.time_ms <= 600_000:
+            raise ValueError("time_ms must be an int between 1 and 600000")
+        if type(self.memory_kb) is not int or not 16 <= self.memory_kb <= 1024 * 1024:
+            raise ValueError("memory_kb must be an int between 16 and 1048576")
+
+
+def current_address_space() -> int:
+    """Bytes of virtual address space this process maps now (from /proc)."""
+    with open("/proc/self/statm", "rb") as f:
+        pages = int(f.read().split()[0])
+    return pages * resource.getpagesize()
+
+
+def apply_rlimits(*, address_space: int, cpu_lifetime_s: int, nofile: int) -> list[str]:
+    """Set AS, CPU, NOFILE, FSIZE=0 and CORE=0; returns the names that could not be set.
+
+    RLIMIT_CPU's soft limit is moved forward by :class:`CpuBackstop` before each
+    job; the hard limit bounds a worker's whole life (it is then recycled).
+    No SIGXCPU handler is installed: its default action ends the process even
+    while it sits inside one long C call.
+    """
+    failed: list[str] = []
+    plan = [
+        ("AS", resource.RLIMIT_AS, (address_space, address_space)),
+        ("CPU", resource.RLIMIT_CPU, (CpuBackstop.WINDOW_S, cpu_lifetime_s)),
+        ("NOFILE", resource.RLIMIT_NOFILE, (nofile, nofile)),
+        ("FSIZE", resource.RLIMIT_FSIZE, (0, 0)),
+        ("CORE", resource.RLIMIT_CORE, (0, 0)),
+    ]
+    for name, which, value in plan:
+        try:
+            resource.setrlimit(which, value)
+        except (ValueError, OSError):
+            failed.append(name)
+    return failed
+
+
+def forbid_new_processes() -> bool:
+    """RLIMIT_NPROC=0: no fork or thread; meaningful only after the uid drop."""
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+class CpuBackstop:
+    """Keeps RLIMIT_CPU's soft limit a few seconds ahead of the CPU time used.
+
+    A job cannot use more than ``limit + WINDOW_S`` seconds of CPU before the
+    kernel's SIGXCPU ends the worker, even if the supervisor never kills it.
+    Re-arming costs a setrlimit only once per second of CPU used, not per job.
+    """
+
+    WINDOW_S = 2
+
+    def __init__(self, hard_s: int) -> None:
+        self._hard = hard_s
+        self._soft = float(self.WINDOW_S)
+
+    def before_job(self, time_ms: int) -> bool:
+        """Re-arm when needed; False when the worker's lifetime CPU is nearly spent."""
+        used = time.process_time()
+        need = used + time_ms / 1000.0 + 1.0
+        if need <= self._soft:
+            return True
+        soft = int(used + time_ms / 1000.0) + self.WINDOW_S + 1
+        if soft >= self._hard:
+            return False
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, self._hard))
+        self._soft = float(soft)
+        return True
+
+
+class MemoryAccountant(Protocol):
+    """Counts the memory one invocation allocates."""
+
+    name: str
+    enforcing: bool
+
+    def arm(self, cap_bytes: int) -> None: ...
+
+    def disarm(self) -> tuple[int, bool]: ...
+
+
+class GuardAccountant:
+    """``_memguard``: refuses the allocation that would pass the cap, while it runs."""
+
+    name = "memguard"
+    enforcing = True
+
+    def __init__(self) -> None:
+        assert _memguard is not None
+        _memguard.install()
+        self._arm = _memguard.arm
+        self._disarm = _memguard.disarm
+
+    def arm(self, cap_bytes: int) -> None:
+        self._arm(cap_bytes)
+
+    def disarm(self) -> tuple[int, bool]:
+        peak, exceeded = self._disarm()
+        return int(peak), bool(exceeded)
+
+
+class TraceAccountant:
+    """tracemalloc fallback: measures the peak and judges it after the run.
+
+    It cannot stop a growing loop while it runs; RLIMIT_AS does that, late.
+    """
+
+    name = "tracemalloc"
+    enforcing = False
+
+    def __init__(self) -> None:
+        self._cap = 0
+
+    def arm(self, cap_bytes: int) -> None:
+        self._cap = cap_bytes
+        tracemalloc.start(1)
+
+    def disarm(self) -> tuple[int, bool]:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return peak, peak > self._cap
+
+
+def make_accountant(prefer_guard: bool = True) -> MemoryAccountant:
+    """The best accountant this build has."""
+    if prefer_guard and MEMGUARD_AVAILABLE:
+        return GuardAccountant()
+    return TraceAccountant()

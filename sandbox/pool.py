@@ -1,0 +1,433 @@
+"""The supervised pool of pre-forked, hardened workers (service side).
+
+``Pool.start()`` forks the fork server (``sandbox.zygote``) while the service
+is still single-threaded and waits until every worker reported ready; from
+then on workers are forked by the zygote, never by the service.  The event
+loop side is lazily attached by the first ``await pool.run(...)``.
+
+Hot path (PERFORMANCE.md): ``run`` takes an idle worker from a deque, writes
+one frame and awaits a plain future; the channel's reader callback decodes the
+reply and resolves that future directly.  No queue object, task or
+``wait_for`` per request: one ticker (every ``TICK_S`` while anything is in
+flight) enforces run deadlines and queue deadlines.
+
+Supervision, after gunicorn's arbiter: a worker past its deadline is
+SIGKILLed (through a pidfd, immune to pid reuse) and its channel closed at once
+so a late reply can never be read as another request's answer; dead workers
+are replaced at once, with exponential back-off when they die right after
+being spawned (a crash loop); workers are recycled after ``max_jobs`` (plus
+jitter) or when their RSS passes ``max_rss_mb``.  There is no separate
+heartbeat: a worker is only ever asked to do something under a deadline,
+and an idle worker that dies is seen at once as EOF on its channel.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pwd
+import select
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox import protocol, zygote
+from sandbox.channel import RequestState, WorkerHandle
+from sandbox.errors import PoolBusyError, PoolClosedError, ProtocolError, SpawnError
+from sandbox.hardening import HardeningConfig
+from sandbox.limits import MEMGUARD_AVAILABLE, Limits, current_address_space
+from sandbox.outcome import Outcome, failure, from_result
+from sandbox.supervisor import Supervisor
+from sandbox.worker import WorkerConfig
+
+__all__ = ["Pool", "ScriptRef", "Limits", "Outcome"]
+
+log = logging.getLogger("sandbox.pool")
+
+TICK_S = 0.005
+HOUSEKEEPING_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptRef:
+    """Which script version to run; ``source`` is shipped only to workers lacking it."""
+
+    key: str
+    version: int
+    source: str
+
+    def __post_init__(self) -> None:
+        # Checked here, in the service, so a wrong type is the caller's error
+        # and never a protocol error that costs a worker.
+        if type(self.key) is not str or type(self.version) is not int or type(self.source) is not str:
+            raise TypeError("ScriptRef needs key: str, version: int, source: str")
+
+
+def _sandbox_user(name: str) -> tuple[int, int]:
+    try:
+        entry = pwd.getpwnam(name)
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        return 65534, 65534
+
+
+class Pool(Supervisor):
+    """N hardened workers behind an asyncio API.  See docs/architecture.md."""
+
+    def __init__(self, size: int | None = None, *, queue_timeout_ms: int = 2000,
+                 max_queue: int | None = None, max_jobs: int = 10_000, max_jobs_jitter: int = 1000,
+                 max_rss_mb: int = 200, kill_grace_ms: int = 15, spawn_timeout_s: float = 10.0,
+                 address_space_mb: int = 768, compile_cache: int = 64, user: str = "nobody",
+                 network_namespace: bool = True, drop_user: bool = True, seccomp: bool = True,
+                 prefer_memguard: bool = True, _unsafe_test_hooks: bool = False) -> None:
+        # Builds configuration only: nothing here changes the process.
+        if size is not None and size < 1:
+            raise ValueError("size must be at least 1")
+        if queue_timeout_ms < 0 or max_jobs < 1 or max_jobs_jitter < 0:
+            raise ValueError("queue_timeout_ms, max_jobs and max_jobs_jitter must be positive")
+        self.size = size or os.cpu_count() or 1
+        self.queue_timeout = queue_timeout_ms / 1000.0
+        self.max_queue = max_queue if max_queue is not None else 256 * self.size
+        self.max_jobs = max_jobs
+        self.max_jobs_jitter = max_jobs_jitter
+        self.max_rss = max_rss_mb * 1024 * 1024
+        self.kill_grace = kill_grace_ms / 1000.0
+        self.spawn_timeout = spawn_timeout_s
+        self._address_space_mb = address_space_mb
+        uid, gid = _sandbox_user(user)
+        self._hcfg = HardeningConfig(address_space=0, network_namespace=network_namespace,
+                                     drop_user=drop_user, uid=uid, gid=gid, seccomp=seccomp)
+        self._compile_cache = compile_cache
+        self._prefer_memguard = prefer_memguard
+        self._test_hooks = _unsafe_test_hooks
+        self._workers: dict[int, WorkerHandle | None] = {}
+        self._idle: deque[WorkerHandle] = deque()
+        self._waiters: deque[RequestState] = deque()
+        self._failures: dict[int, int] = {}
+        self._spawning: dict[int, float] = {}
+        self._zygote_alive = True
+        self._hardening: dict[str, bool] = {}
+        self._notes: dict[str, str] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._house_handle: asyncio.TimerHandle | None = None
+        self._zygote_pid = 0
+        self._state = "new"
+        self._next_id = 0
+        self._busy = 0
+        self._c = dict.fromkeys(("invocations", "timeouts", "memory_kills", "crashes",
+                                 "restarts", "busy_rejections"), 0)
+
+    # --- public properties ------------------------------------------------
+    @property
+    def counters(self) -> dict[str, int]:
+        """invocations, timeouts, memory_kills, crashes, restarts, queue_depth, busy_rejections."""
+        return {**self._c, "queue_depth": len(self._waiters)}
+
+    @property
+    def hardening(self) -> dict[str, bool]:
+        """Which OS layers every worker reported active (False if any worker lacked it)."""
+        return dict(self._hardening)
+
+    @property
+    def hardening_notes(self) -> dict[str, str]:
+        """Why each inactive layer is inactive."""
+        return dict(self._notes)
+
+    @property
+    def live_workers(self) -> int:
+        """Workers that are up and hardened (idle or busy)."""
+        return sum(1 for w in self._workers.values() if w is not None and w.ready)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Pids of live workers (for operators and tests)."""
+        return [w.pid for w in self._workers.values() if w is not None]
+
+    # --- start -------------------------------------------------------------
+    def start(self) -> None:
+        """Fork the zygote and all workers; call before any event loop or thread exists.
+
+        Raises SpawnError when the workers cannot be started.
+        """
+        if self._state != "new":
+            raise RuntimeError("Pool.start() may be called once")
+        self._state = "starting"
+        if threading.active_count() > 1:
+            log.warning("sandbox Pool.start() called with %d threads running; start the pool "
+                        "before any thread or event loop (a fork can copy a held lock)",
+                        threading.active_count())
+        # RLIMIT_AS backstop: what a worker maps after start-up plus head-room.
+        base = current_address_space()
+        self._hcfg = HardeningConfig(**{**self._hcfg.__dict__,
+                                        "address_space": base + (self._address_space_mb << 20)})
+        cfg = WorkerConfig(self._hcfg, self._compile_cache, self._prefer_memguard, self._test_hooks)
+        self._zygote_pid, self._ctl = zygote.start(cfg)
+        self._ctl.setblocking(False)
+        for slot in range(self.size):
+            self._workers[slot] = None
+            self._request_spawn(slot)
+        deadline = time.monotonic() + self.spawn_timeout
+        while self.live_workers < self.size:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._state != "starting":
+                self._abort_start()
+                raise SpawnError("sandbox workers did not start; see the log")
+            pending = [w for w in self._workers.values() if w is not None and not w.ready]
+            readable, _, _ = select.select([self._ctl] + [w.sock for w in pending], [], [], left)
+            for sock in readable:
+                if sock is self._ctl:
+                    self._on_control()
+                else:
+                    self._on_readable(next(w for w in pending if w.sock is sock))
+        self._state = "running"
+        self._log_hardening()
+
+    def _abort_start(self) -> None:
+        for w in list(self._workers.values()):
+            if w is not None:
+                self._kill(w)
+        self._ctl.close()
+        _reap_zygote(self._zygote_pid, 2.0)
+        self._state = "stopped"
+
+    def _log_hardening(self) -> None:
+        active = [k for k, v in self._hardening.items() if v]
+        log.info("sandbox pool: %d workers, active layers: %s", self.size, ", ".join(active))
+        for layer, on in self._hardening.items():
+            if not on:
+                log.warning("sandbox layer %s is NOT active: %s", layer,
+                            self._notes.get(layer, "unknown reason"))
+        if not MEMGUARD_AVAILABLE:
+            log.warning("sandbox: _memguard extension missing; memory is measured with "
+                        "tracemalloc after each run and enforced only by RLIMIT_AS")
+
+    def attach(self) -> None:
+        """Bind to the running event loop now (else the first ``run`` does it).
+
+        Until then worker deaths are only noticed when work arrives.
+        Raises PoolClosedError when the pool is not running.
+        """
+        if self._loop is None:
+            self._attach()
+
+    def _attach(self) -> asyncio.AbstractEventLoop:
+        if self._state != "running":
+            raise PoolClosedError("pool is not running")
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        loop.add_reader(self._ctl.fileno(), self._on_control)
+        for w in self._workers.values():
+            if w is not None:
+                loop.add_reader(w.fd, self._on_readable, w)
+        self._house_handle = loop.call_later(HOUSEKEEPING_S, self._housekeeping)
+        return loop
+
+    # --- the hot path ------------------------------------------------------
+    async def run(self, ref: ScriptRef, event: dict[str, Any], limits: Limits) -> Outcome:
+        """Run the script's endpoint block for one event.
+
+        Raises PoolBusyError when no worker frees within the queue timeout or
+        the wait queue is full, PoolClosedError when the pool is not running.
+        """
+        loop = self._loop
+        if loop is None:
+            loop = self._attach()
+        elif self._state != "running":
+            raise PoolClosedError("pool is stopping")
+        req = RequestState(loop.create_future(), "job", ref, event, limits)
+        if self._idle:
+            self._dispatch(self._idle.pop(), req)
+        else:
+            if len(self._waiters) >= self.max_queue:
+                self._c["busy_rejections"] += 1
+                raise PoolBusyError("sandbox queue is full")
+            req.deadline = loop.time() + self.queue_timeout
+            self._waiters.append(req)
+            self._ensure_tick()
+        result: Outcome = await req.future
+        return result
+
+    def _dispatch(self, w: WorkerHandle, req: RequestState) -> None:
+        assert self._loop is not None
+        self._next_id += 1
+        req.id = self._next_id
+        try:
+            frame = w.job_frame(req)
+        except ProtocolError as exc:
+            self._release(w)
+            req.resolve(failure("script_error", f"invocation cannot be sent: {exc.message}", 0.0))
+            return
+        now = self._loop.time()
+        req.t0 = now
+        req.deadline = now + req.limits.time_ms / 1000.0 + self.kill_grace
+        req.worker = w
+        w.req = req
+        self._busy += 1
+        if req.kind == "job":
+            self._c["invocations"] += 1
+        self._ensure_tick()
+        if not w.send(frame, self._loop, self._on_writable):
+            # The worker died before it could take the job (its EOF is not
+            # processed yet): replace it and give the request to another one.
+            w.req = None
+            self._busy -= 1
+            if req.kind == "job":
+                self._c["invocations"] -= 1
+            self._worker_lost(w)
+            if self._idle:
+                self._dispatch(self._idle.pop(), req)
+            else:
+                req.deadline = now + self.queue_timeout
+                self._waiters.appendleft(req)
+
+    def _release(self, w: WorkerHandle) -> None:
+        waiters = self._waiters
+        while waiters:
+            req = waiters.popleft()
+            if not req.future.done():
+                self._dispatch(w, req)
+                return
+        self._idle.append(w)
+
+    def _on_writable(self, w: WorkerHandle) -> None:
+        if not w.flush(self._loop):
+            self._worker_lost(w)
+
+    def _on_readable(self, w: WorkerHandle) -> None:
+        try:
+            data = w.sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._worker_lost(w)
+            return
+        try:
+            for msg in w.reader.feed(data):
+                self._on_message(w, protocol.check_reply(msg))
+                if not w.alive:
+                    return
+        except ProtocolError as exc:
+            log.error("sandbox worker %d sent an invalid frame (%s); killing it", w.pid, exc.message)
+            self._c["crashes"] += 1
+            self._replace(w, failure("crash", "sandbox worker sent an invalid reply",
+                                     self._elapsed(w)), backoff=False)
+
+    def _on_message(self, w: WorkerHandle, msg: dict[str, Any]) -> None:
+        t = msg["t"]
+        req = w.req
+        if t == "ready":
+            if w.ready:
+                raise ProtocolError("second ready message")
+            w.ready = True
+            self._merge_hardening(msg["hard"], msg["notes"])
+            if self._loop is not None:
+                self._loop.call_later(1.0, self._clear_failures, w)
+            self._release(w)
+            return
+        if req is None or msg["id"] != req.id:
+            raise ProtocolError(f"unexpected {t!r} message")
+        if t == "need":
+            w.known.pop((req.ref.key, req.ref.version), None)
+            if req.kind != "job" or not w.send(w.job_frame(req), self._loop, self._on_writable):
+                raise ProtocolError("worker asked for a source it cannot have")
+            return
+        if (t == "res") != (req.kind == "job"):
+            raise ProtocolError(f"{t!r} answers a {req.kind!r} request")
+        w.req = None
+        self._busy -= 1
+        w.jobs += 1
+        if t == "xres":
+            req.resolve((msg["ok"], msg.get("value")))
+            self._replace(w, None, backoff=False)  # hooks may have changed it
+            return
+        if msg["over"]:
+            self._c["memory_kills"] += 1
+        req.resolve(from_result(msg["r"], msg["dur"], msg["peak"]))
+        if msg["exit"] or msg["over"] or w.jobs >= w.max_jobs:
+            self._replace(w, None, backoff=False)
+        else:
+            self._release(w)
+
+    # --- deadlines and housekeeping ---------------------------------------
+    def _ensure_tick(self) -> None:
+        if self._tick_handle is None and self._loop is not None:
+            self._tick_handle = self._loop.call_later(TICK_S, self._tick)
+
+    def _tick(self) -> None:
+        self._tick_handle = None
+        assert self._loop is not None
+        now = self._loop.time()
+        pending = False
+        for w in list(self._workers.values()):
+            if w is None:
+                continue
+            req = w.req
+            if req is not None:
+                if now >= req.deadline:
+                    self._timeout(w, req, now)
+                else:
+                    pending = True
+            elif not w.ready:
+                if now - w.spawned_at > self.spawn_timeout:
+                    log.error("sandbox worker %d did not become ready; killing it", w.pid)
+                    self._replace(w, None, backoff=True)
+                pending = True
+        waiters = self._waiters
+        while waiters and (waiters[0].future.done() or now >= waiters[0].deadline):
+            req = waiters.popleft()
+            if not req.future.done():
+                self._c["busy_rejections"] += 1
+                req.future.set_exception(PoolBusyError("no sandbox worker became free in time"))
+        if pending or waiters:
+            self._ensure_tick()
+
+    def _timeout(self, w: WorkerHandle, req: RequestState, now: float) -> None:
+        if req.kind == "job":
+            self._c["timeouts"] += 1
+        log.info("sandbox worker %d passed the %d ms limit; killed", w.pid, req.limits.time_ms)
+        self._replace(w, failure("script_timeout",
+                                 f"script ran longer than {req.limits.time_ms} ms",
+                                 (now - req.t0) * 1000.0), backoff=False)
+
+    def _housekeeping(self) -> None:
+        assert self._loop is not None
+        self._house_handle = self._loop.call_later(HOUSEKEEPING_S, self._housekeeping)
+        for w in list(self._idle):
+            if w.rss() > self.max_rss:
+                log.info("sandbox worker %d passed %d MiB RSS; recycled", w.pid, self.max_rss >> 20)
+                self._idle.remove(w)
+                self._replace(w, None, backoff=False)
+        now = time.monotonic()
+        for slot, held in self._workers.items():
+            asked = self._spawning.get(slot)
+            if held is None and (asked is None or now - asked > self.spawn_timeout):
+                self._request_spawn(slot)
+
+    def _clear_failures(self, w: WorkerHandle) -> None:
+        if w.alive:
+            self._failures[w.slot] = 0
+
+
+def _reap_zygote(pid: int, timeout: float) -> None:
+    """Wait for the zygote to exit, then SIGKILL it (blocking; stop and start only)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(0.005)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+

@@ -1,0 +1,200 @@
+"""Length-prefixed msgpack frames between the pool and its workers.
+
+A frame is a 4-byte big-endian length followed by that many bytes of msgpack.
+msgpack is data only (never pickle: unpickling a compromised worker's bytes
+would run its code in the service).  The length is checked against a cap
+*before* any body is buffered, so a hostile peer cannot make the other side
+hold more than one capped frame, and every decoded message is checked for its
+exact shape before anyone acts on it.
+
+Messages (``t`` is the type):
+
+parent -> worker
+    ``{"t": "job", "id", "key", "ver", "src": str | None, "event", "ms", "mem"}``
+    ``{"t": "exec", "id", "code"}``  (test hook; refused unless the pool enabled it)
+worker -> parent
+    ``{"t": "ready", "pid", "hard": {layer: bool}, "notes": [str]}``
+    ``{"t": "need", "id"}``  (worker lacks the source for that script version)
+    ``{"t": "res", "id", "r": run_endpoint result, "peak", "over", "dur", "exit"}``
+    ``{"t": "xres", "id", "ok", "value"}``
+"""
+from __future__ import annotations
+
+import socket
+from typing import Any, Iterator
+
+import msgpack  # type: ignore[import-untyped]
+
+from sandbox.errors import ProtocolError
+
+# A job carries the event twice over in the worst case (parsed body and raw
+# body, each up to the largest plan's 1 MiB) plus a source of up to 256 KiB.
+MAX_JOB_BYTES = 5 * 1024 * 1024
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+HEADER_BYTES = 4
+
+ERROR_KINDS = frozenset(
+    {"script_error", "script_timeout", "script_memory_exceeded", "invalid_reply",
+     "no_endpoint_handler", "crash"}
+)
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def encode(message: dict[str, Any], cap: int) -> bytes:
+    """One frame for ``message``; raises :class:`ProtocolError` past ``cap`` bytes."""
+    try:
+        body: bytes = _packer.pack(message)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ProtocolError(f"cannot encode frame: {type(exc).__name__}") from None
+    if len(body) > cap:
+        raise ProtocolError(f"frame of {len(body)} bytes exceeds the {cap}-byte cap")
+    return len(body).to_bytes(HEADER_BYTES, "big") + body
+
+
+def decode(body: bytes | memoryview) -> Any:
+    """Decode one frame body; raises :class:`ProtocolError` for anything but msgpack."""
+    try:
+        # strict_map_key: only str/bytes keys; raw=False: str stays str.
+        return msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"undecodable frame: {type(exc).__name__}") from None
+
+
+class FrameReader:
+    """Incremental frame splitter for a non-blocking stream; one per channel."""
+
+    __slots__ = ("_buf", "_cap")
+
+    def __init__(self, cap: int) -> None:
+        self._buf = bytearray()
+        self._cap = cap
+
+    def feed(self, data: bytes) -> Iterator[Any]:
+        """Yield every complete message in the buffer after adding ``data``."""
+        buf = self._buf
+        if not buf and len(data) >= HEADER_BYTES:
+            # Hot path: the chunk holds exactly one whole frame, no copying.
+            n = int.from_bytes(data[:HEADER_BYTES], "big")
+            if n > self._cap:
+                raise ProtocolError(f"frame of {n} bytes exceeds the {self._cap}-byte cap")
+            if len(data) == HEADER_BYTES + n:
+                yield decode(memoryview(data)[HEADER_BYTES:])
+                return
+        buf += data
+        while len(buf) >= HEADER_BYTES:
+            n = int.from_bytes(buf[:HEADER_BYTES], "big")
+            if n > self._cap:
+                raise ProtocolError(f"frame of {n} bytes exceeds the {self._cap}-byte cap")
+            end = HEADER_BYTES + n
+            if len(buf) < end:
+                return
+            body = bytes(buf[HEADER_BYTES:end])
+            del buf[:end]
+            yield decode(body)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < n:
+        part = sock.recv(min(n - len(chunks), 1 << 20))
+        if not part:
+            raise EOFError("channel closed")
+        chunks += part
+    return bytes(chunks)
+
+
+def recv_message(sock: socket.socket, cap: int) -> Any:
+    """Blocking read of one message (worker side and start-up); EOFError when closed."""
+    header = _recv_exactly(sock, HEADER_BYTES)
+    n = int.from_bytes(header, "big")
+    if n > cap:
+        raise ProtocolError(f"frame of {n} bytes exceeds the {cap}-byte cap")
+    return decode(_recv_exactly(sock, n))
+
+
+def send_message(sock: socket.socket, message: dict[str, Any], cap: int) -> None:
+    """Blocking write of one message."""
+    sock.sendall(encode(message, cap))
+
+
+# --- validation -------------------------------------------------------------
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _opt(value: Any, kind: type) -> bool:
+    return value is None or type(value) is kind
+
+
+def check_job(msg: Any) -> dict[str, Any]:
+    """Validate a parent -> worker message; raises :class:`ProtocolError`."""
+    if type(msg) is not dict:
+        raise ProtocolError("message is not a map")
+    t = msg.get("t")
+    if t == "job":
+        ok = (_is_int(msg.get("id")) and type(msg.get("key")) is str and _is_int(msg.get("ver"))
+              and _opt(msg.get("src"), str) and type(msg.get("event")) is dict
+              and _is_int(msg.get("ms")) and _is_int(msg.get("mem")))
+    elif t == "exec":
+        ok = _is_int(msg.get("id")) and type(msg.get("code")) is str
+    else:
+        ok = False
+    if not ok:
+        raise ProtocolError(f"malformed job message {t!r}")
+    return msg
+
+
+def _check_headers(headers: Any) -> bool:
+    if type(headers) is not list:
+        return False
+    for pair in headers:
+        if type(pair) is not list or len(pair) != 2:
+            return False
+        if type(pair[0]) is not str or type(pair[1]) is not str:
+            return False
+    return True
+
+
+def _check_error(error: Any) -> bool:
+    if error is None:
+        return True
+    return (type(error) is dict and error.get("kind") in ERROR_KINDS
+            and type(error.get("message")) is str and _opt(error.get("line"), int)
+            and _opt(error.get("traceback"), str))
+
+
+def check_result(r: Any) -> bool:
+    """True when ``r`` has exactly the shape ``run_endpoint`` promises."""
+    return (type(r) is dict and type(r.get("replied")) is bool
+            and _is_int(r.get("status")) and 100 <= r["status"] <= 599
+            and _check_headers(r.get("headers")) and type(r.get("body")) is bytes
+            and type(r.get("contentType")) is str and type(r.get("output")) is str
+            and _check_error(r.get("error")))
+
+
+def check_reply(msg: Any) -> dict[str, Any]:
+    """Validate a worker -> parent message; raises :class:`ProtocolError`."""
+    if type(msg) is not dict:
+        raise ProtocolError("message is not a map")
+    t = msg.get("t")
+    if t == "res":
+        ok = (_is_int(msg.get("id")) and check_result(msg.get("r")) and _is_int(msg.get("peak"))
+              and type(msg.get("over")) is bool and type(msg.get("dur")) is float
+              and type(msg.get("exit")) is bool)
+    elif t == "need":
+        ok = _is_int(msg.get("id"))
+    elif t == "ready":
+        hard = msg.get("hard")
+        ok = (_is_int(msg.get("pid")) and type(hard) is dict
+              and all(type(k) is str and type(v) is bool for k, v in hard.items())
+              and type(msg.get("notes")) is list
+              and all(type(n) is str for n in msg["notes"]))
+    elif t == "xres":
+        ok = _is_int(msg.get("id")) and type(msg.get("ok")) is bool
+    else:
+        ok = False
+    if not ok:
+        raise ProtocolError(f"malformed worker message {t!r}")
+    return msg

@@ -1,0 +1,224 @@
+"""In-process execution of a compiled script's ``on endpoint`` block.
+
+Used inside a sandbox worker process. ``run_endpoint`` builds fresh globals
+from immutable bases, a fresh ``event`` and a fresh print collector, runs the
+module code and then the block, seals the event, and returns plain,
+msgpack-able data only (no object the script made ever leaves this module).
+Process limits (time, memory) are the worker's job; this module bounds
+recursion and keeps ``int``/``str`` conversion at CPython's digit limit.
+"""
+from __future__ import annotations
+
+import decimal
+import gc
+import sys
+import types
+import warnings
+from typing import Any
+
+from sandbox.compiler import ENDPOINT_EVENT, CompiledScript
+from sandbox.event import ReplyState, new_event
+from sandbox.guards import PrintCollector, fresh_builtins, fresh_globals
+from sandbox.modules import make_importer
+from sandbox.policy import handler_name
+
+DEFAULT_OUTPUT_CAP = 16384
+RECURSION_BUDGET = 200           # script frames (plus guard frames) per invocation
+MAX_TRACEBACK_FRAMES = 20
+MAX_MESSAGE_CHARS = 1000
+INT_MAX_STR_DIGITS = 4300        # CPython's default
+NEVER_REPLIED_BODY = b'{"success": true}'
+
+_ENDPOINT_KEY = handler_name(ENDPOINT_EVENT)
+_PRIMITIVES = (str, int, float, bool, type(None), bytes)
+_ERROR_STATUS = {"script_error": 500, "script_memory_exceeded": 500,
+                 "invalid_reply": 500, "no_endpoint_handler": 501}
+
+
+def prepare_worker_process() -> None:
+    """Process-wide settings for a worker; call once after fork.
+
+    Warnings raised while a script runs (``bool(NotImplemented)``, a nested
+    set in a regex) would be printed to the worker's stderr once per
+    invocation; they are not the operator's concern, so they are ignored.
+    Doing this per call (``warnings.catch_warnings``) would cost ~2 µs.
+    """
+    warnings.simplefilter("ignore")
+    if not 0 < sys.get_int_max_str_digits() <= INT_MAX_STR_DIGITS:
+        sys.set_int_max_str_digits(INT_MAX_STR_DIGITS)
+
+
+def _new_globals(collector: PrintCollector) -> dict[str, Any]:
+    builtins = fresh_builtins()
+    builtins["__import__"] = make_importer()
+    scope = fresh_globals()
+    scope["__builtins__"] = builtins
+    scope["_print_"] = collector
+    return scope
+
+
+def _stack_depth() -> int:
+    depth = 0
+    frame: types.FrameType | None = sys._getframe()
+    while frame is not None:
+        depth += 1
+        frame = frame.f_back
+    return depth
+
+
+def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
+                 output_cap: int = DEFAULT_OUTPUT_CAP) -> dict[str, Any]:
+    """Run the script's ``on endpoint`` block for one request.
+
+    Returns ``{"replied", "status", "headers", "body", "contentType",
+    "output", "error"}`` made of plain data. Never raises for anything the
+    script does.
+    """
+    collector = PrintCollector(output_cap)
+    state = ReplyState(script.code.co_filename)
+    if not script.has_endpoint:
+        return _result(state, collector, _error("no_endpoint_handler",
+                                                'the script has no "on endpoint" block'))
+    if not 0 < sys.get_int_max_str_digits() <= INT_MAX_STR_DIGITS:
+        sys.set_int_max_str_digits(INT_MAX_STR_DIGITS)
+    scope = _new_globals(collector)
+    # decimal keeps a per-thread current context; give every invocation a
+    # fresh one so precision/traps/flags set by one script are gone next time.
+    decimal.setcontext(decimal.Context())
+    old_limit = sys.getrecursionlimit()
+    error: dict[str, Any] | None = None
+    try:
+        ev = new_event(event, state)
+        sys.setrecursionlimit(_stack_depth() + RECURSION_BUDGET)
+        try:
+            exec(script.code, scope)
+            handler = scope.get(_ENDPOINT_KEY)
+            if type(handler) is not types.FunctionType:
+                error = _error("no_endpoint_handler", 'the script has no "on endpoint" block')
+            else:
+                handler(ev)
+        finally:
+            sys.setrecursionlimit(old_limit)
+            state.sealed = True
+    except MemoryError:
+        error = _error("script_memory_exceeded", "the script used more memory than its plan allows")
+    except BaseException as exc:  # noqa: BLE001 - everything the script raises is an outcome
+        if state.invalid is None:
+            error = _script_error(exc, script)
+    finally:
+        # Drop the script's objects now, while the event is sealed, so
+        # finalisers (generators' finally blocks) run here and not during the
+        # next invocation; what they raise is dropped, not printed.
+        hook = sys.unraisablehook
+        sys.unraisablehook = _ignore_unraisable
+        try:
+            scope.clear()
+            if script.has_generators:
+                # A suspended generator in a reference cycle would otherwise
+                # run its finally block whenever the collector next runs:
+                # during another guild's invocation. Collect now (cheap in a
+                # worker whose heap is gc.freeze()-d); a second pass catches
+                # what the first pass's finalisers left behind.
+                if gc.collect():
+                    gc.collect()
+        finally:
+            sys.unraisablehook = hook
+    if state.invalid is not None and (error is None or error["kind"] == "script_error"):
+        error = _error("invalid_reply", state.invalid, state.invalid_line)
+    return _result(state, collector, error)
+
+
+def _ignore_unraisable(unraisable: Any) -> None:
+    """Swallow errors of script finalisers run while releasing its globals."""
+
+
+def _error(kind: str, message: str, line: int | None = None,
+           traceback: str | None = None) -> dict[str, Any]:
+    return {"kind": kind, "message": message, "line": line, "traceback": traceback}
+
+
+def _result(state: ReplyState, collector: PrintCollector,
+            error: dict[str, Any] | None) -> dict[str, Any]:
+    output = collector.text()
+    if error is not None:
+        return {"replied": False, "status": _ERROR_STATUS.get(error["kind"], 500), "headers": [],
+                "body": b"", "contentType": "", "output": output, "error": error}
+    if not state.replied:
+        return {"replied": False, "status": 200, "headers": [], "body": NEVER_REPLIED_BODY,
+                "contentType": "application/json", "output": output, "error": None}
+    body, content_type = state.body()
+    return {"replied": True, "status": state.status, "headers": [list(h) for h in state.headers],
+            "body": body, "contentType": content_type, "output": output, "error": None}
+
+
+def _clean(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """Text safe for msgpack (valid UTF-8) and bounded in size."""
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# Read through the C descriptors: a script's exception class may shadow
+# ``args`` with a property, and no script code may run while we report.
+_EXC_ARGS = BaseException.__dict__["args"]
+_EXC_TRACEBACK = BaseException.__dict__["__traceback__"]
+_TYPE_MODULE = type.__dict__["__module__"]
+_TYPE_NAME = type.__dict__["__name__"]
+
+
+def _exception_text(exc: BaseException) -> str:
+    """``str(exc)`` without running any method the script could have supplied."""
+    args = _EXC_ARGS.__get__(exc)
+    if type(args) is not tuple:
+        args = ()
+    if all(type(a) in _PRIMITIVES for a in args):
+        if _TYPE_MODULE.__get__(type(exc)) == "builtins" or not args:
+            try:
+                return str(exc)
+            except Exception:  # noqa: BLE001 - a broken __str__ must not break us
+                return ""
+        if len(args) == 1:
+            arg = args[0]
+            return arg if type(arg) is str else repr(arg)
+        return repr(args)
+    return ", ".join(repr(a) if type(a) in _PRIMITIVES else f"<{type(a).__name__} object>"
+                     for a in args)
+
+
+def _type_name(exc: BaseException) -> str:
+    name = _TYPE_NAME.__get__(type(exc))
+    return name if type(name) is str else "Exception"
+
+
+def _script_error(exc: BaseException, script: CompiledScript) -> dict[str, Any]:
+    try:
+        return _describe(exc, script)
+    except BaseException:  # noqa: BLE001 - reporting must never fail the invocation
+        return _error("script_error", _clean(_type_name(exc)))
+
+
+def _describe(exc: BaseException, script: CompiledScript) -> dict[str, Any]:
+    name = _type_name(exc)
+    text = _exception_text(exc)
+    message = _clean(f"{name}: {text}" if text else name)
+    frames: list[tuple[int, str]] = []
+    filename = script.code.co_filename
+    tb = _EXC_TRACEBACK.__get__(exc)
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename == filename:
+            frames.append((tb.tb_lineno, code.co_name))
+        tb = tb.tb_next
+    line = frames[-1][0] if frames else None
+    lines = ["Traceback (most recent call last):"]
+    if len(frames) > MAX_TRACEBACK_FRAMES:
+        lines.append(f"  ... {len(frames) - MAX_TRACEBACK_FRAMES} earlier frames omitted")
+        frames = frames[-MAX_TRACEBACK_FRAMES:]
+    for lineno, func in frames:
+        lines.append(f'  File "{filename}", line {lineno}, in {func}')
+        if 0 < lineno <= len(script.source_lines):
+            source = script.source_lines[lineno - 1].strip()
+            if source:
+                lines.append(f"    {source[:200]}")
+    lines.append(message)
+    return _error("script_error", message, line, _clean("\n".join(lines), 20000))

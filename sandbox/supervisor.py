@@ -1,0 +1,266 @@
+"""Supervision half of the pool: spawning through the zygote, replacing, stopping.
+
+Kept apart from ``sandbox.pool`` (the public API and the hot path) for size;
+:class:`Supervisor` is the base class of ``Pool`` and shares its state.
+Nothing here runs per request except on the rare paths (timeout, crash,
+recycle).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import socket
+import time
+from collections import deque
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+
+from sandbox.channel import RequestState, WorkerHandle
+from sandbox.errors import PoolClosedError
+from sandbox.outcome import Outcome, failure
+
+log = logging.getLogger("sandbox.pool")
+
+MIN_UPTIME_S = 1.0       # a worker dying sooner counts towards the crash loop
+BACKOFF_FIRST_S = 0.05
+BACKOFF_MAX_S = 10.0
+
+
+class Supervisor:
+    """State and supervision methods shared with ``Pool`` (which initialises them)."""
+
+    size: int
+    max_jobs: int
+    max_jobs_jitter: int
+    spawn_timeout: float
+    _compile_cache: int
+    _test_hooks: bool
+    _workers: dict[int, WorkerHandle | None]
+    _idle: deque[WorkerHandle]
+    _waiters: deque[RequestState]
+    _spawning: dict[int, float]
+    _failures: dict[int, int]
+    _hardening: dict[str, bool]
+    _notes: dict[str, str]
+    _loop: asyncio.AbstractEventLoop | None
+    _tick_handle: asyncio.TimerHandle | None
+    _house_handle: asyncio.TimerHandle | None
+    _ctl: socket.socket
+    _zygote_pid: int
+    _zygote_alive: bool
+    _state: str
+    _busy: int
+    _c: dict[str, int]
+
+    # provided by Pool
+    def _on_readable(self, w: WorkerHandle) -> None:
+        raise NotImplementedError
+
+    def _ensure_tick(self) -> None:
+        raise NotImplementedError
+
+    def _dispatch(self, w: WorkerHandle, req: RequestState) -> None:
+        raise NotImplementedError
+
+    def _attach(self) -> asyncio.AbstractEventLoop:
+        raise NotImplementedError
+
+    # --- zygote control channel -------------------------------------------
+    def _on_control(self) -> None:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self._ctl, 4096, 2, socket.MSG_CMSG_CLOEXEC)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                self._zygote_lost()
+                return
+            try:
+                msg = msgpack.unpackb(data, raw=False)
+            except Exception:
+                msg = None
+            if not isinstance(msg, dict):
+                msg = {}
+            t = msg.get("t")
+            slot, pid = msg.get("slot"), msg.get("pid")
+            if t == "spawned" and type(slot) is int and type(pid) is int and fds:
+                self._register(slot, pid, fds[0], fds[1] if len(fds) > 1 else -1)
+                continue
+            for fd in fds:
+                os.close(fd)
+            if t == "spawn_failed" and type(slot) is int:
+                log.error("sandbox fork server could not fork: %s", msg.get("error"))
+                self._spawning.pop(slot, None)
+                self._schedule_spawn(slot, backoff=True)
+            elif t == "exit":
+                log.debug("sandbox worker %s exited (code %s, signal %s)",
+                          pid, msg.get("code"), msg.get("signal"))
+
+    def _zygote_lost(self) -> None:
+        if self._zygote_alive and self._state in ("starting", "running"):
+            log.critical("sandbox fork server died: workers that exit can no longer be "
+                         "replaced; restart the service")
+        self._zygote_alive = False
+        if self._loop is not None:
+            self._loop.remove_reader(self._ctl.fileno())
+
+    def _register(self, slot: int, pid: int, channel_fd: int, pidfd: int) -> None:
+        self._spawning.pop(slot, None)
+        now = self._loop.time() if self._loop is not None else time.monotonic()
+        w = WorkerHandle(slot, pid, channel_fd, pidfd, cache_size=self._compile_cache,
+                         max_jobs=self.max_jobs + random.randint(0, self.max_jobs_jitter),
+                         now=now)
+        if self._state not in ("starting", "running") or self._workers.get(slot) is not None:
+            w.signal(signal.SIGKILL)
+            w.close(None)
+            return
+        self._workers[slot] = w
+        if self._state == "running":
+            self._c["restarts"] += 1
+        if self._loop is not None:
+            self._loop.add_reader(w.fd, self._on_readable, w)
+            self._ensure_tick()  # watches the spawn timeout
+
+    def _request_spawn(self, slot: int) -> None:
+        if (self._state not in ("starting", "running") or not self._zygote_alive
+                or self._workers.get(slot) is not None):
+            self._spawning.pop(slot, None)
+            return
+        self._spawning[slot] = time.monotonic()
+        try:
+            self._ctl.send(msgpack.packb({"t": "spawn", "slot": slot}))
+        except OSError:
+            self._spawning.pop(slot, None)  # housekeeping retries
+
+    def _schedule_spawn(self, slot: int, backoff: bool) -> None:
+        if self._state not in ("starting", "running"):
+            return
+        delay = 0.0
+        if backoff:
+            n = self._failures[slot] = self._failures.get(slot, 0) + 1
+            delay = min(BACKOFF_FIRST_S * 2 ** (n - 1), BACKOFF_MAX_S)
+            if n > 2:
+                log.warning("sandbox slot %d: worker died %d times right after start; "
+                            "next spawn in %.2fs", slot, n, delay)
+        if delay and self._loop is not None:
+            self._spawning[slot] = time.monotonic()
+            self._loop.call_later(delay, self._request_spawn, slot)
+        else:
+            self._request_spawn(slot)
+
+    # --- taking workers out ----------------------------------------------
+    def _elapsed(self, w: WorkerHandle) -> float:
+        if w.req is None or self._loop is None:
+            return 0.0
+        return (self._loop.time() - w.req.t0) * 1000.0
+
+    def _kill(self, w: WorkerHandle) -> None:
+        """SIGKILL the worker and drop its channel at once."""
+        w.signal(signal.SIGKILL)
+        w.close(self._loop)
+        try:
+            self._idle.remove(w)
+        except ValueError:
+            pass
+        if self._workers.get(w.slot) is w:
+            self._workers[w.slot] = None
+
+    def _replace(self, w: WorkerHandle, outcome: Outcome | None, *, backoff: bool) -> None:
+        """Kill ``w``, answer its request (if any) and spawn its successor."""
+        if not w.alive:
+            return
+        req = w.req
+        self._kill(w)
+        if req is not None:
+            self._busy -= 1
+            req.resolve(outcome or failure("crash", "sandbox worker was replaced", 0.0))
+        self._schedule_spawn(w.slot, backoff)
+
+    def _worker_lost(self, w: WorkerHandle) -> None:
+        """The channel closed under us: the worker died without being told to."""
+        if not w.alive:
+            return
+        now = self._loop.time() if self._loop is not None else time.monotonic()
+        quick = not w.ready or now - w.spawned_at < MIN_UPTIME_S
+        if w.req is not None:
+            self._c["crashes"] += 1
+            log.warning("sandbox worker %d died during an invocation", w.pid)
+        elif not w.ready:
+            log.error("sandbox worker %d died before it was ready", w.pid)
+        self._replace(w, failure("crash", "sandbox worker died during the invocation",
+                                 self._elapsed(w)), backoff=quick)
+
+    def _merge_hardening(self, hard: dict[str, bool], notes: list[str]) -> None:
+        for layer, on in hard.items():
+            self._hardening[layer] = self._hardening.get(layer, True) and on
+        for note in notes:
+            layer, _, why = note.partition(": ")
+            self._notes[layer] = why
+
+    # --- stop ---------------------------------------------------------------
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Graceful stop: refuse new work, let running jobs end, TERM, wait, KILL."""
+        if self._state in ("new", "stopped"):
+            self._state = "stopped"
+            return
+        self._state = "stopping"
+        while self._waiters:
+            req = self._waiters.popleft()
+            if not req.future.done():
+                req.future.set_exception(PoolClosedError("pool stopped"))
+        end = time.monotonic() + timeout
+        while self._busy > 0 and time.monotonic() < end:
+            await asyncio.sleep(0.005)
+        workers = [w for w in self._workers.values() if w is not None]
+        for w in workers:
+            w.signal(signal.SIGTERM)
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end and not all(w.exited() for w in workers):
+            await asyncio.sleep(0.005)
+        for w in workers:
+            self._replace(w, failure("crash", "sandbox pool stopped", self._elapsed(w)),
+                          backoff=False)
+        for handle in (self._tick_handle, self._house_handle):
+            if handle is not None:
+                handle.cancel()
+        if self._loop is not None and self._zygote_alive:
+            self._loop.remove_reader(self._ctl.fileno())
+        self._ctl.close()  # the zygote kills what is left and exits
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            try:
+                done, _ = os.waitpid(self._zygote_pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done:
+                break
+            await asyncio.sleep(0.005)
+        else:
+            try:
+                os.kill(self._zygote_pid, signal.SIGKILL)
+                os.waitpid(self._zygote_pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        self._state = "stopped"
+
+    # --- test hook ------------------------------------------------------------
+    async def _test_exec(self, code: str, timeout_ms: int = 5000) -> Any:
+        """TEST ONLY: run unrestricted ``code`` in a hardened worker; (ok, result)."""
+        if not self._test_hooks:
+            raise RuntimeError("test hooks are disabled")
+        from sandbox.limits import Limits
+        loop = self._loop or self._attach()
+        req = RequestState(loop.create_future(), "exec", None, {"code": code},
+                           Limits(time_ms=timeout_ms, memory_kb=16))
+        while not self._idle:
+            await asyncio.sleep(0.005)
+        self._dispatch(self._idle.pop(), req)
+        return await req.future

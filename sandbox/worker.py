@@ -1,0 +1,179 @@
+"""The worker process: harden itself, then serve jobs from its channel.
+
+A worker is forked by the fork server (``sandbox.zygote``), hardens itself
+(``sandbox.hardening``), reports which layers took effect, then loops:
+receive a job, compile the script version if it is not in the LRU cache,
+run ``run_endpoint`` with the memory accountant armed, reply.  It never
+decides about time: the supervisor SIGKILLs it past the deadline.
+
+A worker exits (and the pool replaces it) after any job that broke the memory
+cap or failed inside the runtime itself, so nothing a misbehaving script did
+can reach the next invocation.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from sandbox import hardening, limits, protocol
+from sandbox.errors import ProtocolError
+
+OUTPUT_CAP = 16384
+EXIT_EOF = 0
+EXIT_PROTOCOL = 65
+EXIT_HOOK_REFUSED = 66
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs, fixed when the pool is built."""
+
+    hardening: hardening.HardeningConfig
+    compile_cache: int = 64
+    prefer_memguard: bool = True
+    test_hooks: bool = False
+
+
+def _error_result(kind: str, message: str, line: int | None = None,
+                  status: int = 500) -> dict[str, Any]:
+    return {"replied": False, "status": status, "headers": [], "body": b"",
+            "contentType": "", "output": "",
+            "error": {"kind": kind, "message": message, "line": line, "traceback": None}}
+
+
+class _Runner:
+    """Compile cache plus one job; kept apart from the loop so tests can drive it."""
+
+    def __init__(self, cfg: WorkerConfig, accountant: limits.MemoryAccountant) -> None:
+        from sandbox.compiler import compile_script
+        from sandbox.runtime import run_endpoint
+        self._compile = compile_script
+        self._run = run_endpoint
+        self._cfg = cfg
+        self._acct = accountant
+        self._cpu = limits.CpuBackstop(cfg.hardening.cpu_lifetime_s)
+        # Same size and same move/evict order as the parent's mirror of it, so
+        # the parent knows which versions it need not send again.
+        self._cache: OrderedDict[tuple[str, int], Any] = OrderedDict()
+
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Run one job message; returns the reply message."""
+        key = (msg["key"], msg["ver"])
+        compiled = self._cache.get(key)
+        if compiled is None:
+            src = msg["src"]
+            if src is None:
+                return {"t": "need", "id": msg["id"]}
+            compiled = self._compile(src)
+            self._cache[key] = compiled
+            if len(self._cache) > self._cfg.compile_cache:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+
+        exit_after = not self._cpu.before_job(msg["ms"])
+        result: dict[str, Any] | None
+        if not compiled.ok or compiled.script is None:
+            first = compiled.errors[0] if compiled.errors else None
+            result = _error_result("script_error",
+                                   first.message if first else "script does not compile",
+                                   first.line if first else None)
+            return self._reply(msg["id"], result, 0, False, 0.0, exit_after)
+
+        cap = msg["mem"]
+        t0 = time.perf_counter()
+        self._acct.arm(cap)
+        try:
+            result = self._run(compiled.script, msg["event"], output_cap=OUTPUT_CAP)
+            failure: BaseException | None = None
+        except BaseException as exc:  # the runtime promises plain data; anything else is a fault
+            result = None
+            failure = exc
+        finally:
+            peak, over = self._acct.disarm()
+        dur = (time.perf_counter() - t0) * 1000.0
+        if over:
+            line = None
+            if result is not None and result.get("error"):
+                line = result["error"].get("line")
+            result = _error_result("script_memory_exceeded",
+                                   f"script memory exceeded the {cap // 1024} KB cap", line)
+            exit_after = True
+        elif failure is not None:
+            kind = "script_memory_exceeded" if isinstance(failure, MemoryError) else "crash"
+            result = _error_result(kind, f"sandbox runtime failed: {type(failure).__name__}")
+            exit_after = True
+        return self._reply(msg["id"], result, peak, over, dur, exit_after)
+
+    @staticmethod
+    def _reply(job_id: int, result: Any, peak: int, over: bool, dur: float,
+               exit_after: bool) -> dict[str, Any]:
+        return {"t": "res", "id": job_id, "r": result, "peak": peak, "over": over,
+                "dur": dur, "exit": exit_after}
+
+
+def _test_exec(code: str) -> tuple[bool, Any]:
+    """TEST HOOK: unrestricted exec inside a hardened worker (pool must enable it)."""
+    ns: dict[str, Any] = {}
+    try:
+        exec(compile(code, "<test-hook>", "exec"), ns)  # noqa: S102 - test-only, see docstring
+    except BaseException as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    value = ns.get("result")
+    try:
+        protocol.encode({"v": value}, protocol.MAX_REPLY_BYTES)
+    except ProtocolError:
+        value = repr(value)
+    return True, value
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any]:
+    """Send one message; returns what was actually sent."""
+    try:
+        frame = protocol.encode(message, protocol.MAX_REPLY_BYTES)
+    except ProtocolError:
+        if message.get("t") != "res":
+            raise
+        # Too large or not encodable: the script's reply was invalid.
+        message = {**message, "exit": True,
+                   "r": _error_result("invalid_reply", "script reply is too large to return")}
+        frame = protocol.encode(message, protocol.MAX_REPLY_BYTES)
+    sock.sendall(frame)
+    return message
+
+
+def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
+    """Worker entry point after fork; never returns."""
+    try:
+        fd, report = hardening.harden(channel_fd, cfg.hardening, seccomp_filter)
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(True)
+        accountant = limits.make_accountant(cfg.prefer_memguard)
+        report.set("memguard", accountant.enforcing,
+                   "tracemalloc in use (extension not built or disabled): memory is "
+                   "judged after the run; RLIMIT_AS alone stops a growing loop")
+        runner = _Runner(cfg, accountant)
+        _send(sock, {"t": "ready", "pid": os.getpid(), "hard": report.layers,
+                     "notes": report.notes})
+        while True:
+            try:
+                msg = protocol.check_job(protocol.recv_message(sock, protocol.MAX_JOB_BYTES))
+            except EOFError:
+                os._exit(EXIT_EOF)
+            if msg["t"] == "exec":
+                if not cfg.test_hooks:
+                    os._exit(EXIT_HOOK_REFUSED)
+                ok, value = _test_exec(msg["code"])
+                _send(sock, {"t": "xres", "id": msg["id"], "ok": ok, "value": value})
+                continue
+            sent = _send(sock, runner.handle(msg))
+            if sent.get("exit"):
+                os._exit(EXIT_EOF)
+    except ProtocolError:
+        os._exit(EXIT_PROTOCOL)
+    except BaseException:
+        os._exit(70)

@@ -1,0 +1,227 @@
+"""The fork server ("zygote"): the only process that forks workers.
+
+Workers must be respawned while the service's event loop and threads run,
+and forking a multi-threaded process copies locks held by other threads.  So
+``Pool.start()`` forks this single-threaded process once, before any loop or
+thread exists; it imports and warms everything a worker needs (after the uid
+drop a worker may not be able to read the interpreter's files), freezes the
+heap (``gc.freeze()``: forked pages stay shared), builds the seccomp filter
+once, and then only forks on request.  It never runs user code.
+
+Control socket (SOCK_SEQPACKET, one msgpack message per packet, so passed
+descriptors stay attached to their message):
+
+service -> zygote: ``{"t": "spawn", "slot": int}``
+zygote -> service: ``{"t": "spawned", "slot", "pid"}`` with descriptors
+                   [channel, pidfd] (pidfd only where the kernel has it);
+                   ``{"t": "exit", "pid", "code", "signal"}`` when it reaps a worker.
+
+When the control socket closes (the service stops or dies) the zygote kills
+its workers and exits; it also dies with the service (PR_SET_PDEATHSIG).
+"""
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import select
+import signal
+import socket
+from typing import Any, NoReturn
+
+import msgpack  # type: ignore[import-untyped]
+
+from sandbox import hardening, worker
+
+WARM_MODULES = (
+    "json", "math", "re", "random", "datetime", "time", "hashlib", "hmac", "base64",
+    "string", "itertools", "functools", "collections", "statistics", "decimal", "uuid",
+    "traceback", "linecache", "unicodedata", "encodings.latin_1", "encodings.ascii",
+    "encodings.utf_16", "encodings.utf_32", "encodings.cp1252", "encodings.idna",
+    "encodings.utf_8_sig", "encodings.unicode_escape", "encodings.raw_unicode_escape",
+    "encodings.punycode", "_strptime", "calendar", "locale",
+)
+WARM_SOURCE = '''import json
+on endpoint(event):
+    event.status(201)
+    event.header("X-Warm", "1")
+    event.reply({"ok": json.dumps(event.body), "n": len(event.headers)})
+'''
+WARM_EVENT: dict[str, Any] = {
+    "body": {"a": 1}, "rawBody": '{"a": 1}', "headers": {"content-type": "application/json"},
+    "query": {}, "method": "POST", "ip": "127.0.0.1", "userAgent": "warm",
+    "timestamp": "2026-01-01T00:00:00.000Z",
+}
+MAX_CONTROL = 4096
+
+
+def start(cfg: worker.WorkerConfig) -> tuple[int, socket.socket]:
+    """Fork the zygote from the (still single-threaded) service process.
+
+    Returns its pid and the service's end of the control socket.
+    """
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    service_pid = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            gc.freeze()  # objects of the service are never collected (and closed) here
+            ours.detach()
+            _main(theirs.detach(), cfg, service_pid)
+        finally:
+            os._exit(1)
+    theirs.close()
+    return pid, ours
+
+
+def _warm() -> None:
+    for name in WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    from sandbox.compiler import compile_script
+    from sandbox.runtime import run_endpoint
+    result = compile_script(WARM_SOURCE)
+    if result.ok and result.script is not None:
+        run_endpoint(result.script, dict(WARM_EVENT), output_cap=worker.OUTPUT_CAP)
+
+
+class _Zygote:
+    def __init__(self, ctl_fd: int, cfg: worker.WorkerConfig) -> None:
+        self.ctl = socket.socket(fileno=ctl_fd)
+        self.cfg = cfg
+        self.children: set[int] = set()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self.filter = hardening.build_seccomp_filter() if cfg.hardening.seccomp else None
+
+    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        data = msgpack.packb(message, use_bin_type=True)
+        if fds:
+            socket.send_fds(self.ctl, [data], fds)
+        else:
+            self.ctl.send(data)
+
+    def spawn(self, slot: int) -> None:
+        try:
+            parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as exc:
+            self.send({"t": "spawn_failed", "slot": slot, "error": str(exc)})
+            return
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            parent_end.close()
+            child_end.close()
+            self.send({"t": "spawn_failed", "slot": slot, "error": str(exc)})
+            return
+        if pid == 0:  # pragma: no cover - runs in the worker
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                # Detach every socket object so that none of them closes a
+                # descriptor number later reused for the channel.
+                self.ctl.detach()
+                parent_end.detach()
+                fd = child_end.detach()
+                worker.serve(fd, self.cfg, self.filter)
+            finally:
+                os._exit(70)
+        self.children.add(pid)
+        child_end.close()
+        fds = [parent_end.fileno()]
+        pidfd = -1
+        try:
+            pidfd = os.pidfd_open(pid)
+            fds.append(pidfd)
+        except (AttributeError, OSError):
+            pass
+        try:
+            self.send({"t": "spawned", "slot": slot, "pid": pid}, fds)
+        finally:
+            parent_end.close()
+            if pidfd >= 0:
+                os.close(pidfd)
+
+    def reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.children.discard(pid)
+            code = os.waitstatus_to_exitcode(status)
+            try:
+                self.send({"t": "exit", "pid": pid, "code": max(code, 0),
+                           "signal": -code if code < 0 else 0})
+            except OSError:
+                return
+
+    def loop(self) -> NoReturn:
+        while True:
+            try:
+                readable, _, _ = select.select([self.ctl.fileno(), self.wake_r], [], [], 1.0)
+            except InterruptedError:
+                readable = []
+            if self.wake_r in readable:
+                os.read(self.wake_r, 512)
+            self.reap()
+            if self.ctl.fileno() in readable:
+                try:
+                    data = self.ctl.recv(MAX_CONTROL)
+                except OSError:
+                    data = b""
+                if not data:
+                    self.shutdown()
+                try:
+                    msg = msgpack.unpackb(data, raw=False)
+                except Exception:
+                    continue
+                if isinstance(msg, dict) and msg.get("t") == "spawn" and type(msg.get("slot")) is int:
+                    self.spawn(msg["slot"])
+
+    def shutdown(self) -> NoReturn:
+        for pid in list(self.children):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in list(self.children):
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        os._exit(0)
+
+
+def _main(ctl_fd: int, cfg: worker.WorkerConfig, service_pid: int) -> NoReturn:
+    # Keep stdio for diagnostics; drop every other descriptor of the service
+    # (listening sockets, database connections, log files).
+    os.closerange(3, ctl_fd)
+    os.closerange(ctl_fd + 1, 1 << 20)
+    # Own process group: a terminal's Ctrl-C reaches the service, which then
+    # stops the pool, not every worker mid-script.
+    os.setpgid(0, 0)
+    # Handlers the service installed before start() are Python code of the
+    # service: they must never run here or in a worker.
+    signal.set_wakeup_fd(-1)
+    for signum in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    hardening.set_parent_death_signal(service_pid)
+    zygote = _Zygote(ctl_fd, cfg)
+    _warm()
+    # A Python-level SIGCHLD handler that does nothing: its only effect is the
+    # byte written to the wakeup fd, which ends select() so we reap at once.
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.set_wakeup_fd(zygote.wake_w)
+    gc.collect()
+    gc.freeze()
+    zygote.loop()

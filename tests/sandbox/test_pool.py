@@ -1,0 +1,231 @@
+"""The pool with real worker processes: results, concurrency, busy, recycle, stop."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from sandbox.errors import PoolBusyError, PoolClosedError
+from sandbox.pool import Limits, Pool
+
+from tests.sandbox.poolkit import ECHO, LIMITS, alive, event, ref, run_with_pool, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+LOOP = '''on endpoint(event):
+    while True:
+        pass
+'''
+SPIN = '''import time
+on endpoint(event):
+    start = time.monotonic()
+    while time.monotonic() - start < event.body["s"]:
+        pass
+    event.reply({"slept": event.body["s"]})
+'''
+
+
+def test_runs_a_script_and_maps_the_outcome() -> None:
+    async def scenario(pool: Pool) -> None:
+        out = await pool.run(ref(ECHO), event({"n": 21}), LIMITS)
+        assert out.error_kind is None
+        assert out.status == 200 and out.replied
+        assert out.body == b'{"ok":true,"double":42}'
+        assert out.content_type == "application/json"
+        assert out.output == "n is 21\n"
+        assert out.duration_ms > 0 and out.peak_memory_bytes > 0
+        bad = await pool.run(ref(ECHO), event("text"), LIMITS)
+        assert bad.status == 422 and bad.body == b'{"error":"n must be an integer"}'
+
+    run_with_pool(scenario)
+
+
+def test_never_replied_compile_error_and_no_handler() -> None:
+    async def scenario(pool: Pool) -> None:
+        quiet = await pool.run(ref("on endpoint(event):\n    x = 1\n", "q"), event(), LIMITS)
+        assert (quiet.status, quiet.replied, quiet.body) == (200, False, b'{"success": true}')
+        broken = await pool.run(ref("on endpoint(event):\n    x = (\n", "b"), event(), LIMITS)
+        assert broken.error_kind == "script_error" and broken.status == 500
+        assert broken.error_line is not None
+        none = await pool.run(ref("x = 1\n", "n"), event(), LIMITS)
+        assert none.error_kind == "no_endpoint_handler" and none.status == 501
+        raised = await pool.run(ref("on endpoint(event):\n    x = 1\n    1 / 0\n", "r"),
+                                event(), LIMITS)
+        assert raised.error_kind == "script_error" and raised.error_line == 3
+        assert "ZeroDivisionError" in (raised.error_message or "")
+        assert raised.traceback and 'line 3' in raised.traceback
+
+    run_with_pool(scenario)
+
+
+def test_source_is_sent_once_per_worker_and_version() -> None:
+    async def scenario(pool: Pool) -> None:
+        first = await pool.run(ref(ECHO, "logic_cache", 1), event({"n": 1}), LIMITS)
+        assert first.body == b'{"ok":true,"double":2}'
+        # Same key and version, different text: the worker must use its
+        # compiled copy, which proves the source was not shipped again.
+        other = "on endpoint(event):\n    event.reply('recompiled')\n"
+        again = await pool.run(ref(other, "logic_cache", 1), event({"n": 2}), LIMITS)
+        assert again.body == b'{"ok":true,"double":4}'
+        newer = await pool.run(ref(other, "logic_cache", 2), event({"n": 2}), LIMITS)
+        assert newer.body == b'"recompiled"'
+
+    run_with_pool(scenario, size=1)
+
+
+def test_worker_asks_for_a_source_it_lacks() -> None:
+    async def scenario(pool: Pool) -> None:
+        worker = next(w for w in pool._workers.values() if w is not None)
+        script = ref(ECHO, "logic_need", 4)
+        worker.known[("logic_need", 4)] = None  # the mirror wrongly believes it is cached
+        out = await pool.run(script, event({"n": 3}), LIMITS)
+        assert out.body == b'{"ok":true,"double":6}'
+        assert pool.worker_pids == [worker.pid]  # served by the same worker, no crash
+
+    run_with_pool(scenario, size=1)
+
+
+def test_event_that_cannot_be_encoded_is_refused_without_losing_the_worker() -> None:
+    async def scenario(pool: Pool) -> None:
+        out = await pool.run(ref(ECHO), {"body": object()}, LIMITS)
+        assert out.error_kind == "script_error" and "cannot be sent" in (out.error_message or "")
+        ok = await pool.run(ref(ECHO), event(), LIMITS)
+        assert ok.error_kind is None and pool.counters["restarts"] == 0
+
+    run_with_pool(scenario, size=1)
+
+
+def test_500_concurrent_invocations_over_two_workers() -> None:
+    async def scenario(pool: Pool) -> None:
+        outs = await asyncio.gather(*[pool.run(ref(ECHO), event({"n": i}), LIMITS)
+                                      for i in range(500)])
+        for i, out in enumerate(outs):
+            assert out.body == b'{"ok":true,"double":%d}' % (2 * i)
+        assert pool.counters["invocations"] == 500
+        assert pool.counters["crashes"] == 0 and pool.live_workers == 2
+
+    run_with_pool(scenario, size=2)
+
+
+def test_busy_after_queue_timeout_and_when_queue_is_full() -> None:
+    async def scenario(pool: Pool) -> None:
+        slow = asyncio.ensure_future(pool.run(ref(SPIN), event({"s": 0.6}), LIMITS))
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        with pytest.raises(PoolBusyError):
+            await pool.run(ref(ECHO), event(), LIMITS)
+        waited = time.monotonic() - t0
+        assert 0.15 <= waited < 0.45
+        assert (await slow).body == b'{"slept":0.6}'
+        assert pool.counters["busy_rejections"] == 1
+
+    run_with_pool(scenario, size=1, queue_timeout_ms=200)
+
+    async def full(pool: Pool) -> None:
+        slow = asyncio.ensure_future(pool.run(ref(SPIN), event({"s": 0.2}), LIMITS))
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        with pytest.raises(PoolBusyError):
+            await pool.run(ref(ECHO), event(), LIMITS)
+        assert time.monotonic() - t0 < 0.05
+        await slow
+
+    run_with_pool(full, size=1, max_queue=0)
+
+
+def test_queued_request_runs_when_a_worker_frees() -> None:
+    async def scenario(pool: Pool) -> None:
+        slow = asyncio.ensure_future(pool.run(ref(SPIN), event({"s": 0.2}), LIMITS))
+        await asyncio.sleep(0.02)
+        queued = await pool.run(ref(ECHO), event({"n": 5}), LIMITS)
+        assert queued.body == b'{"ok":true,"double":10}', queued
+        assert (await slow).error_kind is None
+
+    run_with_pool(scenario, size=1, queue_timeout_ms=2000)
+
+
+def test_recycle_after_max_jobs() -> None:
+    async def scenario(pool: Pool) -> None:
+        pids = []
+        for i in range(7):
+            out = await pool.run(ref(ECHO), event({"n": i}), LIMITS)
+            assert out.error_kind is None
+            pids.append(pool.worker_pids[0] if pool.worker_pids else -1)
+            await wait_for(lambda: pool.live_workers == 1)
+        assert len({p for p in pids}) >= 3
+        assert pool.counters["restarts"] >= 2
+
+    run_with_pool(scenario, size=1, max_jobs=3, max_jobs_jitter=0)
+
+
+def test_worker_killed_mid_run_is_a_crash_and_is_replaced() -> None:
+    async def scenario(pool: Pool) -> None:
+        task = asyncio.ensure_future(pool.run(ref(LOOP), event(), Limits(5000, 512)))
+        await wait_for(lambda: pool._busy == 1)
+        victim = next(w for w in pool._workers.values() if w is not None and w.req is not None)
+        os.kill(victim.pid, signal.SIGKILL)
+        out = await task
+        assert out.error_kind == "crash" and out.status == 500
+        assert pool.counters["crashes"] == 1
+        await wait_for(lambda: pool.live_workers == 2)
+        assert victim.pid not in pool.worker_pids
+        ok = await pool.run(ref(ECHO), event(), LIMITS)
+        assert ok.error_kind is None
+
+    run_with_pool(scenario, size=2)
+
+
+def test_graceful_stop_finishes_running_work_and_ends_processes() -> None:
+    pool = Pool(size=2)
+    pool.start()
+    pids = list(pool.worker_pids)
+    zygote = pool._zygote_pid
+
+    async def main() -> None:
+        running = asyncio.ensure_future(pool.run(ref(SPIN), event({"s": 0.2}), LIMITS))
+        await asyncio.sleep(0.05)
+        await pool.stop()
+        assert (await running).body == b'{"slept":0.2}'
+        with pytest.raises(PoolClosedError):
+            await pool.run(ref(ECHO), event(), LIMITS)
+
+    asyncio.run(main())
+    assert not any(alive(p) for p in pids + [zygote])
+    assert pool.live_workers == 0
+
+
+def test_start_reports_hardening_and_workers() -> None:
+    async def scenario(pool: Pool) -> None:
+        assert pool.live_workers == 2
+        assert set(pool.hardening) >= {"close_fds", "rlimits", "network_namespace", "drop_user",
+                                       "nproc", "no_new_privs", "seccomp", "memguard"}
+        assert set(pool.counters) == {"invocations", "timeouts", "memory_kills", "crashes",
+                                      "restarts", "queue_depth", "busy_rejections"}
+
+    run_with_pool(scenario)
+
+
+def test_service_signal_handlers_do_not_reach_the_zygote() -> None:
+    import signal as sig
+
+    hits: list[int] = []
+    old = sig.signal(sig.SIGUSR1, lambda signum, frame: hits.append(signum))
+    try:
+        pool = Pool(size=1)
+        pool.start()
+        zygote = pool._zygote_pid
+        os.kill(zygote, sig.SIGUSR1)  # default action in the zygote: it ends
+
+        async def main() -> None:
+            await wait_for(lambda: not alive(zygote))
+            ok = await pool.run(ref(ECHO), event(), LIMITS)  # existing workers still serve
+            assert ok.error_kind is None
+            await pool.stop()
+
+        asyncio.run(main())
+        assert hits == []
+    finally:
+        sig.signal(sig.SIGUSR1, old)

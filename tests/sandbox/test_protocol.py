@@ -1,0 +1,77 @@
+"""Frames between pool and workers: caps, splitting, validation."""
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from sandbox import protocol
+from sandbox.errors import PoolBusyError, ProtocolError, SandboxError
+
+RESULT = {"replied": True, "status": 200, "headers": [["X-A", "1"]], "body": b"{}",
+          "contentType": "application/json", "output": "", "error": None}
+REPLY = {"t": "res", "id": 7, "r": RESULT, "peak": 10, "over": False, "dur": 0.5, "exit": False}
+
+
+def test_round_trip_keeps_bytes_and_str_apart() -> None:
+    frame = protocol.encode(REPLY, protocol.MAX_REPLY_BYTES)
+    assert int.from_bytes(frame[:4], "big") == len(frame) - 4
+    (msg,) = list(protocol.FrameReader(protocol.MAX_REPLY_BYTES).feed(frame))
+    assert protocol.check_reply(msg) == REPLY
+
+
+def test_reader_splits_and_joins_chunks() -> None:
+    frames = b"".join(protocol.encode({**REPLY, "id": i}, 1 << 20) for i in range(3))
+    reader = protocol.FrameReader(1 << 20)
+    got = []
+    for i in range(0, len(frames), 5):
+        got += [m["id"] for m in reader.feed(frames[i:i + 5])]
+    assert got == [0, 1, 2]
+
+
+def test_oversized_frames_are_refused_both_ways() -> None:
+    with pytest.raises(ProtocolError):
+        protocol.encode({"t": "job", "blob": b"x" * 2000}, 1000)
+    reader = protocol.FrameReader(1000)
+    with pytest.raises(ProtocolError):
+        list(reader.feed((5000).to_bytes(4, "big") + b"x"))
+
+
+def test_garbage_and_non_msgpack_are_protocol_errors() -> None:
+    with pytest.raises(ProtocolError):
+        list(protocol.FrameReader(100).feed(b"\x00\x00\x00\x02\xc1\xc1"))
+
+
+@pytest.mark.parametrize("bad", [
+    [], {"t": "res"}, {**REPLY, "id": "7"}, {**REPLY, "over": 0}, {**REPLY, "dur": 1},
+    {**REPLY, "r": {**RESULT, "status": 99}}, {**REPLY, "r": {**RESULT, "status": True}},
+    {**REPLY, "r": {**RESULT, "headers": [["a"]]}}, {**REPLY, "r": {**RESULT, "headers": [[1, "b"]]}},
+    {**REPLY, "r": {**RESULT, "body": "text"}},
+    {**REPLY, "r": {**RESULT, "error": {"kind": "pwned", "message": "", "line": None,
+                                          "traceback": None}}},
+    {"t": "ready", "pid": 1, "hard": {"x": 1}, "notes": []}, {"t": "boom"},
+])
+def test_malformed_worker_messages_are_refused(bad: object) -> None:
+    with pytest.raises(ProtocolError):
+        protocol.check_reply(bad)
+
+
+def test_job_validation() -> None:
+    job = {"t": "job", "id": 1, "key": "k", "ver": 1, "src": None, "event": {}, "ms": 5, "mem": 9}
+    assert protocol.check_job(job) is job
+    for bad in ({**job, "src": 3}, {**job, "event": []}, {**job, "t": "exec"}, {"t": "x"}):
+        with pytest.raises(ProtocolError):
+            protocol.check_job(bad)
+
+
+def test_ext_types_never_pass_validation() -> None:
+    body = msgpack.packb({**REPLY, "r": msgpack.ExtType(1, b"x")}, use_bin_type=True)
+    (msg,) = list(protocol.FrameReader(1 << 20).feed(len(body).to_bytes(4, "big") + body))
+    with pytest.raises(ProtocolError):
+        protocol.check_reply(msg)
+
+
+def test_errors_cross_processes_as_dicts() -> None:
+    err = SandboxError.from_dict(PoolBusyError("full").to_dict())
+    assert type(err) is PoolBusyError and err.message == "full"
+    assert type(SandboxError.from_dict({"code": "nope", "message": 3})) is SandboxError
+    assert type(SandboxError.from_dict("junk")) is SandboxError
