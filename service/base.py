@@ -32,6 +32,8 @@ class BaseHandler(RequestHandler):
     """Common behaviour of every handler of the service."""
 
     request_id: str
+    #: Headers that survive `send_error`'s reset (e.g. RateLimit-* once authenticated).
+    sticky_headers: dict[str, str] = {}
 
     def initialize(self, context: AppContext) -> None:  # type: ignore[override]
         self.context = context
@@ -43,6 +45,7 @@ class BaseHandler(RequestHandler):
             self.request_id = new_request_id()
         self.set_header("X-Request-Id", self.request_id)
         self.set_header("Cache-Control", "no-store")
+        self.clear_header("Server")
 
     def write_json(self, payload: Any, status: int = 200) -> None:
         self.set_status(status)
@@ -57,6 +60,8 @@ class BaseHandler(RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        for name, value in self.sticky_headers.items():
+            self.set_header(name, value)
         if isinstance(exc, ServiceError):
             code, message = exc.code, exc.message
             for name, value in exc.headers.items():

@@ -7,9 +7,15 @@ any, is for the operator's log only and must never contain a secret.
 
 from __future__ import annotations
 
+from tornado.web import HTTPError
 
-class ServiceError(Exception):
-    """An error answered to the client with `status` and `code`."""
+
+class ServiceError(HTTPError):
+    """An error answered to the client with `status` and `code`.
+
+    A subclass of Tornado's `HTTPError` so that an error raised anywhere in a
+    handler reaches `write_error` with its own status.
+    """
 
     status = 500
     code = "internal_error"
@@ -22,11 +28,13 @@ class ServiceError(Exception):
         headers: dict[str, str] | None = None,
         log_message: str | None = None,
     ) -> None:
-        super().__init__(message or self.message)
+        super().__init__(self.status, log_message)
         if message is not None:
             self.message = message
         self.headers = dict(headers or {})
-        self.log_message = log_message
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.code}: {self.message}"
 
 
 class InvalidBodyError(ServiceError):

@@ -115,12 +115,12 @@ class InvokeHandler(BaseHandler):
         if not decision.allowed:
             raise RateLimitedError(headers={"Retry-After": str(decision.reset_seconds)})
         self.accepted = True
-        # Tornado's own cap as a backstop; ours below answers 413 first.
-        request.connection.set_max_body_size(plan.body_bytes + 1)  # type: ignore[union-attr]
+        # Tornado's server-wide max_body_size (the largest plan's) stays the
+        # backstop: a per-request one would answer a bare 400 before our 413.
 
     def _rate_headers(self, decision: Any) -> None:
-        self._saved_headers = decision.headers()
-        for name, value in self._saved_headers.items():
+        self.sticky_headers = decision.headers()
+        for name, value in self.sticky_headers.items():
             self.set_header(name, value)
 
     def data_received(self, chunk: bytes) -> None:
@@ -160,7 +160,7 @@ class InvokeHandler(BaseHandler):
             self.set_header(name, value)
         # The service's own headers win over a script's.
         self.set_header("X-Request-Id", self.request_id)
-        for name, value in getattr(self, "_saved_headers", {}).items():
+        for name, value in self.sticky_headers.items():
             self.set_header(name, value)
         self.set_header("Content-Type", outcome.content_type)
         self.set_status(outcome.status)

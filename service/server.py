@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -68,7 +70,8 @@ async def _run(
     from service.core.secrets import verify_secret
 
     db = database  # peewee Database; typed loosely to keep models out of this module's API
-    executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-argon2")
+    executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-argon2",
+                                  initializer=_background_priority)
     records = RecordWriter(
         write_batch,
         on_thread_start=lambda: db.connect(reuse_if_open=True),  # type: ignore[attr-defined]
@@ -119,6 +122,18 @@ async def _run(
     await pool.stop()
     executor.shutdown(wait=False)
     log.info("stopped: %d records written, %d dropped", records.written, records.dropped)
+
+
+def _background_priority() -> None:
+    """Run secret hashing below the event loop's priority (Linux: per-thread nice).
+
+    A flood of unknown secrets then takes only CPU the loop does not want, so
+    it cannot slow down requests that are already authenticated.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):  # not Linux, or not permitted: best effort
+        pass
 
 
 def _load(load_target: Callable[..., object], settings: Settings, guild_id: str,

@@ -257,5 +257,12 @@ def load_settings(config_file: str | None = None, env: Mapping[str, str] | None 
             raise SettingsError(f"flags: unknown setting {dotted}")
         values[section][key] = _parse("flags", dotted, _SCHEMA[section][key], raw)
 
+    server = values["server"]
+    if "base_url" not in server and ("host" in server or "port" in server):
+        # Printed URLs follow the address actually served unless one is configured.
+        host = server.get("host", ServerSettings.host)
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        host = f"[{host}]" if ":" in host else host
+        server["base_url"] = f"http://{host}:{server.get('port', ServerSettings.port)}"
     sections = {s: _SECTION_TYPES[s](**values[s]) for s in _SCHEMA}
     return Settings(plans=plans, **sections)

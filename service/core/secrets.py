@@ -27,10 +27,14 @@ log = logging.getLogger("logic.core")
 SECRET_PREFIX = "lsk_"
 HINT_CHARS = 4
 
-# argon2-cffi's defaults are RFC 9106's low-memory profile (argon2id, t=3,
-# m=64 MiB, p=4): tens of ms per hash, paid once per secret and node thanks
-# to the verification cache in the HTTP layer.
-_hasher = PasswordHasher()
+# argon2id with OWASP's baseline parameters (m=19 MiB, t=2, p=1): ~20-30 ms of
+# one core per hash. The secret has 256 bits of entropy, so the stretching is
+# not what protects it; the cost matters because unknown secrets are hashed
+# on the request path (at most 20 per IP per minute, see service.ratelimit).
+# argon2-cffi's default (t=3, m=64 MiB, p=4) costs ~200 ms here and lets a few
+# wrong-secret floods from distinct IPs eat the CPU. Hashes made with other
+# parameters still verify: the parameters are stored in each hash.
+_hasher = PasswordHasher(time_cost=2, memory_cost=19456, parallelism=1)
 
 
 def new_secret() -> str:

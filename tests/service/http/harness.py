@@ -68,7 +68,8 @@ class Server:
                     ready.set()
             ready.set()
 
-        threading.Thread(target=pump, daemon=True).start()
+        self.pump = threading.Thread(target=pump, daemon=True)
+        self.pump.start()
         if not ready.wait(timeout) or not self.port:
             self.kill()
             raise RuntimeError("logic serve did not start:\n" + "".join(self.log_lines))
@@ -123,11 +124,19 @@ class Server:
         except subprocess.TimeoutExpired:
             self.kill()
             raise
+        finally:
+            self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None and self.proc.poll() is not None:
+            self.pump.join(5)
+            self.proc.stdout.close()
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+        self._close_pipe()
 
 
 def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> bool:

@@ -80,11 +80,13 @@ def _latency(server: Server, ip: str, path: str, secret: str, n: int) -> list[fl
 FLOOD = """
 import http.client, sys
 port, path, ip, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
-conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(ip, 0))
 for i in range(n):
+    # A refused request's unread body makes the server close the connection: reconnect.
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(ip, 0))
     conn.request("POST", path, body="{}", headers={"Authorization": f"Bearer lsk_wrong{i}",
                                                   "Content-Type": "application/json"})
     conn.getresponse().read()
+    conn.close()
 print(n)
 """
 

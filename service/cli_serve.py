@@ -1,0 +1,68 @@
+"""`logic serve` and `logic demo`: run the HTTP service (thin; see `service.server`)."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from service.cli import CommandError, EXIT_ERROR, State, pass_state
+
+
+def _configure_logging() -> None:
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    for handler in root.handlers:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    # Tornado's access log names every request; keep it at WARNING (errors only) by default.
+    logging.getLogger("tornado.access").setLevel(logging.WARNING)
+
+
+def _serve_options(func):  # type: ignore[no-untyped-def]
+    func = click.option("--workers", type=int, default=None,
+                        help="Sandbox worker processes (default: config, else CPU count).")(func)
+    func = click.option("--port", type=int, default=None, help="Port (default 8080).")(func)
+    func = click.option("--host", default=None, help="Address to bind (default 127.0.0.1).")(func)
+    return func
+
+
+def _apply(state: State, host: str | None, port: int | None, workers: int | None) -> None:
+    state.overrides.update({"server.host": host, "server.port": port, "sandbox.workers": workers})
+
+
+@click.command()
+@_serve_options
+@pass_state
+def serve(state: State, host: str | None, port: int | None, workers: int | None) -> None:
+    """Serve the invoke endpoint and health checks until SIGTERM/SIGINT."""
+    from service.server import serve as run
+
+    _apply(state, host, port, workers)
+    settings = state.settings
+    state.open_database()  # refuses a database that is behind, with one line
+    _configure_logging()
+    try:
+        run(settings)
+    except OSError as err:
+        raise CommandError(f"cannot serve: {err.strerror or err}", EXIT_ERROR) from None
+
+
+@click.command()
+@_serve_options
+@pass_state
+def demo(state: State, host: str | None, port: int | None, workers: int | None) -> None:
+    """Create a demo guild, script and endpoint; print its URL, secret and a curl line; serve."""
+    from service.demo import setup_demo
+    from service.server import serve as run
+
+    _apply(state, host, port, workers)
+    settings = state.settings
+    state.open_database(check_schema=False)
+    info = setup_demo(settings)
+    click.echo(f"Demo endpoint: {info.url}")
+    click.echo(f"Secret (shown once, keep it safe): {info.secret}")
+    click.echo("Try it:")
+    click.echo(f"  {info.curl}")
+    click.echo("Stop with Ctrl-C.")
+    _configure_logging()
+    run(settings)
