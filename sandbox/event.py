@@ -22,11 +22,15 @@ MAX_HEADER_NAME = 128
 MAX_HEADER_VALUE = 8192
 
 # Hop-by-hop and framing headers belong to the server; X-Request-Id and the
-# RateLimit-* family are set by the service (DESIGN section 4).
+# RateLimit-* family are set by the service (DESIGN section 4). The last group
+# changes state for the whole origin the dashboard shares (cookies, HSTS,
+# stored data), which one guild's script must not decide.
 FORBIDDEN_HEADERS = frozenset({
     "connection", "keep-alive", "transfer-encoding", "content-length", "upgrade",
-    "te", "trailer", "host", "x-request-id", "ratelimit-limit", "ratelimit-remaining",
-    "ratelimit-reset",
+    "te", "trailer", "host",
+    "x-request-id", "ratelimit-limit", "ratelimit-remaining", "ratelimit-reset",
+    "set-cookie", "set-cookie2", "strict-transport-security", "alt-svc",
+    "clear-site-data",
 })
 _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789"
                          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")

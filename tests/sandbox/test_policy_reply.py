@@ -71,13 +71,13 @@ def test_status_and_headers() -> None:
     out = ok("""\
         event.status(201)
         event.header("X-Trace", "abc")
-        event.header("Set-Cookie", "a=1")
-        event.header("Set-Cookie", "b=2")
+        event.header("Link", "<a>")
+        event.header("Link", "<b>")
         event.header("Cache-Control", "no-store\\tprivate")
         event.reply({"created": True})
         """)
     assert out["status"] == 201
-    assert out["headers"] == [["X-Trace", "abc"], ["Set-Cookie", "a=1"], ["Set-Cookie", "b=2"],
+    assert out["headers"] == [["X-Trace", "abc"], ["Link", "<a>"], ["Link", "<b>"],
                               ["Cache-Control", "no-store\tprivate"]]
 
 
