@@ -132,6 +132,16 @@ class Event:
     __slots__ = ("body", "rawBody", "headers", "query", "method", "ip", "userAgent",
                  "timestamp", "_state")
 
+    body: Any
+    rawBody: Any
+    headers: Any
+    query: Any
+    method: Any
+    ip: Any
+    userAgent: Any
+    timestamp: Any
+    _state: ReplyState
+
     def __init__(self, token: object, fields: dict[str, Any], state: ReplyState) -> None:
         if token is not _EVENT_TOKEN:
             raise TypeError("event objects cannot be created by scripts")

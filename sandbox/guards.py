@@ -18,7 +18,7 @@ import collections
 import operator
 import types
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
 from RestrictedPython.transformer import INSPECT_ATTRIBUTES
@@ -51,10 +51,6 @@ class ScriptType(type):
     this type so the write guard can tell script-made classes and instances
     (writable) from everything the sandbox exposes (read-only).
     """
-
-
-def _final_subclass_hook(cls: type, **kwargs: Any) -> NoReturn:
-    raise TypeError(f"{cls.__mro__[1].__name__} cannot be subclassed")
 
 
 def guarded_getattr(obj: Any, name: str) -> Any:
@@ -261,10 +257,4 @@ def fresh_builtins() -> dict[str, Any]:
 def fresh_globals() -> dict[str, Any]:
     """A new globals dict holding the guards, for one invocation."""
     return _BASE_GUARDS.copy()
-
-
-def make_final(cls: type) -> type:
-    """Make an exposed trusted class impossible to subclass from scripts."""
-    cls.__init_subclass__ = classmethod(_final_subclass_hook)  # type: ignore[assignment]
-    return cls
 

@@ -1,19 +1,21 @@
 """event.status/header/reply: JSON shapes, content types, exact types and invalid_reply."""
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from sandbox.event import FORBIDDEN_HEADERS, MAX_BODY_BYTES
 from tests.sandbox.script_helpers import error_kind, run_block
 
 
-def ok(body: str, prelude: str = "") -> dict[str, object]:
+def ok(body: str, prelude: str = "") -> dict[str, Any]:
     out = run_block(body, prelude)
     assert out["error"] is None, out["error"]
     return out
 
 
-def invalid(body: str, prelude: str = "") -> dict[str, object]:
+def invalid(body: str, prelude: str = "") -> dict[str, Any]:
     out = run_block(body, prelude)
     assert error_kind(out) == "invalid_reply", out
     error = out["error"]
