@@ -143,11 +143,12 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=30000, help="invocations per throughput run")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--spin-us", type=int, default=0, help="Pool(worker_spin_us=...)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     n = 3000 if args.quick else args.n
 
-    pool = Pool(size=args.workers)  # before any loop or thread, as the service does
+    pool = Pool(size=args.workers, worker_spin_us=args.spin_us)  # before any loop or thread, as the service does
     pool.start()
     print(f"cpus={os.cpu_count()} workers={args.workers} concurrency={args.concurrency} "
           f"python={sys.version.split()[0]} hardening={sorted(k for k, v in pool.hardening.items() if v)}")
@@ -165,7 +166,9 @@ def main() -> None:
     print(f"through the pool     : {pool_rate:10,.0f} inv/s   p50 {p50:7.1f} us   "
           f"p99 {pct(latencies, 0.99):7.1f} us (one at a time)")
     print(f"ratio pool/in-process: {pool_rate / inproc_rate:10.3f}")
-    print(f"p50 overhead per invocation: {p50 - inproc_p50:.1f} us")
+    print(f"p50 overhead per invocation: {p50 - inproc_p50:.1f} us (latency, one at a time)")
+    print(f"added cost per invocation at saturation: "
+          f"{1e6 / pool_rate - 1e6 / inproc_rate:.1f} us (from the two rates)")
 
     mem = bench_memory(2000 if args.quick else 20000, 5 if args.quick else 15)
     base = mem["none"]

@@ -82,7 +82,8 @@ class Pool(Supervisor):
                  max_rss_mb: int = 200, kill_grace_ms: int = 15, spawn_timeout_s: float = 10.0,
                  address_space_mb: int = 768, compile_cache: int = 64, user: str = "nobody",
                  network_namespace: bool = True, drop_user: bool = True, seccomp: bool = True,
-                 prefer_memguard: bool = True, _unsafe_test_hooks: bool = False) -> None:
+                 prefer_memguard: bool = True, worker_spin_us: int = 0,
+                 _unsafe_test_hooks: bool = False) -> None:
         # Builds configuration only: nothing here changes the process.
         if size is not None and size < 1:
             raise ValueError("size must be at least 1")
@@ -103,6 +104,7 @@ class Pool(Supervisor):
         self._compile_cache = compile_cache
         self._prefer_memguard = prefer_memguard
         self._test_hooks = _unsafe_test_hooks
+        self._spin_us = worker_spin_us
         self._workers: dict[int, WorkerHandle | None] = {}
         self._idle: deque[WorkerHandle] = deque()
         self._waiters: deque[RequestState] = deque()
@@ -164,7 +166,8 @@ class Pool(Supervisor):
         base = current_address_space()
         self._hcfg = HardeningConfig(**{**self._hcfg.__dict__,
                                         "address_space": base + (self._address_space_mb << 20)})
-        cfg = WorkerConfig(self._hcfg, self._compile_cache, self._prefer_memguard, self._test_hooks)
+        cfg = WorkerConfig(self._hcfg, self._compile_cache, self._prefer_memguard,
+                           self._test_hooks, self._spin_us)
         self._zygote_pid, self._ctl = zygote.start(cfg)
         self._ctl.setblocking(False)
         for slot in range(self.size):
@@ -238,6 +241,8 @@ class Pool(Supervisor):
             loop = self._attach()
         elif self._state != "running":
             raise PoolClosedError("pool is stopping")
+        elif asyncio.get_running_loop() is not loop:
+            raise RuntimeError("the pool is bound to another event loop")
         req = RequestState(loop.create_future(), "job", ref, event, limits)
         if self._idle:
             self._dispatch(self._idle.pop(), req)

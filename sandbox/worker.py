@@ -36,6 +36,7 @@ class WorkerConfig:
     compile_cache: int = 64
     prefer_memguard: bool = True
     test_hooks: bool = False
+    spin_us: int = 0
 
 
 def _error_result(kind: str, message: str, line: int | None = None,
@@ -146,6 +147,23 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
+def _spin_until_readable(sock: socket.socket, spin_s: float) -> None:
+    """Poll briefly (yielding the CPU) before blocking in recv.
+
+    A sleeping worker on another core can take ~100 us to wake on some
+    virtual machines; when the next job comes within the spin it is picked up
+    at once.  Off by default: it costs up to ``spin_s`` of CPU per job.
+    """
+    end = time.perf_counter() + spin_s
+    peek = socket.MSG_PEEK | socket.MSG_DONTWAIT
+    while time.perf_counter() < end:
+        try:
+            sock.recv(1, peek)
+            return
+        except BlockingIOError:
+            os.sched_yield()
+
+
 def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
     """Worker entry point after fork; never returns."""
     try:
@@ -160,6 +178,8 @@ def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
         _send(sock, {"t": "ready", "pid": os.getpid(), "hard": report.layers,
                      "notes": report.notes})
         while True:
+            if cfg.spin_us:
+                _spin_until_readable(sock, cfg.spin_us / 1e6)
             try:
                 msg = protocol.check_job(protocol.recv_message(sock, protocol.MAX_JOB_BYTES))
             except EOFError:
