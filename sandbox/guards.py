@@ -57,22 +57,34 @@ def guarded_getattr(obj: Any, name: str) -> Any:
     """``obj.name`` for restricted code.
 
     Raises AttributeError for private or denied names, NotImplementedError for
-    ``str.format``/``format_map`` (their replacement fields walk attributes
-    without this guard: CVE-2023-41039).
+    ``format``/``format_map`` unless they resolve to a function the script
+    wrote: ``str.format`` replacement fields walk attributes without this
+    guard (CVE-2023-41039), and a type check on ``obj`` is not enough because
+    ``super(S, s).format`` hands out ``str.format`` from a ``super`` object.
     """
     if type(name) is not str:
         raise TypeError("attribute name must be a string")
     if name.startswith("_") or name in DENIED_ATTRIBUTES:
         raise AttributeError(f'"{name}" is a forbidden attribute')
-    if name in _STR_FORMAT_ATTRIBUTES and (
-        isinstance(obj, str) or (isinstance(obj, type) and issubclass(obj, str))
-    ):
-        raise NotImplementedError(f"str.{name}() is not allowed; use %-formatting or f-strings")
-    if name == "obj" and isinstance(obj, BaseException):
+    if name == "obj" and isinstance(obj, (BaseException, super)):
         # AttributeError.obj / NameError.obj hand out the object whose lookup
         # failed, which may be a trusted one (CVE-2024-47532).
         raise AttributeError('"obj" is a forbidden attribute of exceptions')
-    return getattr(obj, name)
+    value = getattr(obj, name)
+    if name in _STR_FORMAT_ATTRIBUTES and not _is_script_function(value):
+        raise NotImplementedError(f"str.{name}() is not allowed; use %-formatting or f-strings")
+    return value
+
+
+def _is_script_function(value: Any) -> bool:
+    """True for functions (or methods of functions) compiled from a script.
+
+    Their globals are an invocation's scope, which holds our guards; no
+    trusted module has a global named ``_getattr_``.
+    """
+    func = value.__func__ if type(value) is types.MethodType else value
+    return type(func) is types.FunctionType and \
+        func.__globals__.get("_getattr_") is guarded_getattr
 
 
 def guarded_getitem(obj: Any, key: Any) -> Any:

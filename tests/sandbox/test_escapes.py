@@ -61,6 +61,25 @@ CASES: list[tuple[str, str, str, str]] = [
     ("cve-2026-76825-formatter-import", block(
         'from string import Formatter\nevent.reply(Formatter().vformat("{0.__class__}", [1], {}))'),
      "script_error", "ImportError: cannot import name 'Formatter' from 'string'"),
+    ("format-via-super", block("""\
+        class S(str):
+            pass
+        s = S("{0.__globals__[sys].modules[os].environ}")
+        event.reply(super(S, s).format(json.dumps))""", "import json\n"), "script_error",
+     "NotImplementedError: str.format() is not allowed"),
+    ("format_map-via-super", block("""\
+        class S(str):
+            pass
+        event.reply(super(S, S("{x}")).format_map({"x": 1}))"""), "script_error",
+     "NotImplementedError: str.format_map() is not allowed"),
+    ("format-unbound-via-type", block('event.reply(type("").format("{0}", 1))'), "script_error",
+     "NotImplementedError: str.format() is not allowed"),
+    ("obj-via-super", block("""\
+        try:
+            json.nothing
+        except AttributeError as exc:
+            event.reply(super(AttributeError, exc).obj)""", "import json\n"), "script_error",
+     'AttributeError: "obj" is a forbidden attribute of exceptions'),
     ("format-builtin-spec", block('event.reply(format("x", "{0.__class__}"))'),
      "script_error", "ValueError: Invalid format specifier"),
     # --- CVE-2024-47532: AttributeError.obj / NameError.obj
