@@ -20,7 +20,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 
 from sandbox.channel import RequestState, WorkerHandle
-from sandbox.errors import PoolClosedError
+from sandbox.errors import PoolClosedError, SandboxError
 from sandbox.outcome import Outcome, failure
 
 log = logging.getLogger("sandbox.pool")
@@ -97,7 +97,8 @@ class Supervisor:
             for fd in fds:
                 os.close(fd)
             if t == "spawn_failed" and type(slot) is int:
-                log.error("sandbox fork server could not fork: %s", msg.get("error"))
+                error = SandboxError.from_dict(msg.get("error"))
+                log.error("sandbox fork server could not fork: %s", error.message)
                 self._spawning.pop(slot, None)
                 self._schedule_spawn(slot, backoff=True)
             elif t == "exit":

@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 import msgpack  # type: ignore[import-untyped]
 
 from sandbox import hardening, worker
+from sandbox.errors import SpawnError
 
 WARM_MODULES = (
     "json", "math", "re", "random", "datetime", "time", "hashlib", "hmac", "base64",
@@ -107,14 +108,14 @@ class _Zygote:
         try:
             parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         except OSError as exc:
-            self.send({"t": "spawn_failed", "slot": slot, "error": str(exc)})
+            self.send({"t": "spawn_failed", "slot": slot, "error": SpawnError(str(exc)).to_dict()})
             return
         try:
             pid = os.fork()
         except OSError as exc:
             parent_end.close()
             child_end.close()
-            self.send({"t": "spawn_failed", "slot": slot, "error": str(exc)})
+            self.send({"t": "spawn_failed", "slot": slot, "error": SpawnError(str(exc)).to_dict()})
             return
         if pid == 0:  # pragma: no cover - runs in the worker
             try:
