@@ -19,6 +19,7 @@ import re
 import sys
 import tokenize
 import types
+import unicodedata
 import warnings
 from dataclasses import dataclass, field
 
@@ -160,7 +161,9 @@ def _find_headers(text: str) -> tuple[list[_Header], list[CompileError]]:
         if col != 0:
             errors.append(CompileError(row, col + 1, f'"on {name_tok.string}" block must '
                                                      "start at column 0"))
-        headers.append(_Header(row, col, name_tok.string))
+        # The parser NFKC-normalises identifiers ("ｅｎｄｐｏｉｎｔ" is
+        # "endpoint"); the tokenizer does not, so normalise the same way.
+        headers.append(_Header(row, col, unicodedata.normalize("NFKC", name_tok.string)))
     return headers, errors
 
 

@@ -272,3 +272,9 @@ def test_long_operator_chains_compile() -> None:
 ])
 def test_generator_detection(source: str, expected: bool) -> None:
     assert compiled(source).has_generators is expected
+
+
+def test_fullwidth_event_name_is_normalised_like_python_identifiers() -> None:
+    script = compiled("on ｅｎｄｐｏｉｎｔ(event):\n    event.reply(1)\n")
+    assert script.events == ("endpoint",)
+    assert run_endpoint(script, make_event())["body"] == b"1"

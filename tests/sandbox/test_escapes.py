@@ -133,6 +133,10 @@ CASES: list[tuple[str, str, str, str]] = [
             if c.__name__ == "_wrap_close":
                 event.reply(c.__init__.__globals__["environ"]["%s"])""" % ENV_NAME),
      "compile", '"__class__" is an invalid attribute name'),
+    ("fullwidth-underscores", block("event.reply(event.＿＿class＿＿)"), "compile",
+     "SyntaxError: invalid character '＿' (U+FF3F)"),
+    ("nfkc-normalised-dunder", block("event.reply(event.__ｃｌａｓｓ__)"), "compile",
+     '"__class__" is an invalid attribute name'),
     ("object-subclasses", block("event.reply(object.__subclasses__())"), "compile",
      '"__subclasses__" is an invalid attribute name'),
     ("function-globals", block("def f():\n    pass\nevent.reply(f.__globals__)"), "compile",
