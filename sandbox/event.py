@@ -93,6 +93,9 @@ class ReplyState:
 
 def _plain(value: Any, depth: int, budget: list[int], state: ReplyState) -> Any:
     """A fresh JSON-able copy of ``value`` made only of exact builtin types."""
+    if budget[0] < 0:
+        # checked per value, so a huge list stops at the cap, not at its end
+        state.refuse(f"reply is larger than {MAX_BODY_BYTES} bytes")
     tp = type(value)
     if value is None or tp is bool:
         budget[0] -= 5
@@ -108,8 +111,6 @@ def _plain(value: Any, depth: int, budget: list[int], state: ReplyState) -> Any:
     if tp is str:
         budget[0] -= len(value) + 2
         return value
-    if budget[0] < 0:
-        state.refuse(f"reply is larger than {MAX_BODY_BYTES} bytes")
     if depth >= MAX_DEPTH:
         state.refuse(f"reply is nested deeper than {MAX_DEPTH} levels")
     if tp is dict:
