@@ -189,16 +189,26 @@ class Pool(Supervisor):
     def attach(self) -> None:
         """Bind to the running event loop now (else the first ``run`` does it).
 
-        Until then worker deaths are only noticed when work arrives.
-        Raises PoolClosedError when the pool is not running.
+        Until then worker deaths are only noticed when work arrives.  A pool
+        whose loop was closed re-binds to the running one (test suites that
+        make a loop per test); requests of the closed loop are dropped.
+        Raises PoolClosedError when the pool is not running, RuntimeError when
+        it is bound to another loop that is still open.
         """
-        if self._loop is None:
+        if self._loop is not asyncio.get_running_loop():
             self._attach()
 
     def _attach(self) -> asyncio.AbstractEventLoop:
         if self._state != "running":
             raise PoolClosedError("pool is not running")
         loop = asyncio.get_running_loop()
+        old = self._loop
+        if old is loop:
+            return loop
+        if old is not None:
+            if not old.is_closed():
+                raise RuntimeError("the pool is bound to another event loop")
+            self._forget_loop()
         self._loop = loop
         loop.add_reader(self._ctl.fileno(), self._on_control)
         for w in self._workers.values():
@@ -220,7 +230,7 @@ class Pool(Supervisor):
         elif self._state != "running":
             raise PoolClosedError("pool is stopping")
         elif asyncio.get_running_loop() is not loop:
-            raise RuntimeError("the pool is bound to another event loop")
+            loop = self._attach()
         req = RequestState(loop.create_future(), "job", ref, event, limits)
         if self._idle:
             self._dispatch(self._idle.pop(), req)

@@ -211,6 +211,18 @@ class Supervisor:
             layer, _, why = note.partition(": ")
             self._notes[layer] = why
 
+    def _forget_loop(self) -> None:
+        """The bound loop was closed: drop its timers, queue and in-flight work."""
+        self._loop = None
+        self._tick_handle = self._house_handle = None
+        self._waiters.clear()
+        for w in list(self._workers.values()):
+            if w is not None and (w.req is not None or w.outbuf is not None):
+                w.req = None  # its future belongs to the closed loop
+                self._kill(w)
+                self._schedule_spawn(w.slot, backoff=False)
+        self._busy = 0
+
     # --- start-up reporting ----------------------------------------------
     def _abort_start(self) -> None:
         for w in list(self._workers.values()):
