@@ -67,6 +67,18 @@ def test_event_fields_are_fresh_copies() -> None:
     assert event == original
 
 
+def test_nested_request_data_is_copied_at_every_level() -> None:
+    event = make_event(body={"a": [{"b": [1]}], "t": (1, [2])})
+    script = compiled("""\
+        on endpoint(event):
+            event.body["a"][0]["b"].append(2)
+            event.body["t"][1].append(3)
+            event.reply(event.body)
+        """)
+    assert run_endpoint(script, event)["body"] == b'{"a":[{"b":[1,2]}],"t":[1,[2,3]]}'
+    assert event["body"] == {"a": [{"b": [1]}], "t": (1, [2])}
+
+
 def test_script_error_outcome() -> None:
     out = run_block("x = {}\nx['missing']")
     assert out["replied"] is False and out["status"] == 500 and out["body"] == b""
