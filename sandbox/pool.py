@@ -173,7 +173,7 @@ class Pool(Supervisor):
         deadline = time.monotonic() + self.spawn_timeout
         while self.live_workers < self.size:
             left = deadline - time.monotonic()
-            if left <= 0 or self._state != "starting":
+            if left <= 0 or self._state != "starting" or not self._zygote_alive:
                 self._abort_start()
                 raise SpawnError("sandbox workers did not start; see the log")
             pending = [w for w in self._workers.values() if w is not None and not w.ready]

@@ -27,6 +27,7 @@ import os
 import select
 import signal
 import socket
+import traceback
 from typing import Any, NoReturn
 
 import msgpack  # type: ignore[import-untyped]
@@ -69,6 +70,11 @@ def start(cfg: worker.WorkerConfig) -> tuple[int, socket.socket]:
             gc.freeze()  # objects of the service are never collected (and closed) here
             ours.detach()
             _main(theirs.detach(), cfg, service_pid)
+        except BaseException:
+            # stderr is still the service's: say why before the pool reports
+            # that the fork server is gone.
+            # fd 2 directly: sys.stderr may wrap a descriptor closed above.
+            os.write(2, ("sandbox fork server failed:\n" + traceback.format_exc()).encode())
         finally:
             os._exit(1)
     theirs.close()

@@ -97,3 +97,22 @@ def test_worker_dying_young_counts_towards_the_crash_loop() -> None:
         assert ok.error_kind is None
 
     run_with_pool(scenario, size=1)
+
+
+def test_start_fails_fast_when_the_fork_server_cannot_start(
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from sandbox import zygote
+    from sandbox.errors import SpawnError
+
+    def broken() -> None:
+        raise ImportError("no language runtime")
+
+    monkeypatch.setattr(zygote, "_warm", broken)  # inherited by the forked zygote
+    pool = Pool(size=1)
+    t0 = time.monotonic()
+    with pytest.raises(SpawnError):
+        pool.start()
+    assert time.monotonic() - t0 < 3
+    assert "no language runtime" in capfd.readouterr().err
