@@ -267,6 +267,14 @@ def _syntax_error(exc: SyntaxError, header_lines: set[int]) -> CompileError:
                         f"{type(exc).__name__}: {exc.msg}")
 
 
+def _takes_one_argument(args: ast.arguments) -> bool:
+    """Whether a function with these parameters can be called as f(event)."""
+    positional = len(args.posonlyargs) + len(args.args)
+    required = positional - len(args.defaults)
+    kw_required = any(default is None for default in args.kw_defaults)
+    return (positional >= 1 or args.vararg is not None) and required <= 1 and not kw_required
+
+
 def _name_blocks(tree: ast.Module, headers: list[_Header]) -> list[CompileError]:
     """Rename each top-level block function and check the block rules."""
     errors: list[CompileError] = []
@@ -282,6 +290,9 @@ def _name_blocks(tree: ast.Module, headers: list[_Header]) -> list[CompileError]
             errors.append(CompileError(node.decorator_list[0].lineno, 1,
                                        f'"on {header.event}" blocks cannot be decorated'))
         if header.event == ENDPOINT_EVENT:
+            if not _takes_one_argument(node.args):
+                errors.append(CompileError(node.lineno, 1, 'the "on endpoint" block takes one '
+                                                           "parameter, the event"))
             if endpoint_line is not None:
                 errors.append(CompileError(node.lineno, 1, 'duplicate "on endpoint" block '
                                                            f"(first one on line {endpoint_line})"))

@@ -339,3 +339,16 @@ def test_prepare_worker_process_silences_script_warnings() -> None:
         prepare_worker_process()
         out = run_block("event.reply(bool(NotImplemented))")
     assert out["error"] is None and out["body"] == b"true"
+
+
+def test_os_error_with_an_object_filename_is_rendered_without_calling_it() -> None:
+    out = run_block("""\
+        class Loud(dict):
+            pass
+        try:
+            random.SystemRandom().choice([])
+        except IndexError as exc:
+            pass
+        raise KeyError(Loud(a=1))
+        """, "import random\n")
+    assert out["error"]["message"] == "KeyError: <Loud object>"
