@@ -98,11 +98,14 @@ class _Runner:
             peak, over = self._acct.disarm()
         dur = (time.perf_counter() - t0) * 1000.0
         if over:
-            line = None
-            if result is not None and result.get("error"):
-                line = result["error"].get("line")
+            line, output = None, ""
+            if result is not None:
+                output = result["output"]  # what it printed still helps its author
+                if result.get("error"):
+                    line = result["error"].get("line")
             result = _error_result("script_memory_exceeded",
                                    f"script memory exceeded the {cap // 1024} KB cap", line)
+            result["output"] = output
             exit_after = True
         elif failure is not None:
             kind = "script_memory_exceeded" if isinstance(failure, MemoryError) else "crash"

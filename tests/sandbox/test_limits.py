@@ -40,6 +40,7 @@ ALLOC = '''on endpoint(event):
     event.reply({"chunks": len(kept)})
 '''
 CATCH_MEMORY = '''on endpoint(event):
+    print("starting")
     kept = []
     size = event.body["size"]
     for i in range(100000):
@@ -102,7 +103,7 @@ def test_caught_memory_error_is_still_reported() -> None:
     async def scenario(pool: Pool) -> None:
         out = await pool.run(ref(CATCH_MEMORY), event({"size": 1000}), Limits(time_ms=3000, memory_kb=512))
         assert out.error_kind == "script_memory_exceeded"
-        assert out.body == b""
+        assert out.body == b"" and out.output == "starting\n"
 
     run_with_pool(scenario, size=1)
 
