@@ -293,3 +293,25 @@ def test_fullwidth_event_name_is_normalised_like_python_identifiers() -> None:
     script = compiled("on ｅｎｄｐｏｉｎｔ(event):\n    event.reply(1)\n")
     assert script.events == ("endpoint",)
     assert run_endpoint(script, make_event())["body"] == b"1"
+
+
+HEADER_CASES = [
+    ('x = """\non fake(e):\n"""\n# on other(e):\non endpoint(event):\n    pass\n', ("endpoint",)),
+    ("on = 1\non tick(e):\n    pass\n", ("tick",)),
+    ("x = 1\n", ()),
+]
+
+
+@pytest.mark.parametrize(("source", "events"), HEADER_CASES)
+@pytest.mark.parametrize("c_tokenizer", [True, False])
+def test_header_detection_with_either_tokenizer(source: str, events: tuple[str, ...],
+                                                c_tokenizer: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import sandbox.compiler as compiler
+    if not c_tokenizer:
+        monkeypatch.setattr(compiler, "_CTokenizerIter", None)
+    assert compiled(source).events == events
+    assert errors("if 1:\n    on endpoint(e):\n        pass\n") == [
+        (2, 5, '"on endpoint" block must start at column 0')]
+    assert errors("on endpoint:\n    pass\n") == [
+        (1, 1, 'an "on" block header must look like "on NAME(PARAMS):"')]
