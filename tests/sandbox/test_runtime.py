@@ -352,3 +352,17 @@ def test_os_error_with_an_object_filename_is_rendered_without_calling_it() -> No
         raise KeyError(Loud(a=1))
         """, "import random\n")
     assert out["error"]["message"] == "KeyError: <Loud object>"
+
+
+@pytest.mark.parametrize("body", [
+    'event.reply({"a": "é\\u2028"})',
+    'print("\\ud800 lone")\nevent.reply(b"\\xff")',
+    'raise ValueError("bad \\udcff bytes")',
+    'event.status(True)',
+    'event.header("Content-Type", "text/plain")\nevent.reply("x")',
+])
+def test_results_survive_msgpack(body: str) -> None:
+    import msgpack
+    out = run_block(body)
+    packed = msgpack.packb(out, use_bin_type=True)
+    assert msgpack.unpackb(packed, raw=False) == out
