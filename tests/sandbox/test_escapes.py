@@ -342,3 +342,11 @@ def test_escape_is_blocked(source: str, outcome: str, message: str,
     traceback = result["error"]["traceback"] or ""
     assert all(line.startswith('  File "<script>"') for line in traceback.splitlines()
                if line.startswith("  File "))
+
+
+def test_the_leak_check_would_see_a_leaked_secret() -> None:
+    # positive control: if a script did obtain the secret, repr(result) shows it
+    compiled = compile_script(block("event.reply({'leak': event.body['s']})"))
+    assert compiled.script is not None
+    result = run_endpoint(compiled.script, make_event(body={"s": SECRET}))
+    assert SECRET in repr(result)
