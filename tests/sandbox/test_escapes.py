@@ -125,6 +125,12 @@ CASES: list[tuple[str, str, str, str]] = [
      '"_getiter_" is an invalid variable name'),
     ("shadow-guard-except-as", block("try:\n    pass\nexcept Exception as _write_:\n    pass"),
      "compile", '"_write_" is an invalid variable name'),
+    ("shadow-guard-global", block("global _getattr_\n_getattr_ = None"), "compile",
+     '"_getattr_" is an invalid variable name'),
+    ("shadow-guard-class-name", block("class _write_:\n    pass"), "compile",
+     '"_write_" is an invalid variable name'),
+    ("shadow-guard-starred", block("*_getiter_, = [1]"), "compile",
+     '"_getiter_" is an invalid variable name'),
     ("shadow-guard-import-as", block("import json as _getattr_"), "compile",
      '"_getattr_" is an invalid variable name'),
     # --- classic: the __subclasses__ walk, globals, code, builtins
