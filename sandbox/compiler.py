@@ -232,6 +232,8 @@ def compile_script(source: str | bytes, filename: str = "<script>") -> CompileRe
         return _compile(source, filename)
     except (RecursionError, MemoryError):
         return _fail(CompileError(1, 1, "script is nested too deeply to compile"))
+    except Exception as exc:  # noqa: BLE001 - the contract: bad code never raises
+        return _fail(CompileError(1, 1, f"the script could not be compiled ({type(exc).__name__})"))
     finally:
         sys.setrecursionlimit(old_limit)
 

@@ -315,3 +315,18 @@ def test_header_detection_with_either_tokenizer(source: str, events: tuple[str, 
         (2, 5, '"on endpoint" block must start at column 0')]
     assert errors("on endpoint:\n    pass\n") == [
         (1, 1, 'an "on" block header must look like "on NAME(PARAMS):"')]
+
+
+def test_huge_int_literal_is_a_syntax_error() -> None:
+    assert errors("x = " + "1" * 5000 + "\n")[0][2].startswith(
+        "SyntaxError: Exceeds the limit (4300 digits) for integer string conversion")
+
+
+def test_unexpected_internal_failures_become_compile_errors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sandbox.compiler as compiler
+
+    def broken(text: str) -> object:
+        raise ValueError("boom")
+    monkeypatch.setattr(compiler, "_find_headers", broken)
+    assert errors("x = 1\n") == [(1, 1, "the script could not be compiled (ValueError)")]
