@@ -252,3 +252,19 @@ def test_pool_rebinds_when_its_loop_was_closed() -> None:
     finally:
         if pool._state != "stopped":
             asyncio.run(pool.stop())
+
+
+def test_arguments_are_checked_in_the_service() -> None:
+    from dataclasses import FrozenInstanceError
+
+    from sandbox.outcome import failure
+    from sandbox.pool import ScriptRef
+
+    with pytest.raises(TypeError):
+        ScriptRef("logic_x", "1", "src")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Pool(size=0)
+    out = failure("script_timeout", "slow", 1.0)
+    assert out.status == 504 and not out.ok
+    with pytest.raises(FrozenInstanceError):
+        out.status = 200  # type: ignore[misc]
