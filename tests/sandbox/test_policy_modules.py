@@ -272,7 +272,7 @@ def _sample_instances() -> dict[str, Any]:
 
     pattern = re.compile("(?P<a>x)")
     return {
-        "pattern": pattern, "match": pattern.match("x"), "scanner": pattern.scanner("x"),
+        "pattern": pattern, "match": pattern.match("x"), "scanner": getattr(pattern, "scanner")("x"),
         "datetime": datetime.datetime.now(datetime.timezone.utc),
         "timedelta": datetime.timedelta(1), "sha256": hashlib.sha256(),
         "hmac": hmac.new(b"k", b"m", "sha256"), "counter": collections.Counter("ab"),
@@ -280,7 +280,7 @@ def _sample_instances() -> dict[str, Any]:
         "normaldist": statistics.NormalDist(), "uuid": uuid.uuid4(),
         "template": string.Template("$a"), "partial": functools.partial(len),
         "lru": functools.lru_cache(script_like), "count": itertools.count(),
-        "struct_time": time.gmtime(0), "namedtuple": collections.namedtuple("P", "x")(1),
+        "struct_time": time.gmtime(0), "namedtuple": collections.namedtuple("P", "x")._make([1]),
         "random": make_random_namespace(), "deque": collections.deque([1]),
         "json_error": _json_error(),
     }

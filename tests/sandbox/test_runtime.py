@@ -362,7 +362,7 @@ def test_os_error_with_an_object_filename_is_rendered_without_calling_it() -> No
     'event.header("Content-Type", "text/plain")\nevent.reply("x")',
 ])
 def test_results_survive_msgpack(body: str) -> None:
-    import msgpack
+    import msgpack  # type: ignore[import-untyped]
     out = run_block(body)
     packed = msgpack.packb(out, use_bin_type=True)
     assert msgpack.unpackb(packed, raw=False) == out
