@@ -280,7 +280,7 @@ def _sample_instances() -> dict[str, Any]:
         "normaldist": statistics.NormalDist(), "uuid": uuid.uuid4(),
         "template": string.Template("$a"), "partial": functools.partial(len),
         "lru": functools.lru_cache(script_like), "count": itertools.count(),
-        "struct_time": time.gmtime(0), "namedtuple": collections.namedtuple("P", "x")._make([1]),
+        "struct_time": time.gmtime(0), "namedtuple": collections.namedtuple("P", "x")("v"),
         "random": make_random_namespace(), "deque": collections.deque([1]),
         "json_error": _json_error(),
     }
