@@ -51,7 +51,8 @@ class _Runner:
 
     def __init__(self, cfg: WorkerConfig, accountant: limits.MemoryAccountant) -> None:
         from sandbox.compiler import compile_script
-        from sandbox.runtime import run_endpoint
+        from sandbox.runtime import prepare_worker_process, run_endpoint
+        prepare_worker_process()  # warnings off, integer digit limit pinned
         self._compile = compile_script
         self._run = run_endpoint
         self._cfg = cfg
