@@ -84,7 +84,7 @@ def bench_in_process(n: int) -> tuple[float, float]:
     return rate, statistics.median(per_call_us(lambda: run_endpoint(script, event), 2000))
 
 
-async def bench_pool(pool: Pool, n: int, concurrency: int) -> tuple[float, list[float]]:
+async def bench_pool(pool: Pool, n: int, concurrency: int) -> tuple[float, float, list[float]]:
     ref = ScriptRef("logic_bench", 1, VALIDATE)
     limits = Limits(time_ms=1000, memory_kb=512)
     event = make_event(BODY)
@@ -100,14 +100,16 @@ async def bench_pool(pool: Pool, n: int, concurrency: int) -> tuple[float, list[
             assert out.status == 200
 
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     rate = n / (time.perf_counter() - t0)
+    cpu_us = (time.process_time() - cpu0) / n * 1e6
     latencies = []
     for _ in range(min(n, 3000)):
         t1 = time.perf_counter()
         await pool.run(ref, event, limits)
         latencies.append((time.perf_counter() - t1) * 1e6)
-    return rate, latencies
+    return rate, cpu_us, latencies
 
 
 def bench_memory(n_rows: int, reps: int) -> dict[str, float]:
@@ -143,29 +145,33 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=30000, help="invocations per throughput run")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--spin-us", type=int, default=0, help="Pool(worker_spin_us=...)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     n = 3000 if args.quick else args.n
 
-    pool = Pool(size=args.workers)  # before any loop or thread, as the service does
+    pool = Pool(size=args.workers, worker_spin_us=args.spin_us)  # before any loop or thread, as the service does
     pool.start()
     print(f"cpus={os.cpu_count()} workers={args.workers} concurrency={args.concurrency} "
           f"python={sys.version.split()[0]} hardening={sorted(k for k, v in pool.hardening.items() if v)}")
 
-    async def run_pool() -> tuple[float, list[float]]:
+    async def run_pool() -> tuple[float, float, list[float]]:
         try:
             return await bench_pool(pool, n, args.concurrency)
         finally:
             await pool.stop()
 
-    pool_rate, latencies = asyncio.run(run_pool())
+    pool_rate, parent_cpu_us, latencies = asyncio.run(run_pool())
     inproc_rate, inproc_p50 = bench_in_process(n)
     p50 = pct(latencies, 0.5)
     print(f"in-process exec      : {inproc_rate:10,.0f} inv/s   p50 {inproc_p50:7.1f} us")
     print(f"through the pool     : {pool_rate:10,.0f} inv/s   p50 {p50:7.1f} us   "
           f"p99 {pct(latencies, 0.99):7.1f} us (one at a time)")
     print(f"ratio pool/in-process: {pool_rate / inproc_rate:10.3f}")
-    print(f"p50 overhead per invocation: {p50 - inproc_p50:.1f} us")
+    print(f"parent (service) CPU per invocation through the pool: {parent_cpu_us:.1f} us")
+    print(f"p50 overhead per invocation: {p50 - inproc_p50:.1f} us (latency, one at a time)")
+    print(f"added cost per invocation at saturation: "
+          f"{1e6 / pool_rate - 1e6 / inproc_rate:.1f} us (from the two rates)")
 
     mem = bench_memory(2000 if args.quick else 20000, 5 if args.quick else 15)
     base = mem["none"]

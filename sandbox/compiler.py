@@ -13,14 +13,17 @@ as a :class:`CompileError`.
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import io
 import re
 import sys
 import tokenize
 import types
+import unicodedata
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 from sandbox.policy import ScriptPolicy, handler_name
 
@@ -32,6 +35,14 @@ _COOKIE_RE = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.ASCII)
 _BLANK_RE = re.compile(r"^[ \t\f]*(?:[#\r\n]|$)", re.ASCII)
 _SKIPPED_TOKENS = frozenset({tokenize.NL, tokenize.COMMENT, tokenize.INDENT,
                              tokenize.DEDENT, tokenize.ENCODING})
+# A line that could hold a header (any indentation, so misplaced ones are
+# found too); only if one exists is the source tokenized.
+_CANDIDATE_RE = re.compile(r"^[ \t\f]*on[ \t]+[^\W\d]", re.MULTILINE)
+
+try:  # CPython 3.11's C tokenizer iterator (private; signature changed in 3.12)
+    _CTokenizerIter: Any = importlib.import_module("_tokenize").TokenizerIter
+except (ImportError, AttributeError):  # pragma: no cover - other interpreters
+    _CTokenizerIter = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,35 +143,63 @@ def _check_cookie(text: str) -> CompileError | None:
     return None
 
 
-def _find_headers(text: str) -> tuple[list[_Header], list[CompileError]]:
-    """Find ``on NAME(`` at the start of logical lines, with the tokenizer."""
-    tokens: list[tokenize.TokenInfo] = []
+def _significant_tokens(text: str) -> list[tuple[int, str, int, int]]:
+    """(type, string, row, col) of the tokens that matter for headers.
+
+    Uses CPython 3.11's C tokenizer iterator when present (5x faster than the
+    pure-Python ``tokenize`` on a 256 KB script; it emits no comment or NL
+    tokens), else ``tokenize.generate_tokens``. A tokenizer error ends the
+    list: the parser reports it, at the right place.
+    """
+    out: list[tuple[int, str, int, int]] = []
+    if _CTokenizerIter is not None:
+        try:
+            for string, kind, row, _end_row, col, _end_col, _line in _CTokenizerIter(text):
+                if kind not in _SKIPPED_TOKENS:
+                    out.append((kind, string, row, col))
+            return out
+        except SyntaxError:
+            return out
+        except (TypeError, ValueError):
+            out.clear()  # another interpreter's signature: use the portable path
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-            tokens.append(tok)
+            if tok.type not in _SKIPPED_TOKENS:
+                out.append((tok.type, tok.string, tok.start[0], tok.start[1]))
     except (tokenize.TokenError, SyntaxError):
-        pass  # the parser reports it, at the right place
+        pass
+    return out
+
+
+def _find_headers(text: str) -> tuple[list[_Header], list[CompileError]]:
+    """Find ``on NAME(`` at the start of logical lines, from tokens.
+
+    Tokens, not lines: a header-like line inside a string or a comment is
+    never taken for a header.
+    """
     headers: list[_Header] = []
     errors: list[CompileError] = []
-    significant = [t for t in tokens if t.type not in _SKIPPED_TOKENS]
+    if not _CANDIDATE_RE.search(text):
+        return headers, errors  # no line starts with "on NAME": nothing to tokenize
+    significant = _significant_tokens(text)
     line_start = True
-    for index, tok in enumerate(significant):
-        starts_line, line_start = line_start, tok.type == tokenize.NEWLINE
-        if not (starts_line and tok.type == tokenize.NAME and tok.string == "on"):
+    for index, (kind, string, row, col) in enumerate(significant):
+        starts_line, line_start = line_start, kind == tokenize.NEWLINE
+        if not (starts_line and kind == tokenize.NAME and string == "on"):
             continue
         following = significant[index + 1:index + 3]
-        if not following or following[0].type != tokenize.NAME:
+        if not following or following[0][0] != tokenize.NAME:
             continue  # `on = 1`, `on(x)`, `on.attr`: an ordinary name
-        row, col = tok.start
-        name_tok = following[0]
-        if len(following) < 2 or following[1].string != "(":
+        name = following[0][1]
+        if len(following) < 2 or following[1][1] != "(":
             errors.append(CompileError(row, col + 1,
                                        'an "on" block header must look like "on NAME(PARAMS):"'))
             continue
         if col != 0:
-            errors.append(CompileError(row, col + 1, f'"on {name_tok.string}" block must '
-                                                     "start at column 0"))
-        headers.append(_Header(row, col, name_tok.string))
+            errors.append(CompileError(row, col + 1, f'"on {name}" block must start at column 0'))
+        # The parser NFKC-normalises identifiers ("ｅｎｄｐｏｉｎｔ" is
+        # "endpoint"); the tokenizer does not, so normalise the same way.
+        headers.append(_Header(row, col, unicodedata.normalize("NFKC", name)))
     return headers, errors
 
 
@@ -193,6 +232,8 @@ def compile_script(source: str | bytes, filename: str = "<script>") -> CompileRe
         return _compile(source, filename)
     except (RecursionError, MemoryError):
         return _fail(CompileError(1, 1, "script is nested too deeply to compile"))
+    except Exception as exc:  # noqa: BLE001 - the contract: bad code never raises
+        return _fail(CompileError(1, 1, f"the script could not be compiled ({type(exc).__name__})"))
     finally:
         sys.setrecursionlimit(old_limit)
 
@@ -264,6 +305,14 @@ def _syntax_error(exc: SyntaxError, header_lines: set[int]) -> CompileError:
                         f"{type(exc).__name__}: {exc.msg}")
 
 
+def _takes_one_argument(args: ast.arguments) -> bool:
+    """Whether a function with these parameters can be called as f(event)."""
+    positional = len(args.posonlyargs) + len(args.args)
+    required = positional - len(args.defaults)
+    kw_required = any(default is None for default in args.kw_defaults)
+    return (positional >= 1 or args.vararg is not None) and required <= 1 and not kw_required
+
+
 def _name_blocks(tree: ast.Module, headers: list[_Header]) -> list[CompileError]:
     """Rename each top-level block function and check the block rules."""
     errors: list[CompileError] = []
@@ -279,6 +328,9 @@ def _name_blocks(tree: ast.Module, headers: list[_Header]) -> list[CompileError]
             errors.append(CompileError(node.decorator_list[0].lineno, 1,
                                        f'"on {header.event}" blocks cannot be decorated'))
         if header.event == ENDPOINT_EVENT:
+            if not _takes_one_argument(node.args):
+                errors.append(CompileError(node.lineno, 1, 'the "on endpoint" block takes one '
+                                                           "parameter, the event"))
             if endpoint_line is not None:
                 errors.append(CompileError(node.lineno, 1, 'duplicate "on endpoint" block '
                                                            f"(first one on line {endpoint_line})"))

@@ -18,7 +18,7 @@ import collections
 import operator
 import types
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
 from RestrictedPython.transformer import INSPECT_ATTRIBUTES
@@ -53,30 +53,38 @@ class ScriptType(type):
     """
 
 
-def _final_subclass_hook(cls: type, **kwargs: Any) -> NoReturn:
-    raise TypeError(f"{cls.__mro__[1].__name__} cannot be subclassed")
-
-
 def guarded_getattr(obj: Any, name: str) -> Any:
     """``obj.name`` for restricted code.
 
     Raises AttributeError for private or denied names, NotImplementedError for
-    ``str.format``/``format_map`` (their replacement fields walk attributes
-    without this guard: CVE-2023-41039).
+    ``format``/``format_map`` unless they resolve to a function the script
+    wrote: ``str.format`` replacement fields walk attributes without this
+    guard (CVE-2023-41039), and a type check on ``obj`` is not enough because
+    ``super(S, s).format`` hands out ``str.format`` from a ``super`` object.
     """
     if type(name) is not str:
         raise TypeError("attribute name must be a string")
     if name.startswith("_") or name in DENIED_ATTRIBUTES:
         raise AttributeError(f'"{name}" is a forbidden attribute')
-    if name in _STR_FORMAT_ATTRIBUTES and (
-        isinstance(obj, str) or (isinstance(obj, type) and issubclass(obj, str))
-    ):
-        raise NotImplementedError(f"str.{name}() is not allowed; use %-formatting or f-strings")
-    if name == "obj" and isinstance(obj, BaseException):
+    if name == "obj" and isinstance(obj, (BaseException, super)):
         # AttributeError.obj / NameError.obj hand out the object whose lookup
         # failed, which may be a trusted one (CVE-2024-47532).
         raise AttributeError('"obj" is a forbidden attribute of exceptions')
-    return getattr(obj, name)
+    value = getattr(obj, name)
+    if name in _STR_FORMAT_ATTRIBUTES and not _is_script_function(value):
+        raise NotImplementedError(f"str.{name}() is not allowed; use %-formatting or f-strings")
+    return value
+
+
+def _is_script_function(value: Any) -> bool:
+    """True for functions (or methods of functions) compiled from a script.
+
+    Their globals are an invocation's scope, which holds our guards; no
+    trusted module has a global named ``_getattr_``.
+    """
+    func = value.__func__ if type(value) is types.MethodType else value
+    return type(func) is types.FunctionType and \
+        func.__globals__.get("_getattr_") is guarded_getattr
 
 
 def guarded_getitem(obj: Any, key: Any) -> Any:
@@ -261,10 +269,4 @@ def fresh_builtins() -> dict[str, Any]:
 def fresh_globals() -> dict[str, Any]:
     """A new globals dict holding the guards, for one invocation."""
     return _BASE_GUARDS.copy()
-
-
-def make_final(cls: type) -> type:
-    """Make an exposed trusted class impossible to subclass from scripts."""
-    cls.__init_subclass__ = classmethod(_final_subclass_hook)  # type: ignore[assignment]
-    return cls
 

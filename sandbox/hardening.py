@@ -143,6 +143,8 @@ _EPERM_ALWAYS = (
     "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
     "personality",
 )
+# Signals (kill, tkill, tgkill, rt_*sigqueueinfo) are allowed only towards the
+# worker itself; see load_seccomp.
 # Answered "not implemented" so callers take their fallback path: glibc falls
 # back from clone3 to clone (which the filter can inspect), Python from
 # openat2 to openat.
@@ -155,8 +157,8 @@ def build_seccomp_filter() -> Any:
 
     Default allow; EPERM for the calls above, for ``clone`` without
     CLONE_THREAD (a new process) and for ``open``/``openat`` with any of
-    O_WRONLY, O_RDWR, O_CREAT, O_TRUNC.  ``kill`` is left alone: after the
-    uid drop a worker can signal only processes of the sandbox user.
+    O_WRONLY, O_RDWR, O_CREAT, O_TRUNC.  Signal calls get their per-pid
+    rules in :func:`load_seccomp`.
     Syscalls of a foreign architecture (32-bit x86 on x86_64) are killed by
     libseccomp's default bad-arch action.
     """
@@ -182,11 +184,27 @@ def build_seccomp_filter() -> Any:
     return flt
 
 
+_SIGNAL_CALLS = (("kill", 0), ("tkill", 0), ("tgkill", 0), ("rt_sigqueueinfo", 0),
+                 ("rt_tgsigqueueinfo", 0))
+
+
 def load_seccomp(flt: Any) -> tuple[bool, str]:
-    """Install the prebuilt filter into this process (irreversible)."""
+    """Add the per-process rules to the prebuilt filter and install it (irreversible).
+
+    Signals may only be sent to this process itself (its pid is known only
+    after fork, hence here): a compromised worker cannot kill a sibling that
+    runs another guild's script, even though both run as the same user.
+    """
     if flt is None:
         return False, "pyseccomp/libseccomp not available"
+    sc = _seccomp
+    eperm = sc.ERRNO(errno.EPERM)
     try:
+        me = os.getpid()
+        for name, argno in _SIGNAL_CALLS:
+            flt.add_rule(eperm, name, sc.Arg(argno, sc.NE, me))
+        for name in ("pidfd_send_signal", "pidfd_open"):
+            flt.add_rule(eperm, name)
         flt.load()
     except OSError as exc:
         return False, exc.strerror or str(exc)

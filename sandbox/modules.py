@@ -20,6 +20,7 @@ import decimal
 import functools
 import hashlib
 import hmac
+import importlib
 import itertools
 import json
 import math
@@ -40,7 +41,7 @@ from sandbox.guards import ScriptType
 # time.strptime and datetime.strptime import _strptime on first use; import
 # it now so no import runs inside an invocation (under its memory cap and the
 # worker's seccomp filter).
-import _strptime  # noqa: E402,F401  isort: skip
+importlib.import_module("_strptime")
 
 
 class ModuleNamespace:

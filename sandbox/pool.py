@@ -27,7 +27,6 @@ import logging
 import os
 import pwd
 import select
-import signal
 import threading
 import time
 from collections import deque
@@ -38,17 +37,15 @@ from sandbox import protocol, zygote
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import PoolBusyError, PoolClosedError, ProtocolError, SpawnError
 from sandbox.hardening import HardeningConfig
-from sandbox.limits import MEMGUARD_AVAILABLE, Limits, current_address_space
+from sandbox.limits import Limits, current_address_space
 from sandbox.outcome import Outcome, failure, from_result
-from sandbox.supervisor import Supervisor
+from sandbox.supervisor import HOUSEKEEPING_S, TICK_S, Supervisor
 from sandbox.worker import WorkerConfig
 
 __all__ = ["Pool", "ScriptRef", "Limits", "Outcome"]
 
 log = logging.getLogger("sandbox.pool")
 
-TICK_S = 0.005
-HOUSEKEEPING_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +79,8 @@ class Pool(Supervisor):
                  max_rss_mb: int = 200, kill_grace_ms: int = 15, spawn_timeout_s: float = 10.0,
                  address_space_mb: int = 768, compile_cache: int = 64, user: str = "nobody",
                  network_namespace: bool = True, drop_user: bool = True, seccomp: bool = True,
-                 prefer_memguard: bool = True, _unsafe_test_hooks: bool = False) -> None:
+                 prefer_memguard: bool = True, worker_spin_us: int = 0,
+                 _unsafe_test_hooks: bool = False) -> None:
         # Builds configuration only: nothing here changes the process.
         if size is not None and size < 1:
             raise ValueError("size must be at least 1")
@@ -103,6 +101,7 @@ class Pool(Supervisor):
         self._compile_cache = compile_cache
         self._prefer_memguard = prefer_memguard
         self._test_hooks = _unsafe_test_hooks
+        self._spin_us = worker_spin_us
         self._workers: dict[int, WorkerHandle | None] = {}
         self._idle: deque[WorkerHandle] = deque()
         self._waiters: deque[RequestState] = deque()
@@ -164,7 +163,8 @@ class Pool(Supervisor):
         base = current_address_space()
         self._hcfg = HardeningConfig(**{**self._hcfg.__dict__,
                                         "address_space": base + (self._address_space_mb << 20)})
-        cfg = WorkerConfig(self._hcfg, self._compile_cache, self._prefer_memguard, self._test_hooks)
+        cfg = WorkerConfig(self._hcfg, self._compile_cache, self._prefer_memguard,
+                           self._test_hooks, self._spin_us)
         self._zygote_pid, self._ctl = zygote.start(cfg)
         self._ctl.setblocking(False)
         for slot in range(self.size):
@@ -173,7 +173,7 @@ class Pool(Supervisor):
         deadline = time.monotonic() + self.spawn_timeout
         while self.live_workers < self.size:
             left = deadline - time.monotonic()
-            if left <= 0 or self._state != "starting":
+            if left <= 0 or self._state != "starting" or not self._zygote_alive:
                 self._abort_start()
                 raise SpawnError("sandbox workers did not start; see the log")
             pending = [w for w in self._workers.values() if w is not None and not w.ready]
@@ -186,38 +186,29 @@ class Pool(Supervisor):
         self._state = "running"
         self._log_hardening()
 
-    def _abort_start(self) -> None:
-        for w in list(self._workers.values()):
-            if w is not None:
-                self._kill(w)
-        self._ctl.close()
-        _reap_zygote(self._zygote_pid, 2.0)
-        self._state = "stopped"
-
-    def _log_hardening(self) -> None:
-        active = [k for k, v in self._hardening.items() if v]
-        log.info("sandbox pool: %d workers, active layers: %s", self.size, ", ".join(active))
-        for layer, on in self._hardening.items():
-            if not on:
-                log.warning("sandbox layer %s is NOT active: %s", layer,
-                            self._notes.get(layer, "unknown reason"))
-        if not MEMGUARD_AVAILABLE:
-            log.warning("sandbox: _memguard extension missing; memory is measured with "
-                        "tracemalloc after each run and enforced only by RLIMIT_AS")
-
     def attach(self) -> None:
         """Bind to the running event loop now (else the first ``run`` does it).
 
-        Until then worker deaths are only noticed when work arrives.
-        Raises PoolClosedError when the pool is not running.
+        Until then worker deaths are only noticed when work arrives.  A pool
+        whose loop was closed re-binds to the running one (test suites that
+        make a loop per test); requests of the closed loop are dropped.
+        Raises PoolClosedError when the pool is not running, RuntimeError when
+        it is bound to another loop that is still open.
         """
-        if self._loop is None:
+        if self._loop is not asyncio.get_running_loop():
             self._attach()
 
     def _attach(self) -> asyncio.AbstractEventLoop:
         if self._state != "running":
             raise PoolClosedError("pool is not running")
         loop = asyncio.get_running_loop()
+        old = self._loop
+        if old is loop:
+            return loop
+        if old is not None:
+            if not old.is_closed():
+                raise RuntimeError("the pool is bound to another event loop")
+            self._forget_loop()
         self._loop = loop
         loop.add_reader(self._ctl.fileno(), self._on_control)
         for w in self._workers.values():
@@ -238,6 +229,8 @@ class Pool(Supervisor):
             loop = self._attach()
         elif self._state != "running":
             raise PoolClosedError("pool is stopping")
+        elif asyncio.get_running_loop() is not loop:
+            loop = self._attach()
         req = RequestState(loop.create_future(), "job", ref, event, limits)
         if self._idle:
             self._dispatch(self._idle.pop(), req)
@@ -358,76 +351,3 @@ class Pool(Supervisor):
     def _ensure_tick(self) -> None:
         if self._tick_handle is None and self._loop is not None:
             self._tick_handle = self._loop.call_later(TICK_S, self._tick)
-
-    def _tick(self) -> None:
-        self._tick_handle = None
-        assert self._loop is not None
-        now = self._loop.time()
-        pending = False
-        for w in list(self._workers.values()):
-            if w is None:
-                continue
-            req = w.req
-            if req is not None:
-                if now >= req.deadline:
-                    self._timeout(w, req, now)
-                else:
-                    pending = True
-            elif not w.ready:
-                if now - w.spawned_at > self.spawn_timeout:
-                    log.error("sandbox worker %d did not become ready; killing it", w.pid)
-                    self._replace(w, None, backoff=True)
-                pending = True
-        waiters = self._waiters
-        while waiters and (waiters[0].future.done() or now >= waiters[0].deadline):
-            req = waiters.popleft()
-            if not req.future.done():
-                self._c["busy_rejections"] += 1
-                req.future.set_exception(PoolBusyError("no sandbox worker became free in time"))
-        if pending or waiters:
-            self._ensure_tick()
-
-    def _timeout(self, w: WorkerHandle, req: RequestState, now: float) -> None:
-        if req.kind == "job":
-            self._c["timeouts"] += 1
-        log.info("sandbox worker %d passed the %d ms limit; killed", w.pid, req.limits.time_ms)
-        self._replace(w, failure("script_timeout",
-                                 f"script ran longer than {req.limits.time_ms} ms",
-                                 (now - req.t0) * 1000.0), backoff=False)
-
-    def _housekeeping(self) -> None:
-        assert self._loop is not None
-        self._house_handle = self._loop.call_later(HOUSEKEEPING_S, self._housekeeping)
-        for w in list(self._idle):
-            if w.rss() > self.max_rss:
-                log.info("sandbox worker %d passed %d MiB RSS; recycled", w.pid, self.max_rss >> 20)
-                self._idle.remove(w)
-                self._replace(w, None, backoff=False)
-        now = time.monotonic()
-        for slot, held in self._workers.items():
-            asked = self._spawning.get(slot)
-            if held is None and (asked is None or now - asked > self.spawn_timeout):
-                self._request_spawn(slot)
-
-    def _clear_failures(self, w: WorkerHandle) -> None:
-        if w.alive:
-            self._failures[w.slot] = 0
-
-
-def _reap_zygote(pid: int, timeout: float) -> None:
-    """Wait for the zygote to exit, then SIGKILL it (blocking; stop and start only)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if done:
-            return
-        time.sleep(0.005)
-    try:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass
-

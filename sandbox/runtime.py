@@ -172,7 +172,10 @@ def _exception_text(exc: BaseException) -> str:
     if type(args) is not tuple:
         args = ()
     if all(type(a) in _PRIMITIVES for a in args):
-        if _TYPE_MODULE.__get__(type(exc)) == "builtins" or not args:
+        # Builtin exceptions format from args (and, for OSError, filenames
+        # that may be any object, so those use our rendering below).
+        if not args or (_TYPE_MODULE.__get__(type(exc)) == "builtins"
+                        and not isinstance(exc, OSError)):
             try:
                 return str(exc)
             except Exception:  # noqa: BLE001 - a broken __str__ must not break us

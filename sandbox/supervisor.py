@@ -1,9 +1,10 @@
-"""Supervision half of the pool: spawning through the zygote, replacing, stopping.
+"""Supervision half of the pool: spawning through the zygote, deadlines, replacing, stopping.
 
 Kept apart from ``sandbox.pool`` (the public API and the hot path) for size;
 :class:`Supervisor` is the base class of ``Pool`` and shares its state.
-Nothing here runs per request except on the rare paths (timeout, crash,
-recycle).
+Per request nothing here runs except the deadline ticker (one timer every
+``TICK_S`` while work is in flight, O(workers) per tick); the rest is the
+rare path: timeouts, crashes, recycling, housekeeping once a second.
 """
 from __future__ import annotations
 
@@ -20,11 +21,14 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 
 from sandbox.channel import RequestState, WorkerHandle
-from sandbox.errors import PoolClosedError
+from sandbox.errors import PoolBusyError, PoolClosedError, SandboxError
+from sandbox.limits import MEMGUARD_AVAILABLE
 from sandbox.outcome import Outcome, failure
 
 log = logging.getLogger("sandbox.pool")
 
+TICK_S = 0.005           # deadline ticker period while work is in flight
+HOUSEKEEPING_S = 1.0     # RSS checks and spawn retries
 MIN_UPTIME_S = 1.0       # a worker dying sooner counts towards the crash loop
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 10.0
@@ -34,6 +38,7 @@ class Supervisor:
     """State and supervision methods shared with ``Pool`` (which initialises them)."""
 
     size: int
+    max_rss: int
     max_jobs: int
     max_jobs_jitter: int
     spawn_timeout: float
@@ -97,7 +102,8 @@ class Supervisor:
             for fd in fds:
                 os.close(fd)
             if t == "spawn_failed" and type(slot) is int:
-                log.error("sandbox fork server could not fork: %s", msg.get("error"))
+                error = SandboxError.from_dict(msg.get("error"))
+                log.error("sandbox fork server could not fork: %s", error.message)
                 self._spawning.pop(slot, None)
                 self._schedule_spawn(slot, backoff=True)
             elif t == "exit":
@@ -205,6 +211,93 @@ class Supervisor:
             layer, _, why = note.partition(": ")
             self._notes[layer] = why
 
+    def _forget_loop(self) -> None:
+        """The bound loop was closed: drop its timers, queue and in-flight work."""
+        self._loop = None
+        self._tick_handle = self._house_handle = None
+        self._waiters.clear()
+        for w in list(self._workers.values()):
+            if w is not None and (w.req is not None or w.outbuf is not None):
+                w.req = None  # its future belongs to the closed loop
+                self._kill(w)
+                self._schedule_spawn(w.slot, backoff=False)
+        self._busy = 0
+
+    # --- start-up reporting ----------------------------------------------
+    def _abort_start(self) -> None:
+        for w in list(self._workers.values()):
+            if w is not None:
+                self._kill(w)
+        self._ctl.close()
+        _reap_zygote(self._zygote_pid, 2.0)
+        self._state = "stopped"
+
+    def _log_hardening(self) -> None:
+        active = [k for k, v in self._hardening.items() if v]
+        log.info("sandbox pool: %d workers, active layers: %s", self.size, ", ".join(active))
+        for layer, on in self._hardening.items():
+            if not on:
+                log.warning("sandbox layer %s is NOT active: %s", layer,
+                            self._notes.get(layer, "unknown reason"))
+        if not MEMGUARD_AVAILABLE:
+            log.warning("sandbox: _memguard extension missing; memory is measured with "
+                        "tracemalloc after each run and enforced only by RLIMIT_AS")
+
+    # --- deadlines and housekeeping ---------------------------------------
+    def _tick(self) -> None:
+        self._tick_handle = None
+        assert self._loop is not None
+        now = self._loop.time()
+        pending = False
+        for w in list(self._workers.values()):
+            if w is None:
+                continue
+            req = w.req
+            if req is not None:
+                if now >= req.deadline:
+                    self._timeout(w, req, now)
+                else:
+                    pending = True
+            elif not w.ready:
+                if now - w.spawned_at > self.spawn_timeout:
+                    log.error("sandbox worker %d did not become ready; killing it", w.pid)
+                    self._replace(w, None, backoff=True)
+                pending = True
+        waiters = self._waiters
+        while waiters and (waiters[0].future.done() or now >= waiters[0].deadline):
+            req = waiters.popleft()
+            if not req.future.done():
+                self._c["busy_rejections"] += 1
+                req.future.set_exception(PoolBusyError("no sandbox worker became free in time"))
+        if pending or waiters:
+            self._ensure_tick()
+
+    def _timeout(self, w: WorkerHandle, req: RequestState, now: float) -> None:
+        if req.kind == "job":
+            self._c["timeouts"] += 1
+        log.info("sandbox worker %d passed the %d ms limit; killed", w.pid, req.limits.time_ms)
+        self._replace(w, failure("script_timeout",
+                                 f"script ran longer than {req.limits.time_ms} ms",
+                                 (now - req.t0) * 1000.0), backoff=False)
+
+    def _housekeeping(self) -> None:
+        assert self._loop is not None
+        self._house_handle = self._loop.call_later(HOUSEKEEPING_S, self._housekeeping)
+        for w in list(self._idle):
+            if w.rss() > self.max_rss:
+                log.info("sandbox worker %d passed %d MiB RSS; recycled", w.pid, self.max_rss >> 20)
+                self._idle.remove(w)
+                self._replace(w, None, backoff=False)
+        now = time.monotonic()
+        for slot, held in self._workers.items():
+            asked = self._spawning.get(slot)
+            if held is None and (asked is None or now - asked > self.spawn_timeout):
+                self._request_spawn(slot)
+
+    def _clear_failures(self, w: WorkerHandle) -> None:
+        if w.alive:
+            self._failures[w.slot] = 0
+
     # --- stop ---------------------------------------------------------------
     async def stop(self, timeout: float = 5.0) -> None:
         """Graceful stop: refuse new work, let running jobs end, TERM, wait, KILL."""
@@ -264,3 +357,21 @@ class Supervisor:
             await asyncio.sleep(0.005)
         self._dispatch(self._idle.pop(), req)
         return await req.future
+
+
+def _reap_zygote(pid: int, timeout: float) -> None:
+    """Wait for the zygote to exit, then SIGKILL it (blocking; stop and start only)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(0.005)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass

@@ -36,6 +36,7 @@ class WorkerConfig:
     compile_cache: int = 64
     prefer_memguard: bool = True
     test_hooks: bool = False
+    spin_us: int = 0
 
 
 def _error_result(kind: str, message: str, line: int | None = None,
@@ -50,7 +51,8 @@ class _Runner:
 
     def __init__(self, cfg: WorkerConfig, accountant: limits.MemoryAccountant) -> None:
         from sandbox.compiler import compile_script
-        from sandbox.runtime import run_endpoint
+        from sandbox.runtime import prepare_worker_process, run_endpoint
+        prepare_worker_process()  # warnings off, integer digit limit pinned
         self._compile = compile_script
         self._run = run_endpoint
         self._cfg = cfg
@@ -97,11 +99,14 @@ class _Runner:
             peak, over = self._acct.disarm()
         dur = (time.perf_counter() - t0) * 1000.0
         if over:
-            line = None
-            if result is not None and result.get("error"):
-                line = result["error"].get("line")
+            line, output = None, ""
+            if result is not None:
+                output = result["output"]  # what it printed still helps its author
+                if result.get("error"):
+                    line = result["error"].get("line")
             result = _error_result("script_memory_exceeded",
                                    f"script memory exceeded the {cap // 1024} KB cap", line)
+            result["output"] = output
             exit_after = True
         elif failure is not None:
             kind = "script_memory_exceeded" if isinstance(failure, MemoryError) else "crash"
@@ -146,6 +151,23 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
+def _spin_until_readable(sock: socket.socket, spin_s: float) -> None:
+    """Poll briefly (yielding the CPU) before blocking in recv.
+
+    A sleeping worker on another core can take ~100 us to wake on some
+    virtual machines; when the next job comes within the spin it is picked up
+    at once.  Off by default: it costs up to ``spin_s`` of CPU per job.
+    """
+    end = time.perf_counter() + spin_s
+    peek = socket.MSG_PEEK | socket.MSG_DONTWAIT
+    while time.perf_counter() < end:
+        try:
+            sock.recv(1, peek)
+            return
+        except BlockingIOError:
+            os.sched_yield()
+
+
 def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
     """Worker entry point after fork; never returns."""
     try:
@@ -160,6 +182,8 @@ def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
         _send(sock, {"t": "ready", "pid": os.getpid(), "hard": report.layers,
                      "notes": report.notes})
         while True:
+            if cfg.spin_us:
+                _spin_until_readable(sock, cfg.spin_us / 1e6)
             try:
                 msg = protocol.check_job(protocol.recv_message(sock, protocol.MAX_JOB_BYTES))
             except EOFError:

@@ -27,11 +27,13 @@ import os
 import select
 import signal
 import socket
+import traceback
 from typing import Any, NoReturn
 
 import msgpack  # type: ignore[import-untyped]
 
 from sandbox import hardening, worker
+from sandbox.errors import SpawnError
 
 WARM_MODULES = (
     "json", "math", "re", "random", "datetime", "time", "hashlib", "hmac", "base64",
@@ -68,6 +70,11 @@ def start(cfg: worker.WorkerConfig) -> tuple[int, socket.socket]:
             gc.freeze()  # objects of the service are never collected (and closed) here
             ours.detach()
             _main(theirs.detach(), cfg, service_pid)
+        except BaseException:
+            # stderr is still the service's: say why before the pool reports
+            # that the fork server is gone.
+            # fd 2 directly: sys.stderr may wrap a descriptor closed above.
+            os.write(2, ("sandbox fork server failed:\n" + traceback.format_exc()).encode())
         finally:
             os._exit(1)
     theirs.close()
@@ -107,14 +114,14 @@ class _Zygote:
         try:
             parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         except OSError as exc:
-            self.send({"t": "spawn_failed", "slot": slot, "error": str(exc)})
+            self.send({"t": "spawn_failed", "slot": slot, "error": SpawnError(str(exc)).to_dict()})
             return
         try:
             pid = os.fork()
         except OSError as exc:
             parent_end.close()
             child_end.close()
-            self.send({"t": "spawn_failed", "slot": slot, "error": str(exc)})
+            self.send({"t": "spawn_failed", "slot": slot, "error": SpawnError(str(exc)).to_dict()})
             return
         if pid == 0:  # pragma: no cover - runs in the worker
             try:

@@ -120,6 +120,15 @@ def test_line_numbers_in_tracebacks_are_the_authors() -> None:
         "ZeroDivisionError: division by zero")
 
 
+@pytest.mark.parametrize("params", ["event", "event, extra=1", "*args", "e, /", "e, *, k=2"])
+def test_endpoint_parameter_shapes_that_work(params: str) -> None:
+    assert run(f"on endpoint({params}):\n    event = 1\n")["error"] is None
+
+
+def test_other_blocks_may_take_any_parameters() -> None:
+    assert compile_script("on tick():\n    pass\non message(a, b, c):\n    pass\n").ok
+
+
 def test_one_line_block() -> None:
     assert run("on endpoint(event): event.reply(1)\n")["body"] == b"1"
 
@@ -149,6 +158,12 @@ def test_utf8_cookie_is_accepted() -> None:
     ("on _hidden(event):\n    pass\n",
      [(1, 1, '"_hidden" is an invalid variable name because it starts with "_"')]),
     ("on endpoint(event)\n    pass\n", [(1, 19, "SyntaxError: expected ':'")]),
+    ("on endpoint():\n    pass\n",
+     [(1, 1, 'the "on endpoint" block takes one parameter, the event')]),
+    ("on endpoint(a, b):\n    pass\n",
+     [(1, 1, 'the "on endpoint" block takes one parameter, the event')]),
+    ("on endpoint(e, *, k):\n    pass\n",
+     [(1, 1, 'the "on endpoint" block takes one parameter, the event')]),
     ("on endpoint(event):\n    x = (\n", [(2, 9, "SyntaxError: '(' was never closed")]),
     ("x = 1 +\n", [(1, 8, "SyntaxError: invalid syntax")]),
     ("on endpoint(event):\nreturn 1\n",
@@ -194,7 +209,7 @@ def test_several_errors_are_reported_in_source_order() -> None:
 
 def test_error_column_on_a_header_line_is_the_authors() -> None:
     # "def" is one character longer than "on"; columns after it are shifted back.
-    assert errors("on endpoint(event, _x):\n    pass\n") == [
+    assert errors("on endpoint(event, _x=1):\n    pass\n") == [
         (1, 1, '"_x" is an invalid variable name because it starts with "_"')]
     assert errors("on endpoint(event):  x = (\n") == [
         (1, 26, "SyntaxError: '(' was never closed")]
@@ -272,3 +287,46 @@ def test_long_operator_chains_compile() -> None:
 ])
 def test_generator_detection(source: str, expected: bool) -> None:
     assert compiled(source).has_generators is expected
+
+
+def test_fullwidth_event_name_is_normalised_like_python_identifiers() -> None:
+    script = compiled("on ｅｎｄｐｏｉｎｔ(event):\n    event.reply(1)\n")
+    assert script.events == ("endpoint",)
+    assert run_endpoint(script, make_event())["body"] == b"1"
+
+
+HEADER_CASES = [
+    ('x = """\non fake(e):\n"""\n# on other(e):\non endpoint(event):\n    pass\n', ("endpoint",)),
+    ("on = 1\non tick(e):\n    pass\n", ("tick",)),
+    ("x = 1\n", ()),
+]
+
+
+@pytest.mark.parametrize(("source", "events"), HEADER_CASES)
+@pytest.mark.parametrize("c_tokenizer", [True, False])
+def test_header_detection_with_either_tokenizer(source: str, events: tuple[str, ...],
+                                                c_tokenizer: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import sandbox.compiler as compiler
+    if not c_tokenizer:
+        monkeypatch.setattr(compiler, "_CTokenizerIter", None)
+    assert compiled(source).events == events
+    assert errors("if 1:\n    on endpoint(e):\n        pass\n") == [
+        (2, 5, '"on endpoint" block must start at column 0')]
+    assert errors("on endpoint:\n    pass\n") == [
+        (1, 1, 'an "on" block header must look like "on NAME(PARAMS):"')]
+
+
+def test_huge_int_literal_is_a_syntax_error() -> None:
+    assert errors("x = " + "1" * 5000 + "\n")[0][2].startswith(
+        "SyntaxError: Exceeds the limit (4300 digits) for integer string conversion")
+
+
+def test_unexpected_internal_failures_become_compile_errors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sandbox.compiler as compiler
+
+    def broken(text: str) -> object:
+        raise ValueError("boom")
+    monkeypatch.setattr(compiler, "_find_headers", broken)
+    assert errors("x = 1\n") == [(1, 1, "the script could not be compiled (ValueError)")]

@@ -61,6 +61,25 @@ CASES: list[tuple[str, str, str, str]] = [
     ("cve-2026-76825-formatter-import", block(
         'from string import Formatter\nevent.reply(Formatter().vformat("{0.__class__}", [1], {}))'),
      "script_error", "ImportError: cannot import name 'Formatter' from 'string'"),
+    ("format-via-super", block("""\
+        class S(str):
+            pass
+        s = S("{0.__globals__[sys].modules[os].environ}")
+        event.reply(super(S, s).format(json.dumps))""", "import json\n"), "script_error",
+     "NotImplementedError: str.format() is not allowed"),
+    ("format_map-via-super", block("""\
+        class S(str):
+            pass
+        event.reply(super(S, S("{x}")).format_map({"x": 1}))"""), "script_error",
+     "NotImplementedError: str.format_map() is not allowed"),
+    ("format-unbound-via-type", block('event.reply(type("").format("{0}", 1))'), "script_error",
+     "NotImplementedError: str.format() is not allowed"),
+    ("obj-via-super", block("""\
+        try:
+            json.nothing
+        except AttributeError as exc:
+            event.reply(super(AttributeError, exc).obj)""", "import json\n"), "script_error",
+     'AttributeError: "obj" is a forbidden attribute of exceptions'),
     ("format-builtin-spec", block('event.reply(format("x", "{0.__class__}"))'),
      "script_error", "ValueError: Invalid format specifier"),
     # --- CVE-2024-47532: AttributeError.obj / NameError.obj
@@ -106,6 +125,12 @@ CASES: list[tuple[str, str, str, str]] = [
      '"_getiter_" is an invalid variable name'),
     ("shadow-guard-except-as", block("try:\n    pass\nexcept Exception as _write_:\n    pass"),
      "compile", '"_write_" is an invalid variable name'),
+    ("shadow-guard-global", block("global _getattr_\n_getattr_ = None"), "compile",
+     '"_getattr_" is an invalid variable name'),
+    ("shadow-guard-class-name", block("class _write_:\n    pass"), "compile",
+     '"_write_" is an invalid variable name'),
+    ("shadow-guard-starred", block("*_getiter_, = [1]"), "compile",
+     '"_getiter_" is an invalid variable name'),
     ("shadow-guard-import-as", block("import json as _getattr_"), "compile",
      '"_getattr_" is an invalid variable name'),
     # --- classic: the __subclasses__ walk, globals, code, builtins
@@ -114,6 +139,10 @@ CASES: list[tuple[str, str, str, str]] = [
             if c.__name__ == "_wrap_close":
                 event.reply(c.__init__.__globals__["environ"]["%s"])""" % ENV_NAME),
      "compile", '"__class__" is an invalid attribute name'),
+    ("fullwidth-underscores", block("event.reply(event.＿＿class＿＿)"), "compile",
+     "SyntaxError: invalid character '＿' (U+FF3F)"),
+    ("nfkc-normalised-dunder", block("event.reply(event.__ｃｌａｓｓ__)"), "compile",
+     '"__class__" is an invalid attribute name'),
     ("object-subclasses", block("event.reply(object.__subclasses__())"), "compile",
      '"__subclasses__" is an invalid attribute name'),
     ("function-globals", block("def f():\n    pass\nevent.reply(f.__globals__)"), "compile",
@@ -240,6 +269,20 @@ CASES: list[tuple[str, str, str, str]] = [
     # --- shared state and dangerous module members
     ("poison-json-dumps", block("json.dumps = len", "import json\n"), "script_error",
      "TypeError: cannot assign to attributes or items of ModuleNamespace objects"),
+    ("delete-module-member", block("del json.dumps", "import json\n"), "script_error",
+     "TypeError: cannot assign to attributes or items of ModuleNamespace objects"),
+    ("for-target-attribute-write", block("for json.dumps in [len]:\n    pass", "import json\n"),
+     "script_error",
+     "TypeError: cannot assign to attributes or items of ModuleNamespace objects"),
+    ("unpack-target-attribute-write", block("json.loads, x = len, 1", "import json\n"),
+     "script_error",
+     "TypeError: cannot assign to attributes or items of ModuleNamespace objects"),
+    ("super-write", block("class S(str):\n    pass\nsuper(S, S('x')).upper = len"),
+     "script_error", "TypeError: cannot assign to attributes or items of super objects"),
+    ("type-decorator-makes-function", block('@type\ndef f():\n    pass\nf(None, {})'),
+     "script_error", "TypeError: function() argument 'code' must be code, not None"),
+    ("future-import", "from __future__ import annotations\n" + block("event.reply(1)"),
+     "script_error", "ImportError: import of '__future__' is not allowed"),
     ("poison-event-class", block("type(event).reply = len"), "script_error",
      "TypeError: cannot assign to attributes or items of type objects"),
     ("functools-update-wrapper", block("functools.update_wrapper(len, len)",
@@ -305,3 +348,11 @@ def test_escape_is_blocked(source: str, outcome: str, message: str,
     traceback = result["error"]["traceback"] or ""
     assert all(line.startswith('  File "<script>"') for line in traceback.splitlines()
                if line.startswith("  File "))
+
+
+def test_the_leak_check_would_see_a_leaked_secret() -> None:
+    # positive control: if a script did obtain the secret, repr(result) shows it
+    compiled = compile_script(block("event.reply({'leak': event.body['s']})"))
+    assert compiled.script is not None
+    result = run_endpoint(compiled.script, make_event(body={"s": SECRET}))
+    assert SECRET in repr(result)

@@ -163,3 +163,32 @@ except OSError as exc:
     finally:
         listener.close()
     assert ok and value in (errno.ENETUNREACH, errno.ECONNREFUSED, errno.EADDRNOTAVAIL), value
+
+
+def test_a_worker_cannot_signal_its_siblings() -> None:
+    async def scenario(pool: Pool) -> None:
+        pids = pool.worker_pids
+        code = f'''
+import errno, os, signal
+res = {{}}
+for name, fn in (("kill", lambda: os.kill({pids[1]}, signal.SIGKILL)),
+                 ("kill_group", lambda: os.kill(0, signal.SIGKILL)),
+                 ("kill_all", lambda: os.kill(-1, signal.SIGKILL)),
+                 ("self", lambda: os.kill(os.getpid(), 0))):
+    try:
+        fn()
+        res[name] = "allowed"
+    except OSError as exc:
+        res[name] = exc.errno
+result = res
+'''
+        worker = next(w for w in pool._workers.values() if w is not None and w.pid == pids[0])
+        pool._idle.remove(worker)
+        pool._idle.append(worker)  # the hook takes the most recently idle worker
+        ok, res = await pool._test_exec(code)
+        assert ok, res
+        assert res == {"kill": errno.EPERM, "kill_group": errno.EPERM, "kill_all": errno.EPERM,
+                       "self": "allowed"}
+        assert pids[1] in pool.worker_pids
+
+    run_with_pool(scenario, size=2, _unsafe_test_hooks=True)

@@ -40,6 +40,7 @@ ALLOC = '''on endpoint(event):
     event.reply({"chunks": len(kept)})
 '''
 CATCH_MEMORY = '''on endpoint(event):
+    print("starting")
     kept = []
     size = event.body["size"]
     for i in range(100000):
@@ -102,7 +103,7 @@ def test_caught_memory_error_is_still_reported() -> None:
     async def scenario(pool: Pool) -> None:
         out = await pool.run(ref(CATCH_MEMORY), event({"size": 1000}), Limits(time_ms=3000, memory_kb=512))
         assert out.error_kind == "script_memory_exceeded"
-        assert out.body == b""
+        assert out.body == b"" and out.output == "starting\n"
 
     run_with_pool(scenario, size=1)
 
@@ -170,3 +171,22 @@ def test_tracemalloc_fallback_pool_reports_and_still_judges_memory(
 
     run_with_pool(scenario, size=1, prefer_memguard=False)
     assert any("memguard is NOT active" in r.getMessage() for r in caplog.records)
+
+
+def test_cpu_backstop_ends_a_spinning_process_without_a_supervisor() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "from sandbox.limits import CpuBackstop, apply_rlimits, current_address_space\n"
+        "apply_rlimits(address_space=current_address_space() + (256 << 20),\n"
+        "              cpu_lifetime_s=30, nofile=64)\n"
+        "assert CpuBackstop(30).before_job(100)\n"
+        "while True:\n"
+        "    pass\n"
+    )
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], timeout=30, capture_output=True)
+    assert proc.returncode == -signal.SIGXCPU, proc.stderr
+    assert time.monotonic() - t0 < 10

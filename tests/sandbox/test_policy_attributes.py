@@ -39,6 +39,19 @@ def test_format_denied_on_str_subclass_instances() -> None:
     assert error_message(out).startswith("NotImplementedError: str.format()")
 
 
+def test_script_defined_format_methods_work() -> None:
+    assert reply_of("""\
+        class Money:
+            def __init__(self, cents):
+                self.cents = cents
+            def format(self):
+                return "%d.%02d" % (self.cents // 100, self.cents % 100)
+        def format_map(m):
+            return len(m)
+        event.reply([Money(1234).format(), format_map({})])
+        """) == b'["12.34",0]'
+
+
 def test_percent_formatting_and_fstrings_work() -> None:
     assert reply_of('event.reply("%s-%d|%(x)s" % ("a", 2, ) if False else "%s-%d" % ("a", 2))') \
         == b'"a-2"'

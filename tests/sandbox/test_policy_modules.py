@@ -251,3 +251,64 @@ def test_c_level_import_path_serves_nothing_to_scripts() -> None:
     with pytest.raises(ImportError, match="import of 'os' is not allowed"):
         importer("os", {}, {}, [], 0)
     assert isinstance(importer("time", {}, {}, None, 0), ModuleNamespace)
+
+
+def _sample_instances() -> dict[str, Any]:
+    """Objects scripts typically make from the exposed modules."""
+    import datetime
+    import decimal
+    import functools
+    import hashlib
+    import hmac
+    import itertools
+    import re
+    import statistics
+    import string
+    import time
+    import uuid
+
+    def script_like(x: int) -> int:
+        return x
+
+    pattern = re.compile("(?P<a>x)")
+    return {
+        "pattern": pattern, "match": pattern.match("x"), "scanner": getattr(pattern, "scanner")("x"),
+        "datetime": datetime.datetime.now(datetime.timezone.utc),
+        "timedelta": datetime.timedelta(1), "sha256": hashlib.sha256(),
+        "hmac": hmac.new(b"k", b"m", "sha256"), "counter": collections.Counter("ab"),
+        "context": decimal.Context(), "decimal": decimal.Decimal(1),
+        "normaldist": statistics.NormalDist(), "uuid": uuid.uuid4(),
+        "template": string.Template("$a"), "partial": functools.partial(len),
+        "lru": functools.lru_cache(script_like), "count": itertools.count(),
+        "struct_time": time.gmtime(0), "namedtuple": collections.namedtuple("P", "x")("v"),
+        "random": make_random_namespace(), "deque": collections.deque([1]),
+        "json_error": _json_error(),
+    }
+
+
+def _json_error() -> Exception:
+    import json
+    try:
+        json.loads("{")
+    except json.JSONDecodeError as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+def test_no_attribute_path_from_typical_instances_leads_anywhere_dangerous() -> None:
+    found: list[str] = []
+    seen: set[int] = set()
+    for label, value in _sample_instances().items():
+        # the instances themselves are the script's own (fresh) objects
+        for name in dir(value):
+            if name.startswith("_") or name in DENIED_ATTRIBUTES or name in ("format",
+                                                                             "format_map"):
+                continue
+            try:
+                attr = getattr(value, name)
+            except Exception:  # noqa: BLE001
+                continue
+            if isinstance(attr, MUTABLE):
+                continue  # the instance's own container (partial.keywords), not shared
+            _walk(attr, 3, seen, found, f"{label}.{name}")
+    assert found == []

@@ -229,3 +229,42 @@ def test_service_signal_handlers_do_not_reach_the_zygote() -> None:
         assert hits == []
     finally:
         sig.signal(sig.SIGUSR1, old)
+
+
+def test_pool_rebinds_when_its_loop_was_closed() -> None:
+    pool = Pool(size=1)
+    pool.start()
+    try:
+        async def first() -> None:
+            assert (await pool.run(ref(ECHO), event({"n": 1}), LIMITS)).error_kind is None
+            # left running on purpose: its loop closes under it
+            asyncio.ensure_future(pool.run(ref(SPIN), event({"s": 0.3}), LIMITS))
+            await asyncio.sleep(0.05)
+
+        asyncio.run(first())
+
+        async def second() -> None:
+            out = await pool.run(ref(ECHO), event({"n": 2}), LIMITS)
+            assert out.body == b'{"ok":true,"double":4}'
+            await pool.stop()
+
+        asyncio.run(second())
+    finally:
+        if pool._state != "stopped":
+            asyncio.run(pool.stop())
+
+
+def test_arguments_are_checked_in_the_service() -> None:
+    from dataclasses import FrozenInstanceError
+
+    from sandbox.outcome import failure
+    from sandbox.pool import ScriptRef
+
+    with pytest.raises(TypeError):
+        ScriptRef("logic_x", "1", "src")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Pool(size=0)
+    out = failure("script_timeout", "slow", 1.0)
+    assert out.status == 504 and not out.ok
+    with pytest.raises(FrozenInstanceError):
+        out.status = 200  # type: ignore[misc]

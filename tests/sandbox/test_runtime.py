@@ -67,6 +67,18 @@ def test_event_fields_are_fresh_copies() -> None:
     assert event == original
 
 
+def test_nested_request_data_is_copied_at_every_level() -> None:
+    event = make_event(body={"a": [{"b": [1]}], "t": (1, [2])})
+    script = compiled("""\
+        on endpoint(event):
+            event.body["a"][0]["b"].append(2)
+            event.body["t"][1].append(3)
+            event.reply(event.body)
+        """)
+    assert run_endpoint(script, event)["body"] == b'{"a":[{"b":[1,2]}],"t":[1,[2,3]]}'
+    assert event["body"] == {"a": [{"b": [1]}], "t": (1, [2])}
+
+
 def test_script_error_outcome() -> None:
     out = run_block("x = {}\nx['missing']")
     assert out["replied"] is False and out["status"] == 500 and out["body"] == b""
@@ -154,10 +166,12 @@ def test_sealed_event_refuses_calls_after_return() -> None:
     event = new_event(make_event(), state)
     event.reply("before")
     state.sealed = True
-    for call in (lambda: event.reply("late"), lambda: event.status(500),
-                 lambda: event.header("X-A", "b")):
-        with pytest.raises(RuntimeError, match="the event is sealed"):
-            call()
+    with pytest.raises(RuntimeError, match="the event is sealed"):
+        event.reply("late")
+    with pytest.raises(RuntimeError, match="the event is sealed"):
+        event.status(500)
+    with pytest.raises(RuntimeError, match="the event is sealed"):
+        event.header("X-A", "b")
     assert state.payload == "before" and state.status == 200 and state.headers == []
 
 
@@ -325,3 +339,30 @@ def test_prepare_worker_process_silences_script_warnings() -> None:
         prepare_worker_process()
         out = run_block("event.reply(bool(NotImplemented))")
     assert out["error"] is None and out["body"] == b"true"
+
+
+def test_os_error_with_an_object_filename_is_rendered_without_calling_it() -> None:
+    out = run_block("""\
+        class Loud(dict):
+            pass
+        try:
+            random.SystemRandom().choice([])
+        except IndexError as exc:
+            pass
+        raise KeyError(Loud(a=1))
+        """, "import random\n")
+    assert out["error"]["message"] == "KeyError: <Loud object>"
+
+
+@pytest.mark.parametrize("body", [
+    'event.reply({"a": "é\\u2028"})',
+    'print("\\ud800 lone")\nevent.reply(b"\\xff")',
+    'raise ValueError("bad \\udcff bytes")',
+    'event.status(True)',
+    'event.header("Content-Type", "text/plain")\nevent.reply("x")',
+])
+def test_results_survive_msgpack(body: str) -> None:
+    import msgpack  # type: ignore[import-untyped]
+    out = run_block(body)
+    packed = msgpack.packb(out, use_bin_type=True)
+    assert msgpack.unpackb(packed, raw=False) == out

@@ -97,3 +97,54 @@ def test_worker_dying_young_counts_towards_the_crash_loop() -> None:
         assert ok.error_kind is None
 
     run_with_pool(scenario, size=1)
+
+
+def test_start_fails_fast_when_the_fork_server_cannot_start(
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from sandbox import zygote
+    from sandbox.errors import SpawnError
+
+    def broken() -> None:
+        raise ImportError("no language runtime")
+
+    monkeypatch.setattr(zygote, "_warm", broken)  # inherited by the forked zygote
+    pool = Pool(size=1)
+    t0 = time.monotonic()
+    with pytest.raises(SpawnError):
+        pool.start()
+    assert time.monotonic() - t0 < 3
+    assert "no language runtime" in capfd.readouterr().err
+
+
+def test_quiet_worker_at_start_is_killed_and_start_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from sandbox import hardening
+    from sandbox.errors import SpawnError
+
+    def hang(*args: object, **kwargs: object) -> None:
+        time.sleep(60)
+
+    monkeypatch.setattr(hardening, "harden", hang)  # inherited by zygote and workers
+    pool = Pool(size=1, spawn_timeout_s=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(SpawnError):
+        pool.start()
+    assert time.monotonic() - t0 < 2.5
+    zygote = pool._zygote_pid
+    assert not alive(zygote)
+
+
+def test_idle_worker_past_the_rss_bound_is_recycled() -> None:
+    async def scenario(pool: Pool) -> None:
+        first = pool.worker_pids[0]
+        pool.attach()
+        await wait_for(lambda: pool.worker_pids and pool.worker_pids[0] != first, timeout=4)
+        await wait_for(lambda: pool.live_workers == 1)
+        assert pool.counters["restarts"] >= 1
+        ok = await pool.run(ref(ECHO), event(), Limits(1000, 512))
+        assert ok.error_kind is None
+
+    run_with_pool(scenario, size=1, max_rss_mb=1)
