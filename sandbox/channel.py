@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 class RequestState:
     """One ``pool.run`` call: its future, what to run and its deadline."""
 
-    __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker")
+    __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker",
+                 "ships_source")
 
     def __init__(self, future: "asyncio.Future[Any]", kind: str, ref: Any,
                  event: dict[str, Any], limits: "Limits") -> None:
@@ -39,6 +40,7 @@ class RequestState:
         self.t0 = 0.0
         self.deadline = 0.0
         self.worker: WorkerHandle | None = None
+        self.ships_source = False  # the worker compiles first: see limits.COMPILE_BUDGET_MS
 
     def resolve(self, value: Any) -> None:
         """Set the result unless the caller already went away (cancelled)."""
@@ -84,6 +86,7 @@ class WorkerHandle:
         key = (ref.key, ref.version)
         known = self.known
         have = key in known
+        req.ships_source = not have
         frame = protocol.encode(
             {"t": "job", "id": req.id, "key": ref.key, "ver": ref.version,
              "src": None if have else ref.source, "event": req.event,

@@ -217,6 +217,9 @@ def harden(channel_fd: int, cfg: HardeningConfig,
     report = HardeningReport()
     fd = close_inherited_fds(channel_fd)
     report.set("close_fds", True)
+    # The service's environment may hold a database URL with a password or
+    # other operator secrets; a worker needs none of it.
+    os.environ.clear()
 
     failed = limits.apply_rlimits(address_space=cfg.address_space,
                                   cpu_lifetime_s=cfg.cpu_lifetime_s, nofile=cfg.nofile)

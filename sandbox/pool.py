@@ -37,7 +37,7 @@ from sandbox import protocol, zygote
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import PoolBusyError, PoolClosedError, ProtocolError, SpawnError
 from sandbox.hardening import HardeningConfig
-from sandbox.limits import Limits, current_address_space
+from sandbox.limits import COMPILE_BUDGET_MS, Limits, current_address_space
 from sandbox.outcome import Outcome, failure, from_result
 from sandbox.supervisor import HOUSEKEEPING_S, TICK_S, Supervisor
 from sandbox.worker import WorkerConfig
@@ -256,7 +256,11 @@ class Pool(Supervisor):
             return
         now = self._loop.time()
         req.t0 = now
-        req.deadline = now + req.limits.time_ms / 1000.0 + self.kill_grace
+        # Compiling a large script can take longer than the script may run; it
+        # happens once per version and worker, under its own budget, and the
+        # script's clock starts when the worker says "compiled".
+        budget_ms = COMPILE_BUDGET_MS if req.ships_source else req.limits.time_ms
+        req.deadline = now + budget_ms / 1000.0 + self.kill_grace
         req.worker = w
         w.req = req
         self._busy += 1
@@ -325,10 +329,17 @@ class Pool(Supervisor):
             return
         if req is None or msg["id"] != req.id:
             raise ProtocolError(f"unexpected {t!r} message")
+        if t == "compiled":
+            if req.kind != "job" or not req.ships_source:
+                raise ProtocolError("worker compiled a source it was not sent")
+            req.ships_source = False
+            req.deadline = self._loop.time() + req.limits.time_ms / 1000.0 + self.kill_grace
+            return
         if t == "need":
             w.known.pop((req.ref.key, req.ref.version), None)
             if req.kind != "job" or not w.send(w.job_frame(req), self._loop, self._on_writable):
                 raise ProtocolError("worker asked for a source it cannot have")
+            req.deadline = self._loop.time() + COMPILE_BUDGET_MS / 1000.0 + self.kill_grace
             return
         if (t == "res") != (req.kind == "job"):
             raise ProtocolError(f"{t!r} answers a {req.kind!r} request")

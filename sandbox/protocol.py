@@ -15,6 +15,7 @@ parent -> worker
 worker -> parent
     ``{"t": "ready", "pid", "hard": {layer: bool}, "notes": [str]}``
     ``{"t": "need", "id"}``  (worker lacks the source for that script version)
+    ``{"t": "compiled", "id"}``  (worker compiled the source it was sent; the run starts)
     ``{"t": "res", "id", "r": run_endpoint result, "peak", "over", "dur", "exit"}``
     ``{"t": "xres", "id", "ok", "value"}``
 """
@@ -183,7 +184,7 @@ def check_reply(msg: Any) -> dict[str, Any]:
         ok = (_is_int(msg.get("id")) and check_result(msg.get("r")) and _is_int(msg.get("peak"))
               and type(msg.get("over")) is bool and type(msg.get("dur")) is float
               and type(msg.get("exit")) is bool)
-    elif t == "need":
+    elif t in ("need", "compiled"):
         ok = _is_int(msg.get("id"))
     elif t == "ready":
         hard = msg.get("hard")

@@ -17,6 +17,7 @@ import socket
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from sandbox import hardening, limits, protocol
@@ -49,6 +50,9 @@ def _error_result(kind: str, message: str, line: int | None = None,
 class _Runner:
     """Compile cache plus one job; kept apart from the loop so tests can drive it."""
 
+    #: Tells the supervisor a compile finished, so the script's clock starts now.
+    on_compiled: Callable[[int], object] | None = None
+
     def __init__(self, cfg: WorkerConfig, accountant: limits.MemoryAccountant) -> None:
         from sandbox.compiler import compile_script
         from sandbox.runtime import prepare_worker_process, run_endpoint
@@ -70,7 +74,12 @@ class _Runner:
             src = msg["src"]
             if src is None:
                 return {"t": "need", "id": msg["id"]}
+            # The compile has its own budget: the supervisor allows COMPILE_BUDGET_MS
+            # until it hears "compiled", then the script's own time limit.
+            self._cpu.before_job(msg["ms"] + limits.COMPILE_BUDGET_MS)
             compiled = self._compile(src)
+            if self.on_compiled is not None:
+                self.on_compiled(msg["id"])
             self._cache[key] = compiled
             if len(self._cache) > self._cfg.compile_cache:
                 self._cache.popitem(last=False)
@@ -179,6 +188,7 @@ def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
                    "tracemalloc in use (extension not built or disabled): memory is "
                    "judged after the run; RLIMIT_AS alone stops a growing loop")
         runner = _Runner(cfg, accountant)
+        runner.on_compiled = lambda job_id: _send(sock, {"t": "compiled", "id": job_id})
         _send(sock, {"t": "ready", "pid": os.getpid(), "hard": report.layers,
                      "notes": report.notes})
         while True:

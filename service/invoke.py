@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tornado.web import stream_request_body
 
-from sandbox.errors import PoolBusyError
+from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, ScriptRef
 from service.auth import presented_secret
 from service.base import BaseHandler
@@ -148,7 +148,8 @@ class InvokeHandler(BaseHandler):
         ref = ScriptRef(key=target.script_id, version=target.script_version, source=target.source)
         try:
             outcome = await self.context.pool.run(ref, event, limits)
-        except PoolBusyError:
+        except (PoolBusyError, PoolClosedError):
+            # Closed: the service is stopping; either way, another try soon may succeed.
             raise BusyError(headers={"Retry-After": "1"}) from None
         self.outcome = outcome
         if outcome.error_kind:

@@ -104,6 +104,7 @@ async def _run(
     log.info("listening on http://%s:%d (%d sandbox workers)", settings.server.host, port,
              pool.live_workers)
 
+    pool.attach()  # watch the workers from the loop now, not at the first request
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

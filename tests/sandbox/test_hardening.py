@@ -53,6 +53,8 @@ with open("/proc/self/status") as f:
     status = dict(line.rstrip("\\n").split(":\\t", 1) for line in f if ":\\t" in line)
 res["seccomp"] = status.get("Seccomp", "").strip()
 res["nnp"] = status.get("NoNewPrivs", "").strip()
+res["environ"] = dict(os.environ)
+res["getenv"] = os.getenv("LOGIC_DATABASE_URL")
 result = res
 '''
 
@@ -67,7 +69,10 @@ def _probe(listen_fd: int) -> dict[str, Any]:
     return run_with_pool(scenario, size=1, _unsafe_test_hooks=True)  # type: ignore[no-any-return]
 
 
-def test_hardened_worker_blocks_network_files_processes_and_parent_socket() -> None:
+def test_hardened_worker_blocks_network_files_processes_and_parent_socket(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # An operator secret in the service's environment must not reach a worker.
+    monkeypatch.setenv("LOGIC_DATABASE_URL", "postgresql://logic:hunter2@db/logic")
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -75,6 +80,8 @@ def test_hardened_worker_blocks_network_files_processes_and_parent_socket() -> N
         res = _probe(listener.fileno())
     finally:
         listener.close()
+    assert res["environ"] == {}
+    assert res["getenv"] is None
     denied = {errno.EPERM, errno.EACCES}
     for name in ("socket", "unix_socket", "socketpair", "open_write", "open_append",
                  "open_rdwr", "mkdir", "unlink", "fork", "execv"):
