@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
-from tornado.web import Application
+import logging
+
+from tornado.web import Application, RequestHandler
 
 from service import health, invoke
 from service.base import NotFoundHandler
 from service.context import AppContext
+
+
+access_log = logging.getLogger("logic.access")
+
+
+def log_request(handler: RequestHandler) -> None:
+    """One access line per request at DEBUG (WARNING for the service's own failures).
+
+    Client errors and script failures are normal traffic for an invoke service:
+    logging each at WARNING would let a flood of bad requests fill the disk. The
+    line names the request id, never the query string, a header or a body.
+    """
+    status = handler.get_status()
+    internal = status >= 500 and getattr(handler, "error_code", None) in (None, "internal_error")
+    level = logging.WARNING if internal else logging.DEBUG
+    if access_log.isEnabledFor(level):
+        request = handler.request
+        access_log.log(level, "%s %s %s %d %.1fms", getattr(handler, "request_id", "-"),
+                       request.method, request.path, status, 1000.0 * request.request_time())
 
 
 def make_app(context: AppContext) -> Application:
@@ -22,4 +43,5 @@ def make_app(context: AppContext) -> Application:
         default_handler_args={"context": context},
         xheaders=False,  # client IPs come from service.event.client_ip, never blindly
         compress_response=False,
+        log_function=log_request,
     )

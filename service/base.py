@@ -32,6 +32,7 @@ class BaseHandler(RequestHandler):
     """Common behaviour of every handler of the service."""
 
     request_id: str
+    error_code: str | None = None
     #: Headers that survive `send_error`'s reset (e.g. RateLimit-* once authenticated).
     sticky_headers: dict[str, str] = {}
 
@@ -64,6 +65,7 @@ class BaseHandler(RequestHandler):
             self.set_header(name, value)
         if isinstance(exc, ServiceError):
             code, message = exc.code, exc.message
+            self.error_code = code
             for name, value in exc.headers.items():
                 self.set_header(name, value)
         else:

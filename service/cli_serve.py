@@ -14,8 +14,8 @@ def _configure_logging() -> None:
     root.setLevel(logging.INFO)
     for handler in root.handlers:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    # Tornado's access log names every request; keep it at WARNING (errors only) by default.
-    logging.getLogger("tornado.access").setLevel(logging.WARNING)
+    # Per-request lines go to "logic.access" at DEBUG (see service.app.log_request):
+    # not shown at INFO, so a flood of bad requests cannot fill the disk.
 
 
 def _serve_options(func):  # type: ignore[no-untyped-def]

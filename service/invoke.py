@@ -29,7 +29,6 @@ from service.errors import (
     MethodNotAllowedError,
     PayloadTooLargeError,
     RateLimitedError,
-    ServiceError,
     UnauthorizedError,
 )
 from service.event import build_event, client_ip, ip_allowed, parse_query, visible_headers
@@ -52,7 +51,6 @@ class InvokeHandler(BaseHandler):
     target: InvokeTarget | None = None
     accepted = False  # authenticated and counted against the quota: goes to history
     outcome: Outcome | None = None
-    error_code: str | None = None
     response_body = b""
 
     async def prepare(self) -> None:
@@ -167,12 +165,6 @@ class InvokeHandler(BaseHandler):
         self.set_status(outcome.status)
         self.response_body = outcome.body
         self.finish(outcome.body)
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, ServiceError):
-            self.error_code = exc.code
-        super().write_error(status_code, **kwargs)
 
     def finish(self, chunk: Any = None) -> Any:
         if chunk is not None and not self.response_body:
