@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.dbsupport import PgSchema, pg_unreachable_reason
 from tests.service.http.harness import LOGIC, Server
 
 CONFIG = """
@@ -52,19 +53,33 @@ class Ep:
         return f"/endpoints/{self.guild_id}/{self.script_id}"
 
 
-@pytest.fixture(scope="session")
-def http_env(tmp_path_factory: pytest.TempPathFactory) -> Env:
+@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def http_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[Env]:
+    """The database every end-to-end test of one backend shares, migrated by `logic db upgrade`."""
     from models.db import open_database
     from service.settings import load_settings
 
     root = tmp_path_factory.mktemp("http")
-    url = f"sqlite:///{root / 'logic.db'}"
+    schema = None
+    if request.param == "sqlite":
+        url = f"sqlite:///{root / 'logic.db'}"
+    else:
+        reason = pg_unreachable_reason()
+        if reason:
+            pytest.skip(reason)
+        schema = PgSchema()
+        url = schema.url
     config = root / "logic.toml"
     config.write_text(CONFIG)
     subprocess.run([LOGIC, "--database-url", url, "db", "upgrade"], check=True,
                    capture_output=True)
     settings = load_settings(str(config), env={})
-    return Env(url, config, open_database(url), settings.plans)
+    env = Env(url, config, open_database(url), settings.plans)
+    yield env
+    env.db.close()
+    if schema is not None:
+        schema.drop()
 
 
 @pytest.fixture()
