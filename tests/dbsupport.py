@@ -117,6 +117,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: "os.PathLike[str]") -> str:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db(request: pytest.FixtureRequest, tmp_path: "os.PathLike[str]") -> Iterator[Database]:
     """A migrated, empty database bound to the model proxy."""
+    from service.core.records import reset_sweeps
+    reset_sweeps()          # endpoint ids restart in every fresh database
     if request.param == "sqlite":
         handle = connect(f"sqlite:///{tmp_path}/test.db")
         Runner(handle).upgrade()
