@@ -99,11 +99,26 @@ Item = Union[RequestRecordIn, ErrorRecordIn, StatHit]
 def redact_headers(headers: dict[str, Any] | Iterable[tuple[str, Any]]) -> dict[str, str]:
     """Lower-cased headers without the secret ones."""
     pairs = headers.items() if isinstance(headers, dict) else headers
-    return {str(k).lower(): str(v) for k, v in pairs if str(k).lower() not in SECRET_HEADERS}
+    return {clean_text(str(k).lower()): clean_text(str(v))
+            for k, v in pairs if str(k).lower() not in SECRET_HEADERS}
+
+
+def clean_text(text: str) -> str:
+    """Text both databases accept: PostgreSQL refuses NUL in text columns and
+    neither driver can encode lone surrogates; one bad row would otherwise
+    fail the whole batch."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def cap_body(body: bytes | str | None, cap: int = BODY_CAP) -> tuple[str, str, bool]:
-    """Return (stored text, encoding "text" | "base64", truncated)."""
+    """Return (stored text, encoding "text" | "base64", truncated).  Binary
+    bodies, and text with NUL characters, are stored as base64."""
     if body is None:
         return "", "text", False
     raw = body.encode("utf-8", "replace") if isinstance(body, str) else bytes(body)
@@ -113,17 +128,35 @@ def cap_body(body: bytes | str | None, cap: int = BODY_CAP) -> tuple[str, str, b
     # deciding that the body is binary.
     for trim in range(0, 4 if truncated else 1):
         try:
-            return raw[: len(raw) - trim].decode("utf-8"), "text", truncated
+            text = raw[: len(raw) - trim].decode("utf-8")
         except UnicodeDecodeError:
             continue
+        if "\x00" not in text:
+            return text, "text", truncated
+        break
     return base64.b64encode(raw).decode("ascii"), "base64", truncated
 
 
 def cap_text(text: str | None, cap: int) -> str | None:
-    """Cap a text field, marking the cut."""
-    if text is None or len(text) <= cap:
-        return text
-    return text[:cap] + _CUT
+    """Cap a text field, marking the cut; cleaned for the database."""
+    if text is None:
+        return None
+    if len(text) > cap:
+        text = text[:cap] + _CUT
+    return clean_text(text)
+
+
+def _short(text: str | None, n: int) -> str:
+    """A short column (IDs, method, IP): cleaned, then cut to fit."""
+    return clean_text(text or "")[:n]
+
+
+def _json(value: Any, cap: int = BODY_CAP) -> str:
+    """JSON that stays valid when it is too big to store (a slice would not)."""
+    text = json.dumps(value, default=str)
+    if len(text) > cap:
+        text = json.dumps({"…": f"not stored: {len(text)} bytes of JSON"})
+    return text
 
 
 def _bucket(time: datetime, granularity: str) -> datetime:
@@ -152,10 +185,11 @@ def _request_row(item: RequestRecordIn) -> tuple[Any, ...]:
     body, body_enc, body_cut = cap_body(item.body)
     rbody, rbody_enc, rbody_cut = cap_body(item.response_body)
     return (
-        item.endpoint_id, item.request_id[:64], to_db(item.time), item.method[:16],
-        json.dumps(item.query)[:BODY_CAP], json.dumps(redact_headers(item.headers)),
-        body, body_enc, body_cut, item.ip[:45], (item.user_agent or "")[:TEXT_CAP], item.status,
-        json.dumps(redact_headers(item.response_headers)), rbody, rbody_enc, rbody_cut,
+        item.endpoint_id, _short(item.request_id, 64), to_db(item.time), _short(item.method, 16),
+        _json(item.query), _json(redact_headers(item.headers)),
+        body, body_enc, body_cut, _short(item.ip, 45), _short(item.user_agent, TEXT_CAP),
+        item.status,
+        _json(redact_headers(item.response_headers)), rbody, rbody_enc, rbody_cut,
         float(item.duration_ms), cap_text(item.output or "", OUTPUT_CAP),
         cap_text(item.error, TEXT_CAP),
     )
@@ -186,7 +220,7 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
             acc[0] += 1
             acc[1] += float(hit.duration_ms)
             acc[2 + latency_bin(hit.duration_ms)] += 1
-        ips[(hit.endpoint_id, _bucket(hit.time, HOUR), hit.ip[:45])] += 1
+        ips[(hit.endpoint_id, _bucket(hit.time, HOUR), _short(hit.ip, 45))] += 1
     rows = [(endpoint_id, gran, start, status, int(acc[0]), acc[1], *(int(n) for n in acc[2:]))
             for (endpoint_id, gran, start, status), acc in sorted(buckets.items())]
     insert_rows(StatBucket, _BUCKET_KEY + _BUCKET_ADD, rows, conflict=_BUCKET_KEY, add=_BUCKET_ADD)
@@ -236,7 +270,7 @@ def write_batch(items: Sequence[Item]) -> None:
                 _prune(RequestRecord, endpoint_id, n)
         if errors:
             insert_rows(ErrorRecord, _ERROR_COLUMNS, [
-                (e.endpoint_id, e.request_id[:64], to_db(e.time), e.kind[:32],
+                (e.endpoint_id, _short(e.request_id, 64), to_db(e.time), _short(e.kind, 32),
                  cap_text(e.message, TEXT_CAP) or "", e.line, cap_text(e.traceback, OUTPUT_CAP))
                 for e in errors])
             for endpoint_id in sorted({e.endpoint_id for e in errors}):

@@ -179,3 +179,25 @@ def test_concurrent_writers_from_a_thread_pool(db):
         list(pool.map(work, range(4)))
     assert len(core.history(OWNER, gid, sid)["records"]) == 20
     assert core.stats(OWNER, gid, sid)["total"] == 200
+
+
+def test_hostile_text_cannot_fail_a_batch(db):
+    """NUL characters (PostgreSQL refuses them in text), lone surrogates and
+    oversized fields are stored safely instead of failing the whole batch."""
+    gid = make_guild("pro")
+    sid = make_script(gid)
+    eid = _endpoint(gid, sid)
+    bad = "a\x00b\ud800c"
+    write_batch([
+        make_request(eid, 1, request_id="r" * 200 + bad, method=bad, ip=bad, user_agent=bad,
+                     body="text\x00with nul", response_body=b"ok\x00", output=bad, error=bad,
+                     query={"q": "x" * 20_000}, headers={"x-h": bad}),
+        ErrorRecordIn(eid, bad, NOW, bad, bad, 3, bad),
+        StatHit(eid, NOW, 200, 1.0, bad),
+    ])
+    [record] = core.history(OWNER, gid, sid)["records"]
+    assert record["bodyEncoding"] == "base64" and record["output"] == "a\ufffdb?c"
+    assert record["responseBodyEncoding"] == "base64" and len(record["requestId"]) == 64
+    assert list(record["query"]) == ["…"] and record["headers"]["x-h"] == "a\ufffdb?c"
+    [error] = core.errors(OWNER, gid, sid)["errors"]
+    assert error["message"] == "a\ufffdb?c"
