@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import bisect
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -159,6 +160,12 @@ def _json(value: Any, cap: int = BODY_CAP) -> str:
     return text
 
 
+def _ms(value: float) -> float:
+    """A duration the databases accept (SQLite stores NaN as NULL)."""
+    value = float(value)
+    return value if math.isfinite(value) and value >= 0 else 0.0
+
+
 def _bucket(time: datetime, granularity: str) -> datetime:
     time = to_db(time)
     if granularity == MINUTE:
@@ -190,7 +197,7 @@ def _request_row(item: RequestRecordIn) -> tuple[Any, ...]:
         body, body_enc, body_cut, _short(item.ip, 45), _short(item.user_agent, TEXT_CAP),
         item.status,
         _json(redact_headers(item.response_headers)), rbody, rbody_enc, rbody_cut,
-        float(item.duration_ms), cap_text(item.output or "", OUTPUT_CAP),
+        _ms(item.duration_ms), cap_text(item.output or "", OUTPUT_CAP),
         cap_text(item.error, TEXT_CAP),
     )
 
@@ -218,8 +225,8 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
             key = (hit.endpoint_id, gran, _bucket(hit.time, gran), int(hit.status))
             acc = buckets.setdefault(key, [0.0] * (2 + bins))
             acc[0] += 1
-            acc[1] += float(hit.duration_ms)
-            acc[2 + latency_bin(hit.duration_ms)] += 1
+            acc[1] += _ms(hit.duration_ms)
+            acc[2 + latency_bin(_ms(hit.duration_ms))] += 1
         ips[(hit.endpoint_id, _bucket(hit.time, HOUR), _short(hit.ip, 45))] += 1
     rows = [(endpoint_id, gran, start, status, int(acc[0]), acc[1], *(int(n) for n in acc[2:]))
             for (endpoint_id, gran, start, status), acc in sorted(buckets.items())]

@@ -194,8 +194,10 @@ def test_hostile_text_cannot_fail_a_batch(db):
                      query={"q": "x" * 20_000}, headers={"x-h": bad}),
         ErrorRecordIn(eid, bad, NOW, bad, bad, 3, bad),
         StatHit(eid, NOW, 200, 1.0, bad),
+        StatHit(eid, NOW, 200, float("nan"), "192.0.2.1"),
+        make_request(eid, 2, duration_ms=float("inf")),
     ])
-    [record] = core.history(OWNER, gid, sid)["records"]
+    record = core.history(OWNER, gid, sid)["records"][1]
     assert record["bodyEncoding"] == "base64" and record["output"] == "a\ufffdb?c"
     assert record["responseBodyEncoding"] == "base64" and len(record["requestId"]) == 64
     assert list(record["query"]) == ["…"] and record["headers"]["x-h"] == "a\ufffdb?c"
