@@ -17,12 +17,18 @@ transaction (see `ReconnectingPostgresqlDatabase`).
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlparse
 
 from peewee import (Database, DatabaseProxy, InterfaceError, Model, OperationalError,
                     PostgresqlDatabase, SqliteDatabase)
 from playhouse.shortcuts import ReconnectMixin  # type: ignore[import-untyped]
+
+# peewee logs every query WITH its parameters at DEBUG: script source, request
+# bodies and hashes would reach the logs of an operator who turns on DEBUG.
+# Never log user source or secrets, so its query log stays off.
+logging.getLogger("peewee").setLevel(logging.INFO)
 
 #: The proxy every model binds to; `connect()` points it at a real database.
 database = DatabaseProxy()

@@ -5,7 +5,16 @@ Output: human-readable lines, or with `--json` exactly one JSON object on
 stdout.  Errors: one line on stderr, exit 2 (usage, bad input, not found),
 3 (permission refused), 4 (quota or plan refused), 1 (anything else, e.g. a
 database that is behind).  Add a command with `@cli.command()` or to a group
-(`guild`, `script`, ...); `serve` and `demo` plug in the same way.
+(`guild`, `script`, ...); `serve` and `demo` plug in the same way:
+
+    @cli.command()
+    @click.option("--port", type=int, default=None)
+    @pass_state
+    def serve(state: State, port: int | None) -> None:
+        state.overrides["server.port"] = port      # before the first state.settings
+        settings = state.settings                   # file < env < flags, validated
+        state.open_database()                       # refuses a database that is behind
+        ...
 """
 from __future__ import annotations
 

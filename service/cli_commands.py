@@ -5,6 +5,7 @@ function, print the result.  Imported by `service.cli` to register them.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from service.cli import CommandError, EXIT_USAGE, State, actor_of, as_option, cl
 
 
 def _read_source(path: str) -> bytes:
+    if path == "-":                       # --file - : read the script from stdin
+        return sys.stdin.buffer.read()
     try:
         return Path(path).read_bytes()
     except OSError as err:
@@ -156,7 +159,7 @@ def script() -> None:
 @script.command("create")
 @click.argument("guild_id")
 @click.option("--name", required=True)
-@click.option("--file", "path", required=True, metavar="PATH")
+@click.option("--file", "path", required=True, metavar="PATH", help="Script file, or - for stdin.")
 @as_option
 @json_option
 @pass_state

@@ -240,6 +240,8 @@ def load_settings(config_file: str | None = None, env: Mapping[str, str] | None 
     # Environment: only LOGIC_<SECTION>_* names are ours, so a typo inside a
     # known section is an error while unrelated LOGIC_* variables pass.
     for name, raw in env.items():
+        if name.startswith("LOGIC_PLANS_"):
+            raise SettingsError(f"env: plans are set in the configuration file only ({name})")
         for section, keys in _SCHEMA.items():
             prefix = f"LOGIC_{section.upper()}_"
             if not name.startswith(prefix):

@@ -13,6 +13,9 @@ from service.core.errors import (ConflictError, CoreError, NotFoundError,
                                  PermissionDeniedError, QuotaError, ValidationError)
 from service.core.guilds import (add_manager, create_guild, list_guilds, remove_manager, set_plan,
                                  show_guild)
+# Note: after this line `service.core.errors` is the error-log *read* (DESIGN's
+# `errors` call); import the error classes from `service.core.errors` by module
+# path (`from service.core.errors import NotFoundError`) or from here.
 from service.core.reads import errors, history, stats
 from service.core.scripts import (create_script, delete_script, list_scripts, show_script,
                                   update_script)

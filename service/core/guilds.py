@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping
 
+from peewee import IntegrityError
+
 from models import Endpoint, Guild, GuildManager, Script, database
 from models.clock import iso, utcnow
 from service.core import audit
@@ -45,11 +47,14 @@ def create_guild(actor: Actor, guild_id: str, owner_id: str, plan: str | None = 
     validate_user_id(owner_id)
     plan_name = plan or DEFAULT_PLAN_NAME
     _check_plan(plans, plan_name)
-    with database.atomic():
-        if Guild.select().where(Guild.id == guild_id).exists():
-            raise ConflictError(f"guild {guild_id} already exists", code="guild_exists")
-        guild = Guild.create(id=guild_id, owner_id=owner_id, plan=plan_name, created_at=utcnow())
-        audit.record(actor, "guild.created", guild_id=guild_id, owner=owner_id, plan=plan_name)
+    try:
+        with database.atomic():
+            guild = Guild.create(id=guild_id, owner_id=owner_id, plan=plan_name,
+                                 created_at=utcnow())
+            audit.record(actor, "guild.created", guild_id=guild_id, owner=owner_id,
+                         plan=plan_name)
+    except IntegrityError:      # the primary key decides, even between racing creates
+        raise ConflictError(f"guild {guild_id} already exists", code="guild_exists") from None
     log.info("guild %s created by %s", guild_id, actor.label)
     return guild_view(guild, plans)
 
@@ -117,11 +122,12 @@ def add_manager(actor: Actor, guild_id: str, user_id: str, *,
         require_role(actor, guild, (Role.OWNER, Role.OPERATOR), "add managers")
         if user_id == guild.owner_id:
             raise ValidationError("the owner is not added as a manager", code="is_owner")
-        exists = (GuildManager.select().where((GuildManager.guild == guild.id)
-                                              & (GuildManager.user_id == user_id)).exists())
-        if not exists:
-            GuildManager.create(guild=guild.id, user_id=user_id, created_at=utcnow())
-            audit.record(actor, "manager.added", guild_id=guild.id, user=user_id)
+        try:
+            with database.atomic():      # savepoint: a racing duplicate is not an error
+                GuildManager.create(guild=guild.id, user_id=user_id, created_at=utcnow())
+                audit.record(actor, "manager.added", guild_id=guild.id, user=user_id)
+        except IntegrityError:
+            pass
     return guild_view(guild, plans)
 
 

@@ -82,7 +82,11 @@ def validate_source(source: str | bytes) -> str:
 
 def _validate_name(name: str) -> str:
     name = (name or "").strip()
-    if not name or len(name) > MAX_NAME_CHARS or any(ord(c) < 32 for c in name):
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        name = ""
+    if not name or len(name) > MAX_NAME_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in name):
         raise ValidationError(f"script name must be 1-{MAX_NAME_CHARS} printable characters",
                               code="invalid_name")
     return name

@@ -56,7 +56,10 @@ def authenticate_token(token: str) -> Actor | None:
                                & ApiToken.revoked_at.is_null())
     if row is None:
         return None
-    ApiToken.update(last_used_at=utcnow()).where(ApiToken.id == row.id).execute()
+    now = utcnow()
+    # A write per API call is wasteful; minute precision is plenty for "last used".
+    if row.last_used_at is None or row.last_used_at < now - timedelta(minutes=1):
+        ApiToken.update(last_used_at=now).where(ApiToken.id == row.id).execute()
     return Actor.operator() if row.kind == "operator" else Actor(row.user_id)
 
 
@@ -82,6 +85,8 @@ def create_login_link(actor: Actor, user_id: str, base_url: str,
     token = secrets.token_urlsafe(32)
     now = utcnow()
     with database.atomic():
+        # Links are short-lived: sweep the spent ones so the table stays small.
+        LoginToken.delete().where(LoginToken.expires_at < now - timedelta(days=1)).execute()
         LoginToken.create(token_hash=_digest(token), user_id=user_id, created_at=now,
                           expires_at=now + ttl)
         audit.record(actor, "login_link.created", user=user_id)

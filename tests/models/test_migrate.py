@@ -111,3 +111,28 @@ def test_live_models_match_the_migrated_schema(db_url, tmp_path):
         admin.close()
     database.initialize(None)
     assert actual == expected
+
+
+def test_concurrent_upgrades_apply_each_migration_once(db_url):
+    """Two runners at once (e.g. two nodes starting): one applies, one waits."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    db = connect(db_url)
+    barrier = threading.Barrier(2)
+
+    def upgrade(_: int) -> list[int]:
+        barrier.wait()
+        try:
+            return Runner(db).upgrade()
+        finally:
+            db.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(upgrade, range(2)))
+    assert sorted(v for r in results for v in r) == list(range(1, LATEST + 1))
+    assert Runner(db).current_version() == LATEST
+    rows = db.execute_sql(f"SELECT COUNT(*) FROM {HISTORY_TABLE}").fetchone()[0]
+    assert rows == LATEST
+    db.close()
+    database.initialize(None)

@@ -23,10 +23,10 @@ class Logic:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LOGIC_")}
         self.env.update(env or {})
 
-    def __call__(self, *args: str, code: int = 0, url: bool = True) -> Any:
+    def __call__(self, *args: str, code: int = 0, url: bool = True, stdin: str = "") -> Any:
         argv = [LOGIC, *(["--database-url", self.url] if url else []), *args]
         proc = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True,
-                              timeout=60)
+                              timeout=60, input=stdin)
         assert proc.returncode == code, (args, proc.returncode, proc.stdout, proc.stderr)
         if code:
             lines = proc.stderr.strip().splitlines()
@@ -56,6 +56,8 @@ def scenario(logic: Logic, tmp_path: Path) -> None:
     sid = logic("script", "create", "1", "--name", "hello", "--file", str(src), "--json")["logicScriptId"]
     assert sid.startswith("logic_") and len(sid) == 28
     assert logic("script", "list", "1", "--json")["scripts"][0]["logicScriptId"] == sid
+    other = logic("script", "create", "1", "--name", "stdin", "--file", "-", "--json", stdin=SOURCE)
+    assert logic("script", "show", "1", other["logicScriptId"], "--json")["source"] == SOURCE
     logic("script", "create", "1", "--name", "x", "--file", str(tmp_path / "missing.py"), code=2)
 
     quota = logic("endpoint", "enable", "1", sid, "--as", "20", "--json", code=4)   # free: 0
@@ -91,6 +93,8 @@ def scenario(logic: Logic, tmp_path: Path) -> None:
     link = logic("login-link", "10", "--json")["url"]
     assert link.startswith("http://127.0.0.1:8080/login/")
     assert logic("script", "delete", "1", sid, "--json")["deleted"] is True
+    actions = [a["action"] for a in logic("guild", "audit", "1", "--as", "10", "--json")["audit"]]
+    assert actions[0] == "script.deleted" and "secret.created" in actions
     logic("script", "show", "1", sid, "--json", code=2)
     logic("no-such-command", code=2)
 

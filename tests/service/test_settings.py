@@ -80,6 +80,7 @@ time_limit_ms = 1000
     ("[plans.gold]\nendpoints = 3\n", {}, "config: plans.gold is new and misses memory_kb"),
     ("", {"LOGIC_SERVER_HOTS": "x"}, "env: unknown variable LOGIC_SERVER_HOTS"),
     ("", {"LOGIC_SANDBOX_WORKERS": "0"}, "env: bad value for LOGIC_SANDBOX_WORKERS"),
+    ("", {"LOGIC_PLANS_PRO_HISTORY": "5"}, "env: plans are set in the configuration file only"),
     ("not toml [", {}, "is not valid TOML"),
 ])
 def test_errors_are_one_line_naming_the_key(tmp_path, text, env, message):

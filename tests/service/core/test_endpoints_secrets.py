@@ -143,3 +143,33 @@ def test_load_target(db):
     assert must_load(gid, sid, custom).plan.requests_per_minute == 10**6
     core.delete_script(OWNER, gid, sid)
     assert load_target(gid, sid) is None
+
+
+def test_racing_enables_cannot_pass_the_quota(db):
+    """Two requests for the last slot at once: exactly one wins."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    gid = make_guild("plus")
+    sids = [make_script(gid, f"s{i}") for i in range(4)]
+    for sid in sids[:2]:
+        core.enable_endpoint(OWNER, gid, sid)
+    barrier = threading.Barrier(2)
+
+    def enable(sid: str) -> str:
+        barrier.wait()
+        try:
+            core.enable_endpoint(MANAGER, gid, sid)
+            return "ok"
+        except core.QuotaError:
+            return "quota"
+        finally:
+            db.close()
+
+    for _ in range(3):
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            results = sorted(pool.map(enable, sids[2:]))
+        assert results == ["ok", "quota"]
+        assert core.show_guild(OWNER, gid)["endpointsEnabled"] == 3
+        enabled = [s for s in sids[2:] if core.show_endpoint(OWNER, gid, s)["enabled"]]
+        core.disable_endpoint(OWNER, gid, enabled[0])

@@ -93,8 +93,9 @@ def test_source_is_checked_for_size_and_encoding(db):
     with pytest.raises(core.ValidationError) as err:
         core.create_script(OWNER, gid, "bin", b"\xff\xfe")
     assert err.value.code == "invalid_source"
-    with pytest.raises(core.ValidationError):
-        core.create_script(OWNER, gid, "", SOURCE)
+    for name in ("", "x" * 101, "a\x00b", "\ud800"):
+        with pytest.raises(core.ValidationError):
+            core.create_script(OWNER, gid, name, SOURCE)
 
 
 def test_compile_errors_list_line_and_column(db, monkeypatch):
