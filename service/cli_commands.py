@@ -311,7 +311,7 @@ def _summary(data: dict[str, Any]) -> str:
 
 
 _read_command("history", core.history, "Show the request history, newest first.")
-_read_command("errors", core.errors, "Show the error log, newest first.")
+_read_command("errors", core.error_log, "Show the error log, newest first.")
 _read_command("stats", core.stats, "Show request statistics.")
 
 

@@ -13,10 +13,10 @@ from service.core.errors import (ConflictError, CoreError, NotFoundError,
                                  PermissionDeniedError, QuotaError, ValidationError)
 from service.core.guilds import (add_manager, create_guild, list_guilds, remove_manager, set_plan,
                                  show_guild)
-# Note: after this line `service.core.errors` is the error-log *read* (DESIGN's
-# `errors` call); import the error classes from `service.core.errors` by module
-# path (`from service.core.errors import NotFoundError`) or from here.
-from service.core.reads import errors, history, stats
+# The error-log read is exported as `error_log`: as `errors` it would shadow the
+# `service.core.errors` module of error classes.
+from service.core.reads import errors as error_log
+from service.core.reads import history, stats
 from service.core.scripts import (create_script, delete_script, list_scripts, show_script,
                                   update_script)
 from service.core.secrets import regenerate_secret, verify_secret
@@ -27,7 +27,7 @@ __all__ = [
     "Actor", "Role", "audit_log", "disable_endpoint", "enable_endpoint", "endpoint_url",
     "set_whitelist", "show_endpoint", "ConflictError", "CoreError", "NotFoundError",
     "PermissionDeniedError", "QuotaError", "ValidationError", "add_manager", "create_guild", "list_guilds",
-    "remove_manager", "set_plan", "show_guild", "errors", "history", "stats", "create_script",
+    "remove_manager", "set_plan", "show_guild", "error_log", "history", "stats", "create_script",
     "delete_script", "list_scripts", "show_script", "update_script", "regenerate_secret",
     "verify_secret", "authenticate_token", "consume_login_token", "create_api_token",
     "create_login_link", "revoke_api_token",

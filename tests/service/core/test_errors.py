@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.core import errors as error_log
+from service.core import error_log
+from service.core import errors as errors_module
 from service.core.errors import (ConflictError, CoreError, NotFoundError, PermissionDeniedError,
                                  QuotaError, ValidationError)
 
@@ -20,5 +21,6 @@ def test_status_and_default_code(cls, status, code):
     assert cls("m", code="specific").code == "specific" and cls.code == code
 
 
-def test_the_error_log_read_is_exported_as_errors():
+def test_the_error_log_read_does_not_shadow_the_error_classes():
     assert callable(error_log)
+    assert errors_module.NotFoundError is NotFoundError

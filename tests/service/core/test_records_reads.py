@@ -60,12 +60,12 @@ def test_error_log_keeps_last_100_and_needs_the_plan(db):
     eid = _endpoint(gid, sid)
     write_batch([ErrorRecordIn(eid, f"r{n}", NOW, "script_error", f"boom {n}", n, "tb")
                  for n in range(130)])
-    errors = core.errors(OWNER, gid, sid)["errors"]
+    errors = core.error_log(OWNER, gid, sid)["errors"]
     assert len(errors) == 100 and errors[0]["message"] == "boom 129" and errors[-1]["line"] == 30
     assert set(errors[0]) >= {"id", "time", "requestId", "kind", "message", "line"}
     core.set_plan(OPERATOR, gid, "free")
     with pytest.raises(core.QuotaError) as err:
-        core.errors(OWNER, gid, sid)
+        core.error_log(OWNER, gid, sid)
     assert err.value.code == "plan_feature"
     assert core.history(OWNER, gid, sid)["records"] == []
 
@@ -201,5 +201,5 @@ def test_hostile_text_cannot_fail_a_batch(db):
     assert record["bodyEncoding"] == "base64" and record["output"] == "a\ufffdb?c"
     assert record["responseBodyEncoding"] == "base64" and len(record["requestId"]) == 64
     assert list(record["query"]) == ["…"] and record["headers"]["x-h"] == "a\ufffdb?c"
-    [error] = core.errors(OWNER, gid, sid)["errors"]
+    [error] = core.error_log(OWNER, gid, sid)["errors"]
     assert error["message"] == "a\ufffdb?c"
