@@ -38,6 +38,10 @@ def presented_secret(headers: HTTPHeaders) -> str | None:
     return None
 
 
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
+
+
 class SecretVerifier:
     """Checks presented secrets against stored argon2id hashes, with a positive cache."""
 
@@ -48,14 +52,21 @@ class SecretVerifier:
         self._cache: OrderedDict[int, tuple[str, bytes]] = OrderedDict()
         self._inflight: dict[tuple[int, str, bytes], asyncio.Future[bool]] = {}
 
+    def cached(self, endpoint_id: int, stored_hash: str | None, secret: str | None) -> bool:
+        """True when this secret already verified against this very hash (no hashing)."""
+        if not stored_hash or not secret:
+            return False
+        hit = self._cache.get(endpoint_id)
+        return (hit is not None and hit[0] == stored_hash
+                and hmac.compare_digest(hit[1], _digest(secret)))
+
     async def check(self, endpoint_id: int, stored_hash: str | None, secret: str | None) -> bool:
         """True when `secret` matches the endpoint's stored hash."""
         if not stored_hash or not secret:
             return False
-        digest = hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
-        cached = self._cache.get(endpoint_id)
-        if cached is not None and cached[0] == stored_hash and hmac.compare_digest(cached[1], digest):
+        if self.cached(endpoint_id, stored_hash, secret):
             return True
+        digest = _digest(secret)
         key = (endpoint_id, stored_hash, digest)
         pending = self._inflight.get(key)
         if pending is not None:

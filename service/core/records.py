@@ -256,6 +256,18 @@ def reset_sweeps() -> None:
     _last_sweep.clear()
 
 
+def _newest(requests: list[RequestRecordIn], keep: dict[int, int]) -> list[RequestRecordIn]:
+    """The last `keep[endpoint]` requests of each endpoint, in their original order."""
+    left = dict(keep)
+    picked: list[RequestRecordIn] = []
+    for r in reversed(requests):
+        if left[r.endpoint_id] > 0:
+            left[r.endpoint_id] -= 1
+            picked.append(r)
+    picked.reverse()
+    return picked
+
+
 def write_batch(items: Sequence[Item]) -> None:
     """Append a batch of records and statistics in one transaction (see the
     module docstring).  Raises peewee database errors (the writer retries)."""
@@ -269,10 +281,14 @@ def write_batch(items: Sequence[Item]) -> None:
         errors = [i for i in items if isinstance(i, ErrorRecordIn) and i.endpoint_id in existing]
         hits = [i for i in items if isinstance(i, StatHit) and i.endpoint_id in existing]
         if requests:
-            insert_rows(RequestRecord, _REQUEST_COLUMNS, [_request_row(r) for r in requests])
             keep: dict[int, int] = {}
             for r in requests:        # the newest item carries the current plan
                 keep[r.endpoint_id] = r.keep
+            # Only each endpoint's newest `keep` of this batch can survive the
+            # prune below: older ones are not even converted (under load a
+            # batch holds far more requests than a plan keeps).
+            requests = _newest(requests, keep)
+            insert_rows(RequestRecord, _REQUEST_COLUMNS, [_request_row(r) for r in requests])
             for endpoint_id, n in sorted(keep.items()):
                 _prune(RequestRecord, endpoint_id, n)
         if errors:

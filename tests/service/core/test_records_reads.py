@@ -35,6 +35,24 @@ def test_retention_keeps_exactly_the_newest_n(db, plan, keep):
     assert len(core.history(OWNER, gid, other)["records"]) == min(keep, len(range(0, total, 50)))
 
 
+def test_one_batch_larger_than_the_plan_keeps_exactly_the_newest_n(db):
+    # Under load the writer sends batches of hundreds: only the newest `keep`
+    # of each endpoint are written, and they are the right ones, in order.
+    gid = make_guild("plus")
+    sid, other = make_script(gid), make_script(gid, "other")
+    eid, other_eid = _endpoint(gid, sid), _endpoint(gid, other)
+    batch = []
+    for n in range(120):
+        batch.append(make_request(eid, n, keep=20))
+        if n % 10 == 0:
+            batch.append(make_request(other_eid, n, keep=20))
+    write_batch(batch)
+    records = core.history(OWNER, gid, sid)["records"]
+    assert [r["requestId"] for r in records] == [f"r{n}" for n in range(119, 99, -1)]
+    others = core.history(OWNER, gid, other)["records"]
+    assert [r["requestId"] for r in others] == [f"r{n}" for n in range(110, -1, -10)]
+
+
 def test_history_shape_caps_and_redaction(db):
     gid = make_guild("plus")
     sid = make_script(gid)
