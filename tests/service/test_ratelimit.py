@@ -1,0 +1,120 @@
+"""The sliding windows behind 429 `rate_limited` and `auth_throttled`.
+
+The in-memory windows run on an injected clock so a minute passes instantly;
+the shared (Redis) storage runs against the real server at 127.0.0.1:6379.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from service.ratelimit import AUTH_FAILURES_PER_MINUTE, RateLimits
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_quota_is_exact_and_slots_free_as_the_window_slides() -> None:
+    clock = Clock()
+    limits = RateLimits(clock=clock)
+    decisions = []
+    for _ in range(30):
+        decisions.append(limits.hit_endpoint(1, 30))
+        clock.now += 1.0
+    assert all(d.allowed for d in decisions)
+    assert [d.remaining for d in decisions] == list(range(29, -1, -1))
+    refused = limits.hit_endpoint(1, 30)  # t = 30 s: the first hit leaves the window at 60 s
+    assert not refused.allowed and refused.remaining == 0 and refused.reset_seconds == 30
+    assert refused.headers() == {"RateLimit-Limit": "30", "RateLimit-Remaining": "0",
+                                 "RateLimit-Reset": "30"}
+    clock.now += 30.0  # t = 60 s: exactly one slot (the t = 0 hit) is free
+    assert limits.hit_endpoint(1, 30).allowed
+    assert not limits.hit_endpoint(1, 30).allowed
+    # Refused hits are not counted: after another second one more slot is free.
+    clock.now += 1.0
+    assert limits.hit_endpoint(1, 30).allowed
+
+
+def test_endpoints_have_separate_windows_and_peek_counts_nothing() -> None:
+    clock = Clock()
+    limits = RateLimits(clock=clock)
+    for _ in range(3):
+        limits.hit_endpoint(1, 3)
+    assert not limits.hit_endpoint(1, 3).allowed
+    assert limits.hit_endpoint(2, 3).allowed
+    peek = limits.peek_endpoint(2, 3)
+    assert peek.remaining == 2 and peek.reset_seconds == 60
+    assert limits.peek_endpoint(2, 3).remaining == 2
+    assert limits.peek_endpoint(3, 3).reset_seconds == 0
+
+
+def test_refusal_never_says_retry_after_zero() -> None:
+    clock = Clock()
+    limits = RateLimits(clock=clock)
+    limits.hit_endpoint(1, 1)
+    clock.now += 59.9
+    refused = limits.hit_endpoint(1, 1)
+    assert not refused.allowed and refused.reset_seconds == 1
+
+
+def test_auth_throttle_after_twenty_failures_for_sixty_seconds() -> None:
+    clock = Clock()
+    limits = RateLimits(clock=clock)
+    for _ in range(AUTH_FAILURES_PER_MINUTE):
+        assert limits.auth_throttled("198.51.100.7") == 0
+        limits.auth_failed("198.51.100.7")
+    assert limits.auth_throttled("198.51.100.7") == 60
+    assert limits.auth_throttled("198.51.100.8") == 0
+    clock.now += 59.5
+    assert limits.auth_throttled("198.51.100.7") == 1
+    clock.now += 0.5
+    assert limits.auth_throttled("198.51.100.7") == 0
+
+
+def test_idle_keys_are_forgotten() -> None:
+    clock = Clock()
+    limits = RateLimits(clock=clock)
+    for n in range(5000):
+        limits.auth_failed(f"10.0.{n // 250}.{n % 250}")
+    clock.now += 61
+    for _ in range(10_000):
+        limits.hit_endpoint(1, 10**9)
+    windows = limits._windows
+    assert len(windows._hits) == 1  # type: ignore[union-attr]
+
+
+def _redis_url() -> str:
+    url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+    try:
+        import redis
+    except ImportError:
+        pytest.skip("the redis client is not installed")
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+    except redis.exceptions.ConnectionError as exc:
+        pytest.skip(f"Redis at {url} is not reachable: {exc}")
+    return url
+
+
+def test_shared_storage_on_the_real_redis_is_exact() -> None:
+    url = _redis_url()
+    a, b = RateLimits(url), RateLimits(url)  # two nodes sharing their counts
+    endpoint = int(uuid.uuid4().int % 10**12)
+    results = [(a if n % 2 else b).hit_endpoint(endpoint, 5) for n in range(6)]
+    assert [r.allowed for r in results] == [True] * 5 + [False]
+    assert [r.remaining for r in results[:5]] == [4, 3, 2, 1, 0]
+    assert 59 <= results[5].reset_seconds <= 60
+    assert a.peek_endpoint(endpoint, 5).remaining == 0
+    ip = f"203.0.113.{endpoint % 250}-{endpoint}"
+    for _ in range(AUTH_FAILURES_PER_MINUTE):
+        assert a.auth_throttled(ip) == 0
+        b.auth_failed(ip)
+    assert 59 <= a.auth_throttled(ip) <= 60
