@@ -333,12 +333,14 @@ class Pool(Supervisor):
             if req.kind != "job" or not req.ships_source:
                 raise ProtocolError("worker compiled a source it was not sent")
             req.ships_source = False
+            assert self._loop is not None
             req.deadline = self._loop.time() + req.limits.time_ms / 1000.0 + self.kill_grace
             return
         if t == "need":
             w.known.pop((req.ref.key, req.ref.version), None)
             if req.kind != "job" or not w.send(w.job_frame(req), self._loop, self._on_writable):
                 raise ProtocolError("worker asked for a source it cannot have")
+            assert self._loop is not None
             req.deadline = self._loop.time() + COMPILE_BUDGET_MS / 1000.0 + self.kill_grace
             return
         if (t == "res") != (req.kind == "job"):

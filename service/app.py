@@ -38,7 +38,7 @@ def make_app(context: AppContext) -> Application:
         for pattern, handler in module.routes
     ]
     return Application(
-        handlers,  # type: ignore[arg-type]
+        handlers,
         default_handler_class=NotFoundHandler,
         default_handler_args={"context": context},
         xheaders=False,  # client IPs come from service.event.client_ip, never blindly

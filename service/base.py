@@ -12,7 +12,8 @@ import logging
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from tornado import httputil
+from http import HTTPStatus
+
 from tornado.web import HTTPError, RequestHandler
 
 from service.errors import STATUS_CODES, MethodNotAllowedError, NotFoundError, ServiceError
@@ -36,7 +37,7 @@ class BaseHandler(RequestHandler):
     #: Headers that survive `send_error`'s reset (e.g. RateLimit-* once authenticated).
     sticky_headers: dict[str, str] = {}
 
-    def initialize(self, context: AppContext) -> None:  # type: ignore[override]
+    def initialize(self, context: AppContext) -> None:
         self.context = context
 
     def set_default_headers(self) -> None:
@@ -72,7 +73,10 @@ class BaseHandler(RequestHandler):
             if isinstance(exc, HTTPError) and exc.status_code == 405:
                 self.set_header("Allow", "POST, OPTIONS")
             code = STATUS_CODES.get(status_code, "error")
-            message = httputil.responses.get(status_code, "Error") + "."
+            try:
+                message = HTTPStatus(status_code).phrase + "."
+            except ValueError:
+                message = "Error."
             if status_code >= 500:
                 message = "Internal server error."
         self.set_header("Content-Type", "application/json")

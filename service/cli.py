@@ -128,10 +128,7 @@ def cli(ctx: click.Context, database_url: str | None, config: str | None) -> Non
 
 # Register the command groups (their modules attach to `cli`).
 from service import cli_commands  # noqa: E402,F401  (import for side effects)
-from service import cli_serve  # noqa: E402
-
-cli.add_command(cli_serve.serve)
-cli.add_command(cli_serve.demo)
+from service import cli_serve  # noqa: E402,F401  (serve, demo)
 
 
 def _exit_code(err: CoreError) -> int:

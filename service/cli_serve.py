@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
-from service.cli import CommandError, EXIT_ERROR, State, pass_state
+from service.cli import EXIT_ERROR, CommandError, State, cli, pass_state
 
 
 def _configure_logging() -> None:
@@ -18,7 +20,10 @@ def _configure_logging() -> None:
     # not shown at INFO, so a flood of bad requests cannot fill the disk.
 
 
-def _serve_options(func):  # type: ignore[no-untyped-def]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _serve_options(func: F) -> F:
     func = click.option("--workers", type=int, default=None,
                         help="Sandbox worker processes (default: config, else CPU count).")(func)
     func = click.option("--port", type=int, default=None, help="Port (default 8080).")(func)
@@ -30,7 +35,7 @@ def _apply(state: State, host: str | None, port: int | None, workers: int | None
     state.overrides.update({"server.host": host, "server.port": port, "sandbox.workers": workers})
 
 
-@click.command()
+@cli.command()
 @_serve_options
 @pass_state
 def serve(state: State, host: str | None, port: int | None, workers: int | None) -> None:
@@ -47,7 +52,7 @@ def serve(state: State, host: str | None, port: int | None, workers: int | None)
         raise CommandError(f"cannot serve: {err.strerror or err}", EXIT_ERROR) from None
 
 
-@click.command()
+@cli.command()
 @_serve_options
 @pass_state
 def demo(state: State, host: str | None, port: int | None, workers: int | None) -> None:

@@ -17,7 +17,6 @@ import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
@@ -92,7 +91,7 @@ async def _run(
         limits=RateLimits(settings.ratelimit.storage),
         verifier=SecretVerifier(verify_secret, executor),
         records=records,
-        load_target=partial(_load, load_target, settings),
+        load_target=lambda guild_id, script_id: load_target(guild_id, script_id, settings.plans),
         db_ping=db_ping,
     )
     max_body = max((p.body_bytes for p in settings.plans.values()), default=0) + 1
@@ -137,6 +136,3 @@ def _background_priority() -> None:
         pass
 
 
-def _load(load_target: Callable[..., object], settings: Settings, guild_id: str,
-          script_id: str) -> object:
-    return load_target(guild_id, script_id, settings.plans)
