@@ -49,6 +49,25 @@ _C_ENCODER = None if _make_encoder is None else _make_encoder(
     None, _no_default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
 
 
+def header_problem(name: str, value: str) -> str | None:
+    """Why a script may not send this response header, or None when it may.
+
+    The one rule for script headers: the worker applies it at `event.header()`,
+    and the service applies it again to every reply, because a worker that was
+    taken over could send anything.
+    """
+    if not name or len(name) > MAX_HEADER_NAME or not _TOKEN_CHARS.issuperset(name):
+        return f"invalid header name {name[:MAX_HEADER_NAME]!r}"
+    lowered = name.lower()
+    if lowered in FORBIDDEN_HEADERS or lowered.startswith("proxy-"):
+        return f"header {name!r} is set by the server and cannot be set by a script"
+    if len(value) > MAX_HEADER_VALUE:
+        return f"header {name!r} value is longer than {MAX_HEADER_VALUE} characters"
+    if any(ch in value for ch in "\r\n\x00") or not _printable_latin1(value):
+        return f"header {name!r} value contains control or non-Latin-1 characters"
+    return None
+
+
 def encode_json(plain: Any) -> str:
     """JSON text for data made of exact builtin types (see _plain)."""
     if _C_ENCODER is not None:
@@ -203,15 +222,10 @@ class Event:
         state.check_open()
         if type(name) is not str or type(value) is not str:
             state.refuse("header name and value must be str")
-        if not name or len(name) > MAX_HEADER_NAME or not _TOKEN_CHARS.issuperset(name):
-            state.refuse(f"invalid header name {name[:MAX_HEADER_NAME]!r}")
+        problem = header_problem(name, value)
+        if problem is not None:
+            state.refuse(problem)
         lowered = name.lower()
-        if lowered in FORBIDDEN_HEADERS or lowered.startswith("proxy-"):
-            state.refuse(f"header {name!r} is set by the server and cannot be set by a script")
-        if len(value) > MAX_HEADER_VALUE:
-            state.refuse(f"header {name!r} value is longer than {MAX_HEADER_VALUE} characters")
-        if any(ch in value for ch in "\r\n\x00") or not _printable_latin1(value):
-            state.refuse(f"header {name!r} value contains control or non-Latin-1 characters")
         if lowered == "content-type":
             state.content_type = value
             return

@@ -27,6 +27,7 @@ from typing import Any, Iterator
 import msgpack  # type: ignore[import-untyped]
 
 from sandbox.errors import ProtocolError
+from sandbox.event import MAX_HEADERS, header_problem
 
 # A job carries the event twice over in the worst case (parsed body and raw
 # body, each up to the largest plan's 1 MiB) plus a source of up to 256 KiB.
@@ -148,12 +149,16 @@ def check_job(msg: Any) -> dict[str, Any]:
 
 
 def _check_headers(headers: Any) -> bool:
-    if type(headers) is not list:
+    # The same rule the worker applied at event.header(): a worker that was
+    # taken over must not get a framing or hop-by-hop header onto the wire.
+    if type(headers) is not list or len(headers) > MAX_HEADERS:
         return False
     for pair in headers:
         if type(pair) is not list or len(pair) != 2:
             return False
         if type(pair[0]) is not str or type(pair[1]) is not str:
+            return False
+        if header_problem(pair[0], pair[1]) is not None:
             return False
     return True
 
@@ -171,7 +176,9 @@ def check_result(r: Any) -> bool:
     return (type(r) is dict and type(r.get("replied")) is bool
             and _is_int(r.get("status")) and 100 <= r["status"] <= 599
             and _check_headers(r.get("headers")) and type(r.get("body")) is bytes
-            and type(r.get("contentType")) is str and type(r.get("output")) is str
+            and type(r.get("contentType")) is str
+            and (r["contentType"] == "" or header_problem("Content-Type", r["contentType"]) is None)
+            and type(r.get("output")) is str
             and _check_error(r.get("error")))
 
 

@@ -49,6 +49,16 @@ def test_garbage_and_non_msgpack_are_protocol_errors() -> None:
     {**REPLY, "r": {**RESULT, "error": {"kind": "pwned", "message": "", "line": None,
                                           "traceback": None}}},
     {"t": "ready", "pid": 1, "hard": {"x": 1}, "notes": []}, {"t": "boom"},
+    # A worker that was taken over cannot put framing, hop-by-hop or the
+    # service's own headers on the wire, nor split a header.
+    {**REPLY, "r": {**RESULT, "headers": [["Content-Length", "0"]]}},
+    {**REPLY, "r": {**RESULT, "headers": [["Transfer-Encoding", "chunked"]]}},
+    {**REPLY, "r": {**RESULT, "headers": [["X-Request-Id", "forged"]]}},
+    {**REPLY, "r": {**RESULT, "headers": [["Set-Cookie", "session=stolen"]]}},
+    {**REPLY, "r": {**RESULT, "headers": [["X-A", "1\r\nSet-Cookie: a=b"]]}},
+    {**REPLY, "r": {**RESULT, "headers": [["Bad Name", "v"]]}},
+    {**REPLY, "r": {**RESULT, "headers": [["X-N", "v"]] * 65}},
+    {**REPLY, "r": {**RESULT, "contentType": "text/html\r\nSet-Cookie: a=b"}},
 ])
 def test_malformed_worker_messages_are_refused(bad: object) -> None:
     with pytest.raises(ProtocolError):
