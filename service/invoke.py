@@ -176,13 +176,22 @@ class InvokeHandler(BaseHandler):
 
     def _reply(self, outcome: Outcome) -> None:
         for name, value in outcome.headers:
-            self.set_header(name, value)
+            self.add_header(name, value)  # a name set twice is sent twice
         # The service's own headers win over a script's.
         self.set_header("X-Request-Id", self.request_id)
         for name, value in self.sticky_headers.items():
             self.set_header(name, value)
+        status = outcome.status
+        if not 200 <= status <= 599:  # the worker promised this; never trust it blindly
+            raise OUTCOME_ERRORS["invalid_reply"]()
+        self.set_status(status)
+        if status in (204, 304):
+            # HTTP forbids a body (and its type) on these: the reply is dropped.
+            self.clear_header("Content-Type")
+            self.response_body = b""
+            self.finish()
+            return
         self.set_header("Content-Type", outcome.content_type)
-        self.set_status(outcome.status)
         self.response_body = outcome.body
         self.finish(outcome.body)
 

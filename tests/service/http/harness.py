@@ -23,6 +23,7 @@ class Response:
     status: int
     headers: dict[str, str]
     body: bytes
+    raw_headers: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def json(self) -> Any:
@@ -106,7 +107,8 @@ class Server:
         try:
             conn.request(method, path, body=body, headers=hdrs)
             resp = conn.getresponse()
-            return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+            raw = resp.getheaders()
+            return Response(resp.status, {k.lower(): v for k, v in raw}, resp.read(), raw)
         finally:
             conn.close()
 

@@ -68,15 +68,28 @@ def test_reply_status_and_headers(server: Server, make_endpoint) -> None:
 on endpoint(event):
     event.status(201)
     event.header("X-Game", "on")
+    event.header("Vary", "X-A")
+    event.header("Vary", "X-B")
     event.reply({"first": True})
     event.reply({"created": event.body["id"]})
 """)
     resp = server.request(ep.path, json_body={"id": 5}, secret=ep.secret)
     assert resp.status == 201
     assert resp.headers["x-game"] == "on"
+    assert resp.raw_headers.count(("Vary", "X-A")) == 1 and ("Vary", "X-B") in resp.raw_headers
     assert resp.headers["content-type"].startswith("application/json")
     assert resp.json == {"created": 5}
     assert resp.headers["ratelimit-limit"] == "120"
+
+
+def test_no_content_status_sends_no_body(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source="on endpoint(event):\n    event.status(204)\n"
+                              "    event.reply({'ignored': True})\n")
+    resp = server.request(ep.path, json_body={}, secret=ep.secret)
+    assert resp.status == 204
+    assert resp.body == b""
+    assert "content-type" not in resp.headers
+    assert resp.headers["x-request-id"]
 
 
 def test_text_reply_with_content_type(server: Server, make_endpoint) -> None:
