@@ -46,7 +46,6 @@ class BaseHandler(RequestHandler):
         if not hasattr(self, "request_id"):
             self.request_id = new_request_id()
         self.set_header("X-Request-Id", self.request_id)
-        self.set_header("Cache-Control", "no-store")
         self.clear_header("Server")
 
     def write_json(self, payload: Any, status: int = 200) -> None:
