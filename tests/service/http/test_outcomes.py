@@ -192,3 +192,26 @@ def test_history_records_the_request_without_the_secret(server: Server, make_end
     assert "authorization" not in {k.lower() for k in record["headers"]}
     assert ep.secret not in repr(record)
     assert ep.secret not in server.log
+
+
+def test_no_secret_reaches_any_table_or_the_log(server: Server, make_endpoint, http_env,
+                                                bind, read_history, source_ip) -> None:
+    from models import ALL_MODELS
+
+    ep = make_endpoint(source="on endpoint(event):\n    print(event.headers)\n"
+                              "    raise ValueError(str(event.headers))\n")
+    wrong = "lsk_" + "W" * 43  # what a client might send by mistake: also never kept
+    ip = source_ip()
+    server.request_from(ip, ep.path, json_body={"a": 1}, secret=ep.secret)
+    server.request_from(ip, ep.path, json_body={"a": 2}, headers={"X-Service-Secret": ep.secret})
+    server.request_from(ip, ep.path, json_body={"a": 3}, secret=wrong)
+    server.request_from(ip, ep.path, json_body={"a": 4},
+                        headers={"Authorization": f"Bearer {ep.secret}", "Cookie": f"s={wrong}"})
+    assert wait_until(lambda: len(read_history(ep)) == 3)
+    records = read_history(ep)
+    bind()
+    dump = "".join(repr(list(model.select().dicts())) for model in ALL_MODELS)
+    assert all(record["requestId"] in dump for record in records)  # the dump has the rows
+    assert ep.secret not in dump
+    assert wrong not in dump
+    assert ep.secret not in server.log and wrong not in server.log
