@@ -31,8 +31,8 @@ class RecordWriter:
         batch_size: int = 500,
         interval: float = 0.05,
         max_queued: int = 200_000,
-        on_thread_start: Callable[[], None] | None = None,
-        on_thread_stop: Callable[[], None] | None = None,
+        on_thread_start: Callable[[], object] | None = None,
+        on_thread_stop: Callable[[], object] | None = None,
     ) -> None:
         self._write_batch = write_batch
         self._batch_size = batch_size

@@ -15,9 +15,9 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from peewee import Database
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
@@ -32,13 +32,12 @@ from service.settings import Settings
 log = logging.getLogger("logic.server")
 
 
-def serve(
-    settings: Settings,
-    *,
-    on_listening: Callable[[int], None] | None = None,
-    drain_seconds: float = 30.0,
-) -> None:
-    """Run the service until SIGTERM/SIGINT; blocks. `on_listening(port)` is called once bound."""
+def serve(settings: Settings, *, drain_seconds: float = 30.0) -> None:
+    """Run the service until SIGTERM/SIGINT; blocks.
+
+    Raises `SchemaBehindError` for a database that is behind, `OSError` when
+    the address cannot be bound.
+    """
     from models.db import connect
     from models.migrate import Runner
 
@@ -47,40 +46,30 @@ def serve(
     database.close()  # the loop thread and the writer thread each open their own
 
     pool = Pool(size=settings.sandbox.workers, queue_timeout_ms=settings.sandbox.queue_timeout_ms)
-    pool.start()  # forks: before the event loop or any thread exists
-    for layer, active in sorted(pool.hardening.items()):
-        if not active:
-            log.warning("sandbox layer unavailable on this host: %s", layer)
+    pool.start()  # forks; logs every isolation layer this host cannot provide
     try:
-        asyncio.run(_run(settings, pool, database, on_listening, drain_seconds))
+        asyncio.run(_run(settings, pool, database, drain_seconds))
     finally:
         database.close()
 
 
-async def _run(
-    settings: Settings,
-    pool: Pool,
-    database: object,
-    on_listening: Callable[[int], None] | None,
-    drain_seconds: float,
-) -> None:
+async def _run(settings: Settings, pool: Pool, db: Database, drain_seconds: float) -> None:
     from service.core.invoke_target import load_target
     from service.core.records import write_batch
     from service.core.secrets import verify_secret
 
-    db = database  # peewee Database; typed loosely to keep models out of this module's API
     executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-argon2",
                                   initializer=_background_priority)
     records = RecordWriter(
         write_batch,
-        on_thread_start=lambda: db.connect(reuse_if_open=True),  # type: ignore[attr-defined]
-        on_thread_stop=db.close,  # type: ignore[attr-defined]
+        on_thread_start=lambda: db.connect(reuse_if_open=True),
+        on_thread_stop=db.close,
     )
     records.start()
 
     def db_ping() -> bool:
         try:
-            db.execute_sql("SELECT 1")  # type: ignore[attr-defined]
+            db.execute_sql("SELECT 1")  # type: ignore[no-untyped-call]
         except Exception:  # noqa: BLE001 - any failure means "not ready"
             return False
         return True
@@ -108,8 +97,6 @@ async def _run(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if on_listening:
-        on_listening(port)
     await stop.wait()
 
     log.info("stopping: draining %d requests in flight", context.in_flight)
