@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from service.base import BaseHandler
 from service.errors import NotReadyError
+
+
+READY_DB_TIMEOUT_S = 2.0
 
 
 class HealthHandler(BaseHandler):
@@ -16,11 +21,18 @@ class HealthHandler(BaseHandler):
 class ReadyHandler(BaseHandler):
     """Readiness: the database answers and the pool has live workers."""
 
-    def get(self) -> None:
+    async def get(self) -> None:
         ctx = self.context
         if ctx.draining:
             raise NotReadyError("The service is shutting down.")
-        if not ctx.db_ping():
+        # Off the loop and bounded: an unreachable database server must not
+        # stall the service while a probe waits for its TCP timeout.
+        ping = asyncio.get_running_loop().run_in_executor(None, ctx.db_ping)
+        try:
+            reachable = await asyncio.wait_for(ping, READY_DB_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            reachable = False
+        if not reachable:
             raise NotReadyError("The database is not reachable.")
         if ctx.pool.live_workers < 1:
             raise NotReadyError("No sandbox worker is alive.")
