@@ -90,6 +90,9 @@ def open_database(url: str) -> Database:
         )
     if parsed.scheme in ("postgres", "postgresql"):
         kwargs: dict[str, Any] = dict(params)
+        # Bounded: the invoke path reads on the event loop, which must not wait
+        # for a TCP timeout when the server is gone (override with ?connect_timeout=N).
+        kwargs.setdefault("connect_timeout", 5)
         if parsed.username:
             kwargs["user"] = unquote(parsed.username)
         if parsed.password:
