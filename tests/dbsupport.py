@@ -34,7 +34,7 @@ def pg_unreachable_reason() -> str | None:
     from models.db import open_database
     db = open_database(pg_base_url())
     try:
-        conn = psycopg2.connect(dbname=db.database, connect_timeout=3, **db.connect_params)
+        conn = psycopg2.connect(dbname=db.database, **{**db.connect_params, "connect_timeout": 3})
     except psycopg2.OperationalError as err:
         return f"PostgreSQL at {pg_base_url()} is not reachable: {str(err).strip().splitlines()[0]}"
     conn.close()
