@@ -45,15 +45,19 @@ def serve(settings: Settings, *, drain_seconds: float = 30.0) -> None:
     Runner(database).check()  # refuses a database that is behind (SchemaBehindError)
     database.close()  # the loop thread and the writer thread each open their own
 
+    # Bind first, so a taken port fails before anything is forked. The fork
+    # server and the workers close every inherited descriptor but their channel.
+    sockets = bind_sockets(settings.server.port, settings.server.host, family=socket.AF_UNSPEC)
     pool = Pool(size=settings.sandbox.workers, queue_timeout_ms=settings.sandbox.queue_timeout_ms)
     pool.start()  # forks; logs every isolation layer this host cannot provide
     try:
-        asyncio.run(_run(settings, pool, database, drain_seconds))
+        asyncio.run(_run(settings, pool, database, sockets, drain_seconds))
     finally:
         database.close()
 
 
-async def _run(settings: Settings, pool: Pool, db: Database, drain_seconds: float) -> None:
+async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socket.socket],
+               drain_seconds: float) -> None:
     from service.core.invoke_target import load_target
     from service.core.records import write_batch
     from service.core.secrets import verify_secret
@@ -86,7 +90,6 @@ async def _run(settings: Settings, pool: Pool, db: Database, drain_seconds: floa
     max_body = max((p.body_bytes for p in settings.plans.values()), default=0) + 1
     server = HTTPServer(make_app(context), max_body_size=max_body, idle_connection_timeout=60,
                         body_timeout=30)
-    sockets = bind_sockets(settings.server.port, settings.server.host, family=socket.AF_UNSPEC)
     server.add_sockets(sockets)
     port = sockets[0].getsockname()[1]
     log.info("listening on http://%s:%d (%d sandbox workers)", settings.server.host, port,

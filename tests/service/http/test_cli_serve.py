@@ -1,0 +1,114 @@
+"""`logic demo` and `logic serve` as a user runs them (real subprocesses)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from tests.service.http.harness import LOGIC
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _post(port: int, path: str, secret: str, body: object) -> tuple[int, object]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("POST", path, body=json.dumps(body),
+                 headers={"Authorization": f"Bearer {secret}", "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    return resp.status, json.loads(data)
+
+
+def _run_demo(db: str, port: int) -> tuple[subprocess.Popen[str], str, str, str]:
+    proc = subprocess.Popen([LOGIC, "--database-url", db, "demo", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "listening on" in line:
+            break
+    text = "".join(lines)
+    url = re.search(r"Demo endpoint: (\S+)", text)
+    secret = re.search(r"Secret \(shown once, keep it safe\): (lsk_\S+)", text)
+    curl = re.search(r"curl .*", text)
+    assert url and secret and curl, text
+    assert secret.group(1) in curl.group(0) and url.group(1) in curl.group(0)
+    return proc, url.group(1), secret.group(1), text
+
+
+def _stop(proc: subprocess.Popen[str]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(30)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    return code
+
+
+def test_demo_serves_a_working_endpoint_and_a_rerun_rotates_the_secret(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'demo.db'}"
+    port = _free_port()
+    proc, url, secret, _ = _run_demo(db, port)
+    try:
+        assert url.startswith(f"http://127.0.0.1:{port}/endpoints/")
+        path = url.split(str(port), 1)[1]
+        assert _post(port, path, secret, {"score": 21}) == (200, {"ok": True, "double": 42})
+        assert _post(port, path, secret, {"score": "x"}) == (422, {"error": "score must be an integer"})
+    finally:
+        assert _stop(proc) == 0
+
+    proc, url2, secret2, _ = _run_demo(db, port)
+    try:
+        assert url2 == url and secret2 != secret  # same guild and script, a new secret
+        path = url.split(str(port), 1)[1]
+        status, body = _post(port, path, secret, {"score": 1})
+        assert status == 401 and body["error"]["code"] == "unauthorized"  # type: ignore[index]
+        assert _post(port, path, secret2, {"score": 1}) == (200, {"ok": True, "double": 2})
+    finally:
+        assert _stop(proc) == 0
+
+
+def test_serve_refuses_a_database_that_is_behind(tmp_path: Path) -> None:
+    proc = subprocess.run([LOGIC, "--database-url", f"sqlite:///{tmp_path / 'new.db'}", "serve",
+                           "--port", str(_free_port())], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "logic db upgrade" in proc.stderr
+
+
+def test_serve_refuses_a_bad_setting_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[server]\nhots = 1\n")
+    proc = subprocess.run([LOGIC, "--config", str(config), "serve"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr == "logic: error: config: unknown key server.hots\n"
+
+
+def test_serve_reports_a_port_in_use(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'x.db'}"
+    subprocess.run([LOGIC, "--database-url", db, "db", "upgrade"], check=True, capture_output=True)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([LOGIC, "--database-url", db, "serve", "--port", str(port)],
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    # One line, before any worker was started.
+    assert proc.stderr.startswith("logic: error: cannot serve:") and proc.stderr.count("\n") == 1
