@@ -201,17 +201,10 @@ class Event:
         """Add a response header; Content-Type sets the reply's content type."""
         state: ReplyState = self._state
         state.check_open()
-        if type(name) is not str or type(value) is not str:
-            state.refuse("header name and value must be str")
-        if not name or len(name) > MAX_HEADER_NAME or not _TOKEN_CHARS.issuperset(name):
-            state.refuse(f"invalid header name {name[:MAX_HEADER_NAME]!r}")
+        problem = header_problem(name, value)
+        if problem is not None:
+            state.refuse(problem)
         lowered = name.lower()
-        if lowered in FORBIDDEN_HEADERS or lowered.startswith("proxy-"):
-            state.refuse(f"header {name!r} is set by the server and cannot be set by a script")
-        if len(value) > MAX_HEADER_VALUE:
-            state.refuse(f"header {name!r} value is longer than {MAX_HEADER_VALUE} characters")
-        if any(ch in value for ch in "\r\n\x00") or not _printable_latin1(value):
-            state.refuse(f"header {name!r} value contains control or non-Latin-1 characters")
         if lowered == "content-type":
             state.content_type = value
             return
@@ -248,6 +241,27 @@ class Event:
                 state.refuse(f"reply is larger than {MAX_BODY_BYTES} bytes")
             state.kind, state.payload = "json", data
         state.replied = True
+
+
+def header_problem(name: Any, value: Any) -> str | None:
+    """Why a script may not send this header, or None if it may.
+
+    Also used by the service process on every header a worker returns
+    (``protocol.check_result``): a compromised worker must not be able to
+    set what a script cannot (redteam finding R4).
+    """
+    if type(name) is not str or type(value) is not str:
+        return "header name and value must be str"
+    if not name or len(name) > MAX_HEADER_NAME or not _TOKEN_CHARS.issuperset(name):
+        return f"invalid header name {name[:MAX_HEADER_NAME]!r}"
+    lowered = name.lower()
+    if lowered in FORBIDDEN_HEADERS or lowered.startswith("proxy-"):
+        return f"header {name!r} is set by the server and cannot be set by a script"
+    if len(value) > MAX_HEADER_VALUE:
+        return f"header {name!r} value is longer than {MAX_HEADER_VALUE} characters"
+    if any(ch in value for ch in "\r\n\x00") or not _printable_latin1(value):
+        return f"header {name!r} value contains control or non-Latin-1 characters"
+    return None
 
 
 def _printable_latin1(value: str) -> bool:
