@@ -80,6 +80,7 @@ class Pool(Supervisor):
                  address_space_mb: int = 768, compile_cache: int = 64, user: str = "nobody",
                  network_namespace: bool = True, drop_user: bool = True, seccomp: bool = True,
                  prefer_memguard: bool = True, worker_spin_us: int = 0,
+                 fresh_interpreter: bool = True,
                  _unsafe_test_hooks: bool = False) -> None:
         # Builds configuration only: nothing here changes the process.
         if size is not None and size < 1:
@@ -102,6 +103,8 @@ class Pool(Supervisor):
         self._prefer_memguard = prefer_memguard
         self._test_hooks = _unsafe_test_hooks
         self._spin_us = worker_spin_us
+        # The zygote execs a new interpreter: no service memory in workers (R9).
+        self._fresh_interpreter = fresh_interpreter
         self._workers: dict[int, WorkerHandle | None] = {}
         self._idle: deque[WorkerHandle] = deque()
         self._waiters: deque[RequestState] = deque()
@@ -165,7 +168,7 @@ class Pool(Supervisor):
                                         "address_space": base + (self._address_space_mb << 20)})
         cfg = WorkerConfig(self._hcfg, self._compile_cache, self._prefer_memguard,
                            self._test_hooks, self._spin_us)
-        self._zygote_pid, self._ctl = zygote.start(cfg)
+        self._zygote_pid, self._ctl = zygote.start(cfg, self._fresh_interpreter)
         self._ctl.setblocking(False)
         for slot in range(self.size):
             self._workers[slot] = None

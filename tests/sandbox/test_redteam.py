@@ -861,3 +861,44 @@ def test_os_layer_details(os_probe: dict[str, Any]) -> None:
     # what the worker itself needs still works
     assert os_probe["setrlimit_self"] == "allowed"
     assert os_probe["read_own_status"] == "allowed"
+
+
+# ---------------------------------------------------------------------------
+# R9: the service's memory does not reach workers (fresh zygote interpreter)
+# ---------------------------------------------------------------------------
+
+SERVICE_MEMORY_PROBE = r'''
+import gc, sys
+needle = "REVERSED_MARK"[::-1]  # never written forwards in the code we send
+mine = globals()
+found = []
+frame = sys._getframe()
+while frame is not None:
+    scope = frame.f_locals
+    for name, value in list(scope.items()) if scope is not mine else ():
+        if value is not mine and needle in repr(value)[:10000]:
+            found.append("frame %s.%s" % (frame.f_code.co_name, name))
+    frame = frame.f_back
+for name in list(sys.modules):
+    if name.startswith(("tests", "service", "__main__")) and name != "__main__":
+        found.append("module " + name)
+for obj in gc.get_objects():
+    if type(obj) is dict and obj is not mine and \
+            any(type(v) is str and needle in v for v in obj.values()):
+        found.append("dict")
+        break
+result = found
+'''
+
+
+@pytest.mark.timeout(60)
+def test_r9_service_settings_and_frames_are_not_in_worker_memory() -> None:
+    # What serve() holds when it starts the pool: settings with a password.
+    settings = {"database_url": "postgresql://logic:" + SECRET + "@db/logic"}
+
+    async def scenario(pool: Pool) -> Any:
+        return await pool._test_exec(SERVICE_MEMORY_PROBE.replace("REVERSED_MARK", SECRET[::-1]))
+
+    ok, found = run_with_pool(scenario, size=1, _unsafe_test_hooks=True)
+    assert settings["database_url"].endswith("@db/logic")  # alive in this frame all along
+    assert ok and found == [], found
