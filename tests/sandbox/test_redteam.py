@@ -902,3 +902,39 @@ def test_r9_service_settings_and_frames_are_not_in_worker_memory() -> None:
     ok, found = run_with_pool(scenario, size=1, _unsafe_test_hooks=True)
     assert settings["database_url"].endswith("@db/logic")  # alive in this frame all along
     assert ok and found == [], found
+
+
+FORGED_FRAMES: list[tuple[str, str]] = [
+    ("second-ready", 'frame({"t": "ready", "pid": 1, "hard": {}, "notes": []})'),
+    ("need-unknown-id", 'frame({"t": "need", "id": 987654})'),
+    ("compiled-unknown-id", 'frame({"t": "compiled", "id": 987654})'),
+    ("res-unknown-id", 'frame({"t": "res", "id": 987654, "r": {}, "peak": 0, "over": False, '
+                       '"dur": 1.0, "exit": False})'),
+    ("oversized-length", 'raw((64 << 20).to_bytes(4, "big") + b"x" * 1024)'),
+    ("garbage", 'raw(b"\\x00\\x00\\x00\\x03\\xc1\\xc1\\xc1")'),
+    ("deep-nesting", 'body = b"\\x91" * 100000 + b"\\xc0"\nraw(len(body).to_bytes(4, "big") + body)'),
+    ("non-str-keys", 'body = msgpack.packb({1: 2})\nraw(len(body).to_bytes(4, "big") + body)'),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("forge", [f for _, f in FORGED_FRAMES], ids=[i for i, _ in FORGED_FRAMES])
+def test_r4_forged_frames_retire_the_worker_and_the_pool_keeps_serving(forge: str) -> None:
+    code = ("import os, msgpack\n"
+            "def raw(data):\n    os.write(3, data)\n"
+            "def frame(message):\n"
+            "    body = msgpack.packb(message, use_bin_type=True)\n"
+            "    raw(len(body).to_bytes(4, 'big') + body)\n" + forge + "\nresult = 1\n")
+
+    async def scenario(pool: Pool) -> None:
+        forger = pool.worker_pids[0]
+        await pool._test_exec(code)
+        for _ in range(300):
+            if pool.worker_pids and forger not in pool.worker_pids:
+                break
+            await asyncio.sleep(0.01)
+        assert forger not in pool.worker_pids
+        out = await pool.run(ref(block("event.reply('fine')")), pool_event(), Limits(1000, 4096))
+        assert out.body == b'"fine"'
+
+    run_with_pool(scenario, size=1, _unsafe_test_hooks=True)
