@@ -339,6 +339,13 @@ class Pool(Supervisor):
             req.deadline = self._loop.time() + req.limits.time_ms / 1000.0 + self.kill_grace
             return
         if t == "need":
+            # Legitimate once, and only when the job went without the source:
+            # a compromised worker answering "need" again and again (or after
+            # "compiled") would reset its deadline to a new compile budget
+            # each time and hold the request and the slot for ever (R10).
+            if req.kind != "job" or req.ships_source or req.asked_source:
+                raise ProtocolError("worker asked again for a source it was sent")
+            req.asked_source = True
             w.known.pop((req.ref.key, req.ref.version), None)
             if req.kind != "job" or not w.send(w.job_frame(req), self._loop, self._on_writable):
                 raise ProtocolError("worker asked for a source it cannot have")

@@ -938,3 +938,38 @@ def test_r4_forged_frames_retire_the_worker_and_the_pool_keeps_serving(forge: st
         assert out.body == b'"fine"'
 
     run_with_pool(scenario, size=1, _unsafe_test_hooks=True)
+
+
+# ---------------------------------------------------------------------------
+# R10: a compromised worker cannot extend its own deadline with "need"
+# ---------------------------------------------------------------------------
+
+def test_r10_need_is_honoured_once_per_request() -> None:
+    import socket
+
+    from sandbox.channel import RequestState, WorkerHandle
+
+    pool = Pool(size=1)  # never started: only the message handling is driven
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    try:
+        pool._loop = loop
+        w = WorkerHandle(0, 424242, ours.detach(), -1, cache_size=4, max_jobs=10, now=0.0)
+        script = ref(block("event.reply(1)"))
+        req = RequestState(loop.create_future(), "job", script, pool_event(), Limits(1000, 512))
+        req.id = 7
+        w.req = req
+        w.known[(script.key, script.version)] = None  # the service thinks the worker has it
+        pool._on_message(w, {"t": "need", "id": 7})  # legitimate: source sent with a budget
+        assert req.ships_source and req.deadline > 0
+        with pytest.raises(ProtocolError):  # asking again for what it was just sent
+            pool._on_message(w, {"t": "need", "id": 7})
+        pool._on_message(w, {"t": "compiled", "id": 7})
+        deadline = req.deadline
+        with pytest.raises(ProtocolError):  # after compiling: no second compile budget
+            pool._on_message(w, {"t": "need", "id": 7})
+        assert req.deadline == deadline
+        w.sock.close()
+    finally:
+        theirs.close()
+        loop.close()
