@@ -27,7 +27,7 @@ class RequestState:
     """One ``pool.run`` call: its future, what to run and its deadline."""
 
     __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker",
-                 "ships_source")
+                 "ships_source", "asked_source")
 
     def __init__(self, future: "asyncio.Future[Any]", kind: str, ref: Any,
                  event: dict[str, Any], limits: "Limits") -> None:
@@ -41,6 +41,9 @@ class RequestState:
         self.deadline = 0.0
         self.worker: WorkerHandle | None = None
         self.ships_source = False  # the worker compiles first: see limits.COMPILE_BUDGET_MS
+        # A worker may ask for the source ("need") once per request: each ask
+        # resets the deadline to a fresh compile budget (redteam finding R10).
+        self.asked_source = False
 
     def resolve(self, value: Any) -> None:
         """Set the result unless the caller already went away (cancelled)."""

@@ -33,12 +33,23 @@ def inspect(pid: int) -> dict[str, Any]:
         for name in wanted:
             if line.startswith(name):
                 limits[name] = line[len(name):].split()[:2]
+    # Workers are undumpable (PR_SET_DUMPABLE 0): without root, their
+    # ns/ and fd/ entries are not readable by the service's user; say so
+    # instead of failing.
+    try:
+        own_netns: bool | None = os.readlink(f"{base}/ns/net") != os.readlink("/proc/self/ns/net")
+    except PermissionError:
+        own_netns = None
+    try:
+        fds: list[int] | None = sorted(int(fd) for fd in os.listdir(f"{base}/fd"))
+    except PermissionError:
+        fds = None
     return {
         "uid": status.get("Uid", "").split()[:1],
         "no_new_privs": status.get("NoNewPrivs", "").strip() == "1",
         "seccomp_filter": status.get("Seccomp", "").strip() == "2",
-        "own_network_namespace": os.readlink(f"{base}/ns/net") != os.readlink("/proc/self/ns/net"),
-        "fds": sorted(int(fd) for fd in os.listdir(f"{base}/fd")),
+        "own_network_namespace": own_netns,
+        "fds": fds,
         "limits": limits,
     }
 

@@ -49,25 +49,6 @@ _C_ENCODER = None if _make_encoder is None else _make_encoder(
     None, _no_default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
 
 
-def header_problem(name: str, value: str) -> str | None:
-    """Why a script may not send this response header, or None when it may.
-
-    The one rule for script headers: the worker applies it at `event.header()`,
-    and the service applies it again to every reply, because a worker that was
-    taken over could send anything.
-    """
-    if not name or len(name) > MAX_HEADER_NAME or not _TOKEN_CHARS.issuperset(name):
-        return f"invalid header name {name[:MAX_HEADER_NAME]!r}"
-    lowered = name.lower()
-    if lowered in FORBIDDEN_HEADERS or lowered.startswith("proxy-"):
-        return f"header {name!r} is set by the server and cannot be set by a script"
-    if len(value) > MAX_HEADER_VALUE:
-        return f"header {name!r} value is longer than {MAX_HEADER_VALUE} characters"
-    if any(ch in value for ch in "\r\n\x00") or not _printable_latin1(value):
-        return f"header {name!r} value contains control or non-Latin-1 characters"
-    return None
-
-
 def encode_json(plain: Any) -> str:
     """JSON text for data made of exact builtin types (see _plain)."""
     if _C_ENCODER is not None:
@@ -220,8 +201,6 @@ class Event:
         """Add a response header; Content-Type sets the reply's content type."""
         state: ReplyState = self._state
         state.check_open()
-        if type(name) is not str or type(value) is not str:
-            state.refuse("header name and value must be str")
         problem = header_problem(name, value)
         if problem is not None:
             state.refuse(problem)
@@ -262,6 +241,27 @@ class Event:
                 state.refuse(f"reply is larger than {MAX_BODY_BYTES} bytes")
             state.kind, state.payload = "json", data
         state.replied = True
+
+
+def header_problem(name: Any, value: Any) -> str | None:
+    """Why a script may not send this header, or None if it may.
+
+    Also used by the service process on every header a worker returns
+    (``protocol.check_result``): a compromised worker must not be able to
+    set what a script cannot (redteam finding R4).
+    """
+    if type(name) is not str or type(value) is not str:
+        return "header name and value must be str"
+    if not name or len(name) > MAX_HEADER_NAME or not _TOKEN_CHARS.issuperset(name):
+        return f"invalid header name {name[:MAX_HEADER_NAME]!r}"
+    lowered = name.lower()
+    if lowered in FORBIDDEN_HEADERS or lowered.startswith("proxy-"):
+        return f"header {name!r} is set by the server and cannot be set by a script"
+    if len(value) > MAX_HEADER_VALUE:
+        return f"header {name!r} value is longer than {MAX_HEADER_VALUE} characters"
+    if any(ch in value for ch in "\r\n\x00") or not _printable_latin1(value):
+        return f"header {name!r} value contains control or non-Latin-1 characters"
+    return None
 
 
 def _printable_latin1(value: str) -> bool:

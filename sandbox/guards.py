@@ -50,7 +50,27 @@ class ScriptType(type):
     ``class C(..., metaclass=__metaclass__)``; we bind ``__metaclass__`` to
     this type so the write guard can tell script-made classes and instances
     (writable) from everything the sandbox exposes (read-only).
+
+    Because instances are writable, a script class must not inherit C slots
+    that C code trusts without checking them: ``UnicodeDecodeError.__str__``
+    reads ``object`` as bytes and ``start`` as an index unchecked, so
+    ``e.object = [0]; e.start = -4096; str(e)`` read the worker's memory one
+    byte at a time (other guilds' leftover request data, compiled sources;
+    redteam finding R2). Those bases are refused.
     """
+
+    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any],
+                **kwargs: Any) -> ScriptType:
+        for base in bases:
+            if isinstance(base, type) and issubclass(base, _UNSAFE_SCRIPT_BASES):
+                raise TypeError(f"classes cannot derive from {base.__name__!s} here")
+        return super().__new__(mcs, name, bases, namespace, **kwargs)
+
+
+# Builtin classes with writable C slots that their own C methods use without
+# a type or bounds check (see ScriptType).
+_UNSAFE_SCRIPT_BASES: tuple[type, ...] = (UnicodeEncodeError, UnicodeDecodeError,
+                                          UnicodeTranslateError)
 
 
 def guarded_getattr(obj: Any, name: str) -> Any:

@@ -33,6 +33,8 @@ _CLONE_THREAD = 0x00010000
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_GET_NO_NEW_PRIVS = 39
+_PR_GET_DUMPABLE = 3
+_PR_SET_DUMPABLE = 4
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -120,6 +122,53 @@ def set_no_new_privs() -> tuple[bool, str]:
     return _libc.prctl(_PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1, ""
 
 
+def leave_terminal_session() -> None:
+    """setsid(): no controlling terminal, so /dev/tty cannot be opened (R8).
+
+    With the service started from a shell, a worker would otherwise share
+    the operator's terminal; TIOCSTI is refused by seccomp as well.
+    """
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a session leader: nothing inherited to leave
+
+
+def make_undumpable() -> tuple[bool, str]:
+    """PR_SET_DUMPABLE 0: siblings of the same uid cannot open /proc/<pid>/mem.
+
+    A uid change makes a process undumpable already; without one (service
+    not root) every worker and the service share a uid, and a compromised
+    worker could read another worker's memory through /proc/<pid>/mem or
+    environ (no ptrace needed). Setting it explicitly covers both cases.
+    """
+    if _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        return False, os.strerror(ctypes.get_errno())
+    return _libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0, ""
+
+
+def wipe_initial_environment() -> bool:
+    """Zero the process's initial environment block (R6).
+
+    ``os.environ.clear()`` only unlinks the variables from libc's
+    ``environ``; the strings the kernel placed on the stack at exec time
+    (the service's whole environment, e.g. ``LOGIC_DATABASE_URL``, copied
+    into every forked process) stay in memory and are what
+    ``/proc/<pid>/environ`` shows. Call after ``os.environ.clear()``.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        # Fields 50 and 51 of proc(5) (env_start, env_end); index 0 is field 3.
+        start, end = int(fields[47]), int(fields[48])
+    except (OSError, IndexError, ValueError):
+        return False
+    if not 0 < start < end or end - start > 1 << 24:
+        return False
+    ctypes.memset(start, 0, end - start)
+    return True
+
+
 def set_parent_death_signal(expected_parent: int) -> None:
     """Die with the parent (the zygote with the service); a credential change clears it."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -142,7 +191,37 @@ _EPERM_ALWAYS = (
     "init_module", "finit_module", "delete_module", "kexec_load", "reboot",
     "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
     "personality",
+    # Found in the redteam review (R5-R8): each of these worked for a hardened
+    # worker. creat() is open(O_CREAT|O_WRONLY|O_TRUNC) under its own number,
+    # so the open/openat flag rules never saw it (it created and truncated
+    # files); the *_handle_at pair opens by file handle with any flags.
+    "creat", "name_to_handle_at", "open_by_handle_at", "memfd_create",
+    "utime", "utimes", "futimesat", "utimensat",
+    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
+    # Scheduling of *other* processes: as the same user a worker could renice
+    # (PRIO_USER: every worker at once), pin or SCHED_IDLE a sibling that runs
+    # another guild's script, or move its pages. The runtime needs none.
+    "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
+    "sched_setattr", "ioprio_set", "migrate_pages", "move_pages",
+    "process_madvise", "process_mrelease",
+    # The new mount API and other administration calls (they need privileges
+    # a worker should not have; denied outright in case it has them).
+    "fsopen", "fsconfig", "fsmount", "fspick", "open_tree", "move_mount", "mount_setattr",
+    "fanotify_init", "acct", "swapon", "swapoff", "sethostname", "setdomainname",
+    "syslog", "vhangup", "quotactl", "settimeofday", "clock_settime", "clock_adjtime",
+    "adjtimex", "iopl", "ioperm", "kexec_file_load", "uselib", "lookup_dcookie",
 )
+# Namespace flags: refused for clone() even together with CLONE_THREAD (a
+# worker that kept capabilities could otherwise enter new namespaces).
+# CLONE_NEWTIME (0x80) is only valid for unshare/clone3, both refused.
+_CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000,
+                          0x20000000, 0x40000000)
+# Terminal ioctls that inject input into (or drive) a terminal: with a
+# controlling terminal, TIOCSTI types commands into the operator's shell.
+# The kernel reads the request as a 32-bit int: compare the low 32 bits only,
+# or 0x1_0000_5412 would pass an equality rule and still mean TIOCSTI.
+_DENIED_IOCTLS = (0x5412, 0x541C)  # TIOCSTI, TIOCLINUX
+_IOCTL_CMD_MASK = 0xFFFFFFFF
 # Signals (kill, tkill, tgkill, rt_*sigqueueinfo) are allowed only towards the
 # worker itself; see load_seccomp.
 # Answered "not implemented" so callers take their fallback path: glibc falls
@@ -175,6 +254,14 @@ def build_seccomp_filter() -> Any:
     for name in _ENOSYS:
         flt.add_rule(sc.ERRNO(errno.ENOSYS), name)
     flt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
+    for flag in _CLONE_NAMESPACE_FLAGS:
+        flt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    for request in _DENIED_IOCTLS:
+        flt.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, _IOCTL_CMD_MASK, request))
+    # Resource limits of another process (a same-uid sibling: lowering its
+    # RLIMIT_CPU or RLIMIT_AS kills the guild it serves); pid 0 is "myself",
+    # which is what setrlimit() uses and what the CPU backstop needs.
+    flt.add_rule(eperm, "prlimit64", sc.Arg(0, sc.NE, 0))
     for flag in _WRITE_FLAGS:
         for name, argno in (("open", 1), ("openat", 2)):
             try:
@@ -218,8 +305,11 @@ def harden(channel_fd: int, cfg: HardeningConfig,
     fd = close_inherited_fds(channel_fd)
     report.set("close_fds", True)
     # The service's environment may hold a database URL with a password or
-    # other operator secrets; a worker needs none of it.
+    # other operator secrets; a worker needs none of it, neither in os.environ
+    # nor in the block the kernel copied onto the stack at exec time.
     os.environ.clear()
+    wipe_initial_environment()
+    leave_terminal_session()
 
     failed = limits.apply_rlimits(address_space=cfg.address_space,
                                   cpu_lifetime_s=cfg.cpu_lifetime_s, nofile=cfg.nofile)
@@ -246,6 +336,9 @@ def harden(channel_fd: int, cfg: HardeningConfig,
 
     ok, why = set_no_new_privs()
     report.set("no_new_privs", ok, why)
+    # Not a reported layer (a uid change implies it); a failure is harmless
+    # to report as part of no_new_privs' neighbourhood, so it is only applied.
+    make_undumpable()
 
     if cfg.seccomp:
         ok, why = load_seccomp(seccomp_filter)

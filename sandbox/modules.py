@@ -107,40 +107,58 @@ def _re_flags(flags: Any) -> int:
     return value
 
 
+def _exact(value: Any) -> Any:
+    """An exact ``str``/``bytes`` copy of a subclass instance; anything else as is.
+
+    ``re`` keeps patterns (and ``_strptime`` formats) as keys of process-wide
+    caches; a script's ``str`` subclass instance can carry attributes (a
+    suspended generator), which would then outlive the invocation and run
+    its ``finally`` block when evicted, in another guild's invocation
+    (redteam finding R1). The runtime detects any such leftover; this keeps
+    the common routes from producing one.
+    """
+    tp = type(value)
+    if tp is not str and isinstance(value, str):
+        return str.__str__(value)
+    if tp is not bytes and isinstance(value, bytes):
+        return bytes(memoryview(value))
+    return value
+
+
 def _re_compile(pattern: Any, flags: Any = 0) -> re.Pattern[Any]:
-    return re.compile(pattern, _re_flags(flags))
+    return re.compile(_exact(pattern), _re_flags(flags))
 
 
 def _re_search(pattern: Any, string: Any, flags: Any = 0) -> Any:
-    return re.search(pattern, string, _re_flags(flags))
+    return re.search(_exact(pattern), string, _re_flags(flags))
 
 
 def _re_match(pattern: Any, string: Any, flags: Any = 0) -> Any:
-    return re.match(pattern, string, _re_flags(flags))
+    return re.match(_exact(pattern), string, _re_flags(flags))
 
 
 def _re_fullmatch(pattern: Any, string: Any, flags: Any = 0) -> Any:
-    return re.fullmatch(pattern, string, _re_flags(flags))
+    return re.fullmatch(_exact(pattern), string, _re_flags(flags))
 
 
 def _re_split(pattern: Any, string: Any, maxsplit: int = 0, flags: Any = 0) -> list[Any]:
-    return re.split(pattern, string, maxsplit, _re_flags(flags))
+    return re.split(_exact(pattern), string, maxsplit, _re_flags(flags))
 
 
 def _re_findall(pattern: Any, string: Any, flags: Any = 0) -> list[Any]:
-    return re.findall(pattern, string, _re_flags(flags))
+    return re.findall(_exact(pattern), string, _re_flags(flags))
 
 
 def _re_finditer(pattern: Any, string: Any, flags: Any = 0) -> Any:
-    return re.finditer(pattern, string, _re_flags(flags))
+    return re.finditer(_exact(pattern), string, _re_flags(flags))
 
 
 def _re_sub(pattern: Any, repl: Any, string: Any, count: int = 0, flags: Any = 0) -> Any:
-    return re.sub(pattern, repl, string, count, _re_flags(flags))
+    return re.sub(_exact(pattern), _exact(repl), string, count, _re_flags(flags))
 
 
 def _re_subn(pattern: Any, repl: Any, string: Any, count: int = 0, flags: Any = 0) -> Any:
-    return re.subn(pattern, repl, string, count, _re_flags(flags))
+    return re.subn(_exact(pattern), _exact(repl), string, count, _re_flags(flags))
 
 
 _RE = {
@@ -179,12 +197,18 @@ _JSON = _public(json, ["dumps", "loads", "JSONDecodeError"])
 _DATETIME = _public(datetime, ["date", "datetime", "time", "timedelta", "timezone",
                                "tzinfo", "MINYEAR", "MAXYEAR", "UTC"])
 
+def _time_strptime(string: Any, format: Any = "%a %b %d %H:%M:%S %Y") -> time.struct_time:
+    # _strptime caches compiled formats keyed by the format object (R1).
+    return time.strptime(_exact(string), _exact(format))
+
+
 # time.sleep would hold a worker for nothing; tzset and the clock setters
 # change process state.
 _TIME = _public(time, ["time", "time_ns", "monotonic", "monotonic_ns", "perf_counter",
                        "perf_counter_ns", "process_time", "process_time_ns", "gmtime",
                        "localtime", "mktime", "strftime", "strptime", "asctime", "ctime",
                        "struct_time", "timezone", "altzone", "daylight", "tzname"])
+_TIME["strptime"] = _time_strptime
 
 _HASHLIB = {
     **_public(hashlib, ["md5", "sha1", "sha224", "sha256", "sha384", "sha512",
@@ -204,9 +228,29 @@ _BASE64 = _public(base64, ["b64encode", "b64decode", "standard_b64encode", "stan
                            "encodebytes", "decodebytes"])
 
 # string.Formatter is the str.format engine (CVE-2023-41039): left out.
-_STRING = _public(string, ["ascii_letters", "ascii_lowercase", "ascii_uppercase", "digits",
-                           "hexdigits", "octdigits", "punctuation", "printable", "whitespace",
-                           "capwords", "Template"])
+class _Template(string.Template):
+    """``string.Template`` whose subclasses cannot pick unsafe ``re`` flags.
+
+    ``Template.__init_subclass__`` compiles the subclass's pattern with
+    ``cls.flags`` through the real ``re.compile``: ``flags = 128`` was
+    ``re.DEBUG`` (printing to the worker's stdout) past our ``re`` wrappers,
+    and a ``str`` subclass ``pattern`` landed in ``re``'s cache (redteam
+    findings R1, R3). Instances and ``isinstance`` work as with the original.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        _re_flags(cls.flags)
+        if "pattern" in cls.__dict__ and not isinstance(cls.__dict__["pattern"], re.Pattern):
+            cls.pattern = _exact(cls.__dict__["pattern"])
+        super().__init_subclass__(**kwargs)
+
+
+_Template.__name__ = _Template.__qualname__ = "Template"
+
+_STRING = {**_public(string, ["ascii_letters", "ascii_lowercase", "ascii_uppercase", "digits",
+                              "hexdigits", "octdigits", "punctuation", "printable",
+                              "whitespace", "capwords"]),
+           "Template": _Template}
 
 _COLLECTIONS = _public(collections, ["Counter", "OrderedDict", "defaultdict", "deque",
                                      "namedtuple", "ChainMap"])

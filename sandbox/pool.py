@@ -80,6 +80,7 @@ class Pool(Supervisor):
                  address_space_mb: int = 768, compile_cache: int = 64, user: str = "nobody",
                  network_namespace: bool = True, drop_user: bool = True, seccomp: bool = True,
                  prefer_memguard: bool = True, worker_spin_us: int = 0,
+                 fresh_interpreter: bool = True,
                  _unsafe_test_hooks: bool = False) -> None:
         # Builds configuration only: nothing here changes the process.
         if size is not None and size < 1:
@@ -102,6 +103,8 @@ class Pool(Supervisor):
         self._prefer_memguard = prefer_memguard
         self._test_hooks = _unsafe_test_hooks
         self._spin_us = worker_spin_us
+        # The zygote execs a new interpreter: no service memory in workers (R9).
+        self._fresh_interpreter = fresh_interpreter
         self._workers: dict[int, WorkerHandle | None] = {}
         self._idle: deque[WorkerHandle] = deque()
         self._waiters: deque[RequestState] = deque()
@@ -165,7 +168,7 @@ class Pool(Supervisor):
                                         "address_space": base + (self._address_space_mb << 20)})
         cfg = WorkerConfig(self._hcfg, self._compile_cache, self._prefer_memguard,
                            self._test_hooks, self._spin_us)
-        self._zygote_pid, self._ctl = zygote.start(cfg)
+        self._zygote_pid, self._ctl = zygote.start(cfg, self._fresh_interpreter)
         self._ctl.setblocking(False)
         for slot in range(self.size):
             self._workers[slot] = None
@@ -337,6 +340,13 @@ class Pool(Supervisor):
             req.deadline = self._loop.time() + req.limits.time_ms / 1000.0 + self.kill_grace
             return
         if t == "need":
+            # Legitimate once, and only when the job went without the source:
+            # a compromised worker answering "need" again and again (or after
+            # "compiled") would reset its deadline to a new compile budget
+            # each time and hold the request and the slot for ever (R10).
+            if req.kind != "job" or req.ships_source or req.asked_source:
+                raise ProtocolError("worker asked again for a source it was sent")
+            req.asked_source = True
             w.known.pop((req.ref.key, req.ref.version), None)
             if req.kind != "job" or not w.send(w.job_frame(req), self._loop, self._on_writable):
                 raise ProtocolError("worker asked for a source it cannot have")

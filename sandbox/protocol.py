@@ -21,13 +21,14 @@ worker -> parent
 """
 from __future__ import annotations
 
+import math
 import socket
 from typing import Any, Iterator
 
 import msgpack  # type: ignore[import-untyped]
 
 from sandbox.errors import ProtocolError
-from sandbox.event import MAX_HEADERS, header_problem
+from sandbox.event import MAX_BODY_BYTES, MAX_HEADERS, header_problem
 
 # A job carries the event twice over in the worst case (parsed body and raw
 # body, each up to the largest plan's 1 MiB) plus a source of up to 256 KiB.
@@ -39,6 +40,12 @@ ERROR_KINDS = frozenset(
     {"script_error", "script_timeout", "script_memory_exceeded", "invalid_reply",
      "no_endpoint_handler", "crash"}
 )
+
+# print() output: 16 KB of UTF-8 (so at most as many characters) plus the
+# truncation marker; error messages and tracebacks are bounded by the runtime.
+MAX_OUTPUT_CHARS = 16384 + 64
+MAX_ERROR_MESSAGE_CHARS = 1000 + 3
+MAX_TRACEBACK_CHARS = 20000 + 3
 
 _packer = msgpack.Packer(use_bin_type=True)
 
@@ -168,18 +175,46 @@ def _check_error(error: Any) -> bool:
         return True
     return (type(error) is dict and error.get("kind") in ERROR_KINDS
             and type(error.get("message")) is str and _opt(error.get("line"), int)
-            and _opt(error.get("traceback"), str))
+            and _opt(error.get("traceback"), str)
+            and len(error["message"]) <= MAX_ERROR_MESSAGE_CHARS
+            and (error["traceback"] is None or len(error["traceback"]) <= MAX_TRACEBACK_CHARS))
 
 
 def check_result(r: Any) -> bool:
-    """True when ``r`` has exactly the shape ``run_endpoint`` promises."""
-    return (type(r) is dict and type(r.get("replied")) is bool
+    """True when ``r`` has exactly the shape ``run_endpoint`` promises.
+
+    The worker is assumed compromised here, so everything the service will
+    act on is checked with the script-facing rules again (redteam finding
+    R4): a reply's status is 200-599, every header and the content type pass
+    ``event.header_problem`` (no ``Set-Cookie``, framing, CR/LF, ...), and
+    sizes stay within what the runtime can produce.
+    """
+    if not (type(r) is dict and type(r.get("replied")) is bool
             and _is_int(r.get("status")) and 100 <= r["status"] <= 599
             and _check_headers(r.get("headers")) and type(r.get("body")) is bytes
-            and type(r.get("contentType")) is str
-            and (r["contentType"] == "" or header_problem("Content-Type", r["contentType"]) is None)
-            and type(r.get("output")) is str
-            and _check_error(r.get("error")))
+            and type(r.get("contentType")) is str and type(r.get("output")) is str
+            and _check_error(r.get("error"))):
+        return False
+    if len(r["body"]) > MAX_BODY_BYTES or len(r["output"]) > MAX_OUTPUT_CHARS:
+        return False
+    if r["replied"]:
+        if not 200 <= r["status"] <= 599 or len(r["headers"]) > MAX_HEADERS:
+            return False
+        if any(header_problem(n, v) is not None or n.lower() == "content-type"
+               for n, v in r["headers"]):
+            return False
+        if header_problem("Content-Type", r["contentType"]) is not None:
+            return False
+    return True
+
+
+def _check_measures(msg: dict[str, Any]) -> bool:
+    """``dur`` and ``peak`` are stored and logged: finite, non-negative, bounded."""
+    dur, peak = msg.get("dur"), msg.get("peak")
+    if type(dur) is not float or not _is_int(peak):
+        return False
+    assert isinstance(peak, int)
+    return math.isfinite(dur) and dur >= 0.0 and 0 <= peak < 1 << 63
 
 
 def check_reply(msg: Any) -> dict[str, Any]:
@@ -188,9 +223,8 @@ def check_reply(msg: Any) -> dict[str, Any]:
         raise ProtocolError("message is not a map")
     t = msg.get("t")
     if t == "res":
-        ok = (_is_int(msg.get("id")) and check_result(msg.get("r")) and _is_int(msg.get("peak"))
-              and type(msg.get("over")) is bool and type(msg.get("dur")) is float
-              and type(msg.get("exit")) is bool)
+        ok = (_is_int(msg.get("id")) and check_result(msg.get("r")) and _check_measures(msg)
+              and type(msg.get("over")) is bool and type(msg.get("exit")) is bool)
     elif t in ("need", "compiled"):
         ok = _is_int(msg.get("id"))
     elif t == "ready":

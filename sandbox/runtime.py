@@ -14,6 +14,7 @@ import gc
 import sys
 import types
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from sandbox.compiler import ENDPOINT_EVENT, CompiledScript
@@ -33,6 +34,29 @@ _ENDPOINT_KEY = handler_name(ENDPOINT_EVENT)
 _PRIMITIVES = (str, int, float, bool, type(None), bytes)
 _ERROR_STATUS = {"script_error": 500, "script_memory_exceeded": 500,
                  "invalid_reply": 500, "no_endpoint_handler": 501}
+
+
+@dataclass(slots=True)
+class RunReport:
+    """What the caller of :func:`run_endpoint` must know beyond the result.
+
+    ``leaked`` is True when some script code (a function, a bound method, a
+    suspended generator) is still referenced after the invocation was torn
+    down: it was stored in process-wide state the script cannot name but can
+    reach through a library, e.g. a ``str`` subclass instance carrying a
+    generator used as an ``re`` pattern (``re``'s compile cache keeps it), a
+    ``time.strptime`` format (``_strptime``'s cache) or an ``re`` replacement
+    template (an ``lru_cache``).  When that entry is evicted, during another
+    guild's invocation, the generator's ``finally`` block runs there.  A
+    worker must not serve anyone else after such a run (redteam finding R1).
+    """
+
+    leaked: bool = False
+
+
+# References to an invocation's globals that the runtime itself holds while
+# it checks for leftovers: the ``scope`` local and getrefcount's argument.
+_OWN_SCOPE_REFERENCES = 2
 
 
 def prepare_worker_process() -> None:
@@ -67,12 +91,13 @@ def _stack_depth() -> int:
 
 
 def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
-                 output_cap: int = DEFAULT_OUTPUT_CAP) -> dict[str, Any]:
+                 output_cap: int = DEFAULT_OUTPUT_CAP,
+                 report: RunReport | None = None) -> dict[str, Any]:
     """Run the script's ``on endpoint`` block for one request.
 
     Returns ``{"replied", "status", "headers", "body", "contentType",
     "output", "error"}`` made of plain data. Never raises for anything the
-    script does.
+    script does. ``report``, if given, is filled in (see :class:`RunReport`).
     """
     collector = PrintCollector(output_cap)
     state = ReplyState(script.code.co_filename)
@@ -87,6 +112,7 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
     decimal.setcontext(decimal.Context())
     old_limit = sys.getrecursionlimit()
     error: dict[str, Any] | None = None
+    handler: Any = None
     try:
         ev = new_event(event, state)
         sys.setrecursionlimit(_stack_depth() + RECURSION_BUDGET)
@@ -112,15 +138,24 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
         hook = sys.unraisablehook
         sys.unraisablehook = _ignore_unraisable
         try:
+            handler = None  # our own reference to a script function
             scope.clear()
-            if script.has_generators:
+            # Every piece of script code that could still run (functions,
+            # methods, generators' frames through their function) references
+            # this globals dict; once cleared, only we should.
+            if script.has_generators or sys.getrefcount(scope) > _OWN_SCOPE_REFERENCES:
                 # A suspended generator in a reference cycle would otherwise
                 # run its finally block whenever the collector next runs:
                 # during another guild's invocation. Collect now (cheap in a
                 # worker whose heap is gc.freeze()-d); a second pass catches
-                # what the first pass's finalisers left behind.
+                # what the first pass's finalisers left behind. Classes and
+                # functions always sit in cycles, so the count above is only
+                # final after a collection.
                 if gc.collect():
                     gc.collect()
+            if report is not None:
+                # Still referenced: script code survives in process-wide state.
+                report.leaked = sys.getrefcount(scope) > _OWN_SCOPE_REFERENCES
         finally:
             sys.unraisablehook = hook
     if state.invalid is not None and (error is None or error["kind"] == "script_error"):
@@ -134,7 +169,9 @@ def _ignore_unraisable(unraisable: Any) -> None:
 
 def _error(kind: str, message: str, line: int | None = None,
            traceback: str | None = None) -> dict[str, Any]:
-    return {"kind": kind, "message": message, "line": line, "traceback": traceback}
+    # Bounded here for every kind: the service refuses longer messages from a
+    # worker (protocol.check_result), e.g. "status must be ..., not <4300 digits>".
+    return {"kind": kind, "message": _clean(message), "line": line, "traceback": traceback}
 
 
 def _result(state: ReplyState, collector: PrintCollector,

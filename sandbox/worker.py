@@ -42,6 +42,8 @@ class WorkerConfig:
 
 def _error_result(kind: str, message: str, line: int | None = None,
                   status: int = 500) -> dict[str, Any]:
+    if len(message) > protocol.MAX_ERROR_MESSAGE_CHARS:  # e.g. a compile error naming a long name
+        message = message[:protocol.MAX_ERROR_MESSAGE_CHARS - 3] + "..."
     return {"replied": False, "status": status, "headers": [], "body": b"",
             "contentType": "", "output": "",
             "error": {"kind": kind, "message": message, "line": line, "traceback": None}}
@@ -55,10 +57,11 @@ class _Runner:
 
     def __init__(self, cfg: WorkerConfig, accountant: limits.MemoryAccountant) -> None:
         from sandbox.compiler import compile_script
-        from sandbox.runtime import prepare_worker_process, run_endpoint
+        from sandbox.runtime import RunReport, prepare_worker_process, run_endpoint
         prepare_worker_process()  # warnings off, integer digit limit pinned
         self._compile = compile_script
         self._run = run_endpoint
+        self._report_type = RunReport
         self._cfg = cfg
         self._acct = accountant
         self._cpu = limits.CpuBackstop(cfg.hardening.cpu_lifetime_s)
@@ -97,9 +100,11 @@ class _Runner:
 
         cap = msg["mem"]
         t0 = time.perf_counter()
+        report = self._report_type()
         self._acct.arm(cap)
         try:
-            result = self._run(compiled.script, msg["event"], output_cap=OUTPUT_CAP)
+            result = self._run(compiled.script, msg["event"], output_cap=OUTPUT_CAP,
+                               report=report)
             failure: BaseException | None = None
         except BaseException as exc:  # the runtime promises plain data; anything else is a fault
             result = None
@@ -107,6 +112,10 @@ class _Runner:
         finally:
             peak, over = self._acct.disarm()
         dur = (time.perf_counter() - t0) * 1000.0
+        if report.leaked:
+            # Script code outlived the invocation inside a library cache; it
+            # could run during the next guild's invocation: retire the worker.
+            exit_after = True
         if over:
             line, output = None, ""
             if result is not None:

@@ -21,18 +21,21 @@ its workers and exits; it also dies with the service (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib
+import json
 import os
 import select
 import signal
 import socket
+import sys
 import traceback
 from typing import Any, NoReturn
 
 import msgpack  # type: ignore[import-untyped]
 
-from sandbox import hardening, worker
+from sandbox import hardening, limits, worker
 from sandbox.errors import SpawnError
 
 WARM_MODULES = (
@@ -57,16 +60,72 @@ WARM_EVENT: dict[str, Any] = {
 MAX_CONTROL = 4096
 
 
-def start(cfg: worker.WorkerConfig) -> tuple[int, socket.socket]:
-    """Fork the zygote from the (still single-threaded) service process.
+# The zygote is a *fresh interpreter* by default (redteam finding R9): a plain
+# fork() copies the service's whole heap and stack into the zygote and so into
+# every worker — its settings object with the database URL, the frames of
+# serve() that hold it, its imported modules — where a compromised worker
+# could read them. After exec only what the bootstrap below imports exists.
+# The exec'd interpreter gets an empty environment, isolated mode (-I: no
+# PYTHON* variables, no user site, no script directory on sys.path) and the
+# service's sys.path so it imports the same sandbox package.
+_BOOTSTRAP = (
+    "import json, sys\n"
+    "payload = json.loads(sys.argv[2])\n"
+    "sys.path[:] = payload['path']\n"
+    "from sandbox import zygote\n"
+    "zygote.main_after_exec(int(sys.argv[1]), payload)\n"
+)
 
-    Returns its pid and the service's end of the control socket.
+
+def _config_payload(cfg: worker.WorkerConfig, service_pid: int) -> str:
+    """The WorkerConfig and what the exec'd zygote needs, as JSON (plain data)."""
+    plain = dataclasses.asdict(cfg)
+    # RLIMIT_AS is "address space at start + head-room": measured again in the
+    # exec'd zygote, which maps far less than the service it came from.
+    headroom = max(cfg.hardening.address_space - limits.current_address_space(), 64 << 20)
+    return json.dumps({"cfg": plain, "path": [p for p in sys.path if isinstance(p, str)],
+                       "service_pid": service_pid, "as_headroom": headroom})
+
+
+def main_after_exec(ctl_fd: int, payload: dict[str, Any]) -> NoReturn:
+    """Entry point of the exec'd zygote (see _BOOTSTRAP)."""
+    try:
+        plain = payload["cfg"]
+        hcfg = hardening.HardeningConfig(**plain.pop("hardening"))
+        cfg = worker.WorkerConfig(hardening=hcfg, **plain)
+        _main(ctl_fd, cfg, int(payload["service_pid"]), int(payload["as_headroom"]))
+    except BaseException:
+        os.write(2, ("sandbox fork server failed:\n" + traceback.format_exc()).encode())
+    finally:
+        os._exit(1)
+
+
+def start(cfg: worker.WorkerConfig, fresh_interpreter: bool = True) -> tuple[int, socket.socket]:
+    """Start the zygote from the (still single-threaded) service process.
+
+    With ``fresh_interpreter`` (the default) the forked child execs a new
+    Python at once, so nothing of the service's memory reaches the zygote or
+    its workers; without it the child runs on in the service's copy (kept for
+    tests that patch the sandbox in the service and expect the zygote to
+    inherit the patch). Returns its pid and the service's end of the control
+    socket.
     """
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     service_pid = os.getpid()
+    argv: list[str] = []
+    fresh_interpreter = fresh_interpreter and bool(sys.executable)  # embedded: no python to exec
+    if fresh_interpreter:
+        # Built before fork: the child only calls execve (async-signal-safe
+        # enough for a possibly threaded parent, and nothing else runs there).
+        argv = [sys.executable, "-I", "-c", _BOOTSTRAP, str(theirs.fileno()),
+                _config_payload(cfg, service_pid)]
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         try:
+            if fresh_interpreter:
+                ours.detach()
+                os.set_inheritable(theirs.fileno(), True)
+                os.execve(argv[0], argv, {})
             gc.freeze()  # objects of the service are never collected (and closed) here
             ours.detach()
             _main(theirs.detach(), cfg, service_pid)
@@ -204,7 +263,8 @@ class _Zygote:
         os._exit(0)
 
 
-def _main(ctl_fd: int, cfg: worker.WorkerConfig, service_pid: int) -> NoReturn:
+def _main(ctl_fd: int, cfg: worker.WorkerConfig, service_pid: int,
+          as_headroom: int | None = None) -> NoReturn:
     # Keep stdio for diagnostics; drop every other descriptor of the service
     # (listening sockets, database connections, log files).
     os.closerange(3, ctl_fd)
@@ -223,8 +283,12 @@ def _main(ctl_fd: int, cfg: worker.WorkerConfig, service_pid: int) -> NoReturn:
             pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     hardening.set_parent_death_signal(service_pid)
-    zygote = _Zygote(ctl_fd, cfg)
     _warm()
+    if as_headroom is not None:
+        # Exec'd: the address space that workers start from is ours, now.
+        cfg = dataclasses.replace(cfg, hardening=dataclasses.replace(
+            cfg.hardening, address_space=limits.current_address_space() + as_headroom))
+    zygote = _Zygote(ctl_fd, cfg)
     # A Python-level SIGCHLD handler that does nothing: its only effect is the
     # byte written to the wakeup fd, which ends select() so we reap at once.
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)

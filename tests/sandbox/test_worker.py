@@ -110,7 +110,7 @@ def test_start_fails_fast_when_the_fork_server_cannot_start(
         raise ImportError("no language runtime")
 
     monkeypatch.setattr(zygote, "_warm", broken)  # inherited by the forked zygote
-    pool = Pool(size=1)
+    pool = Pool(size=1, fresh_interpreter=False)  # a patch only a forked zygote inherits
     t0 = time.monotonic()
     with pytest.raises(SpawnError):
         pool.start()
@@ -128,7 +128,7 @@ def test_quiet_worker_at_start_is_killed_and_start_fails(monkeypatch: pytest.Mon
         time.sleep(60)
 
     monkeypatch.setattr(hardening, "harden", hang)  # inherited by zygote and workers
-    pool = Pool(size=1, spawn_timeout_s=0.5)
+    pool = Pool(size=1, spawn_timeout_s=0.5, fresh_interpreter=False)
     t0 = time.monotonic()
     with pytest.raises(SpawnError):
         pool.start()
