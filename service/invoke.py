@@ -177,7 +177,11 @@ class InvokeHandler(BaseHandler):
     def _reply(self, outcome: Outcome) -> None:
         for name, value in outcome.headers:
             self.add_header(name, value)  # a name set twice is sent twice
-        # The service's own headers win over a script's.
+        # The service's own headers win over a script's. A script's reply must
+        # never act as a page of the origin the dashboard shares: browsers treat
+        # it as a sandboxed, opaque origin with no scripts, whatever its type.
+        self.set_header("Content-Security-Policy", "sandbox")
+        self.set_header("X-Content-Type-Options", "nosniff")
         self.set_header("X-Request-Id", self.request_id)
         for name, value in self.sticky_headers.items():
             self.set_header(name, value)

@@ -21,6 +21,7 @@ from peewee import Database
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from sandbox.hardening import make_undumpable
 from sandbox.pool import Pool
 from service.app import make_app
 from service.auth import SecretVerifier
@@ -48,6 +49,12 @@ def serve(settings: Settings, *, drain_seconds: float = 30.0) -> None:
     # Bind first, so a taken port fails before anything is forked. The fork
     # server and the workers close every inherited descriptor but their channel.
     sockets = bind_sockets(settings.server.port, settings.server.host, family=socket.AF_UNSPEC)
+    if os.geteuid() != 0:
+        # Without root the workers keep the service's uid: make the service's
+        # /proc/<pid>/mem and environ unreadable to them (docs/security.md).
+        ok, why = make_undumpable()
+        if not ok:
+            log.warning("could not make the service undumpable: %s", why)
     pool = Pool(size=settings.sandbox.workers, queue_timeout_ms=settings.sandbox.queue_timeout_ms)
     pool.start()  # forks; logs every isolation layer this host cannot provide
     try:

@@ -104,6 +104,20 @@ on endpoint(event):
     assert resp.body == b"a,b\n1,2\n"
 
 
+def test_html_from_a_script_cannot_run_in_a_browser(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source="""
+on endpoint(event):
+    event.header("Content-Type", "text/html")
+    event.header("Content-Security-Policy", "default-src *")
+    event.reply("<script>fetch('/api/v1/tokens')</script>")
+""")
+    resp = server.request(ep.path, json_body={}, secret=ep.secret)
+    assert resp.status == 200 and resp.headers["content-type"].startswith("text/html")
+    csp = [v for k, v in resp.raw_headers if k.lower() == "content-security-policy"]
+    assert csp == ["sandbox"]
+    assert resp.headers["x-content-type-options"] == "nosniff"
+
+
 def test_never_replied_is_success_true(server: Server, make_endpoint) -> None:
     ep = make_endpoint(source="on endpoint(event):\n    print('seen')\n")
     resp = server.request(ep.path, json_body={}, secret=ep.secret)
