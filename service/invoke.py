@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime, timezone
 from collections.abc import Awaitable
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from tornado.web import stream_request_body
@@ -20,6 +20,7 @@ from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, ScriptRef
 from service.auth import presented_secret
 from service.base import BaseHandler
+from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
 from service.errors import (
     OUTCOME_ERRORS,
     AuthThrottledError,
@@ -54,6 +55,7 @@ class InvokeHandler(BaseHandler):
     outcome: Outcome | None = None
     event: dict[str, Any] | None = None
     response_body = b""
+    raw_body = b""
 
     def prepare(self) -> Awaitable[None] | None:
         # Synchronous unless the secret must be hashed: a cached verification
@@ -219,8 +221,6 @@ class InvokeHandler(BaseHandler):
 
     def _record(self) -> None:
         """Hand this request's history, error and statistics records to the writer."""
-        from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
-
         target = self.target
         assert target is not None
         now = time.time()
@@ -242,7 +242,7 @@ class InvokeHandler(BaseHandler):
                 method=self.request.method or "POST",
                 query=event["query"] if event else parse_query(self.request.query),
                 headers=event["headers"] if event else visible_headers(self.request.headers),
-                body=getattr(self, "raw_body", b""), ip=ip,
+                body=self.raw_body, ip=ip,
                 user_agent=self.request.headers.get("User-Agent", ""), status=status,
                 response_headers=dict(self._headers.get_all()), response_body=self.response_body,
                 duration_ms=duration_ms, output=outcome.output if outcome else "",
