@@ -179,14 +179,12 @@ class InvokeHandler(BaseHandler):
     def _reply(self, outcome: Outcome) -> None:
         for name, value in outcome.headers:
             self.add_header(name, value)  # a name set twice is sent twice
-        # The service's own headers win over a script's. A script's reply must
-        # never act as a page of the origin the dashboard shares: browsers treat
-        # it as a sandboxed, opaque origin with no scripts, whatever its type.
+        # X-Request-Id and RateLimit-* are already set, and no script header can
+        # name them (sandbox.event.FORBIDDEN_HEADERS, checked again on arrival).
+        # A script's reply must never act as a page of the origin the dashboard
+        # shares: browsers treat it as a sandboxed origin with no scripts.
         self.set_header("Content-Security-Policy", "sandbox")
         self.set_header("X-Content-Type-Options", "nosniff")
-        self.set_header("X-Request-Id", self.request_id)
-        for name, value in self.sticky_headers.items():
-            self.set_header(name, value)
         status = outcome.status
         if not 200 <= status <= 599:  # the worker promised this; never trust it blindly
             raise OUTCOME_ERRORS["invalid_reply"]()
