@@ -68,6 +68,12 @@ class InvokeHandler(BaseHandler):
         ctx = self.context
         request = self.request
 
+        if ctx.draining:
+            # Shutting down: requests still arriving on kept-alive connections
+            # go elsewhere; the ones in flight finish.
+            raise BusyError("The service is shutting down; retry shortly.",
+                            headers={"Retry-After": "1", "Connection": "close"})
+
         # 1. method
         if request.method == "OPTIONS":
             self.set_status(204)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import threading
+import time
 from collections import Counter
 
 from tests.service.http.harness import Server, wait_until
@@ -130,3 +133,34 @@ def test_trusted_proxy_supplies_the_client_ip(make_server, make_endpoint, tmp_pa
     resp = proxied.request(ep.path, json_body={}, secret=ep.secret,
                            headers={"X-Forwarded-For": "198.51.100.1, 203.0.113.9"})
     assert resp.json == "203.0.113.9"
+
+
+def test_requests_arriving_while_draining_are_refused_503(make_server, make_endpoint) -> None:
+    server = make_server(workers=2)
+    slow = make_endpoint(source=SLOW, plan="bench")
+    ok = make_endpoint(source=ECHO, plan="bench")
+    kept = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    headers = {"Authorization": f"Bearer {ok.secret}", "Content-Type": "application/json"}
+    kept.request("POST", ok.path, body="{}", headers=headers)
+    first = kept.getresponse()
+    first.read()
+    assert first.status == 200  # and the connection stays open (keep-alive)
+    result: dict[str, object] = {}
+
+    def slow_call() -> None:
+        result["slow"] = server.request(slow.path, json_body={"n": 7}, secret=slow.secret)
+
+    thread = threading.Thread(target=slow_call)
+    thread.start()
+    time.sleep(0.1)
+    server.proc.send_signal(15)  # type: ignore[union-attr]
+    time.sleep(0.1)
+    kept.request("POST", ok.path, body="{}", headers=headers)
+    refused = kept.getresponse()
+    body = json.loads(refused.read())
+    kept.close()
+    thread.join(10)
+    assert refused.status == 503 and body["error"]["code"] == "busy"
+    assert refused.getheader("Retry-After") == "1"
+    assert result["slow"].status == 200 and result["slow"].json == {"n": 7}  # type: ignore[attr-defined]
+    assert server.proc.wait(30) == 0  # type: ignore[union-attr]
