@@ -19,9 +19,6 @@ from concurrent.futures import Executor
 
 from tornado.httputil import HTTPHeaders
 
-#: Request headers that may carry the secret; they are never recorded or shown to scripts.
-SECRET_HEADERS = ("authorization", "x-service-secret")
-
 _CACHE_SIZE = 10_000
 
 

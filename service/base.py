@@ -16,7 +16,7 @@ from http import HTTPStatus
 
 from tornado.web import HTTPError, RequestHandler
 
-from service.errors import STATUS_CODES, MethodNotAllowedError, NotFoundError, ServiceError
+from service.errors import STATUS_CODES, NotFoundError, ServiceError
 
 if TYPE_CHECKING:
     from service.context import AppContext
@@ -109,4 +109,4 @@ class NotFoundHandler(BaseHandler):
         raise NotFoundError()
 
 
-__all__ = ["BaseHandler", "NotFoundHandler", "MethodNotAllowedError", "new_request_id"]
+__all__ = ["BaseHandler", "NotFoundHandler", "new_request_id"]

@@ -17,13 +17,13 @@ from urllib.parse import parse_qsl
 
 from tornado.httputil import HTTPHeaders, HTTPServerRequest
 
-from service.auth import SECRET_HEADERS
+from service.core.records import SECRET_HEADERS
 from service.errors import InvalidBodyError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-#: Headers never shown to scripts nor stored: they carry credentials.
-HIDDEN_HEADERS = frozenset(SECRET_HEADERS) | {"cookie", "proxy-authorization"}
+#: Headers never shown to scripts: the same set the record store never keeps.
+HIDDEN_HEADERS = SECRET_HEADERS
 
 
 def client_ip(peer: str, forwarded_for: str | None, trusted: Sequence[IPNetwork]) -> str:

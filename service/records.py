@@ -66,10 +66,6 @@ class RecordWriter:
         self._thread.join(timeout)
         self._thread = None
 
-    @property
-    def pending(self) -> int:
-        return self._queue.qsize()
-
     def _run(self) -> None:
         if self._on_start:
             self._on_start()

@@ -118,7 +118,8 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     await loop.run_in_executor(None, records.stop)
     await pool.stop()
     executor.shutdown(wait=False)
-    log.info("stopped: %d records written, %d dropped", records.written, records.dropped)
+    log.info("stopped: %d records written, %d dropped (%d failed batches)", records.written,
+             records.dropped, records.failed_batches)
 
 
 def _background_priority() -> None:
