@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import types
 from typing import Any, NoReturn
@@ -259,13 +260,13 @@ def header_problem(name: Any, value: Any) -> str | None:
         return f"header {name!r} is set by the server and cannot be set by a script"
     if len(value) > MAX_HEADER_VALUE:
         return f"header {name!r} value is longer than {MAX_HEADER_VALUE} characters"
-    if any(ch in value for ch in "\r\n\x00") or not _printable_latin1(value):
+    if _NOT_PRINTABLE_LATIN1.search(value) is not None:
         return f"header {name!r} value contains control or non-Latin-1 characters"
     return None
 
 
-def _printable_latin1(value: str) -> bool:
-    return all(ch == "\t" or " " <= ch <= "~" or "\xa0" <= ch <= "\xff" for ch in value)
+#: Anything but tab, printable ASCII and printable Latin-1 (so also CR, LF, NUL).
+_NOT_PRINTABLE_LATIN1 = re.compile(r"[^\t\x20-\x7e\xa0-\xff]")
 
 
 def _short(exc: BaseException) -> str:

@@ -227,6 +227,17 @@ class Pool(Supervisor):
         Raises PoolBusyError when no worker frees within the queue timeout or
         the wait queue is full, PoolClosedError when the pool is not running.
         """
+        return await self.submit(ref, event, limits)
+
+    def submit(self, ref: ScriptRef, event: dict[str, Any], limits: Limits
+               ) -> asyncio.Future[Outcome]:
+        """`run` without a coroutine: the future of the outcome (callers add a callback).
+
+        Must be called on the event loop's thread. Raises PoolBusyError when the
+        wait queue is full, PoolClosedError when the pool is not running; the
+        future fails with PoolBusyError when no worker frees within the queue
+        timeout.
+        """
         loop = self._loop
         if loop is None:
             loop = self._attach()
@@ -244,8 +255,7 @@ class Pool(Supervisor):
             req.deadline = loop.time() + self.queue_timeout
             self._waiters.append(req)
             self._ensure_tick()
-        result: Outcome = await req.future
-        return result
+        return req.future
 
     def _dispatch(self, w: WorkerHandle, req: RequestState) -> None:
         assert self._loop is not None

@@ -1,4 +1,8 @@
-"""`make_app(context)`: the Tornado `Application` built from each module's `routes`."""
+"""`make_app(context)`: the Tornado `Application` built from each module's `routes`.
+
+The invoke endpoint is not among them: `service.http1` routes ``/endpoints/``
+straight to `service.invoke.InvokeEndpoint`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import logging
 
 from tornado.web import Application, RequestHandler
 
-from service import health, invoke
+from service import health
 from service.base import NotFoundHandler
 from service.context import AppContext
 
@@ -34,7 +38,7 @@ def make_app(context: AppContext) -> Application:
     """The service's Tornado application; every handler gets `context`."""
     handlers = [
         (pattern, handler, {"context": context})
-        for module in (invoke, health)
+        for module in (health,)
         for pattern, handler in module.routes
     ]
     return Application(

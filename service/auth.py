@@ -14,22 +14,24 @@ import asyncio
 import hashlib
 import hmac
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 
-from tornado.httputil import HTTPHeaders
 
 _CACHE_SIZE = 10_000
 
 
-def presented_secret(headers: HTTPHeaders) -> str | None:
-    """The secret a request presents, from `Authorization: Bearer` or `X-Service-Secret`."""
-    auth = headers.get("Authorization")
+def presented_secret(headers: Mapping[str, str]) -> str | None:
+    """The secret a request presents, from `Authorization: Bearer` or `X-Service-Secret`.
+
+    `headers`: Tornado's `HTTPHeaders` or a dict with lower-case names.
+    """
+    auth = headers.get("authorization")
     if auth:
         scheme, _, token = auth.strip().partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             return token.strip()
-    secret = headers.get("X-Service-Secret")
+    secret = headers.get("x-service-secret")
     if secret and secret.strip():
         return secret.strip()
     return None

@@ -29,6 +29,34 @@ def new_request_id() -> str:
     return "req_" + secrets.token_urlsafe(12)
 
 
+def error_body(code: str, message: str, request_id: str) -> bytes:
+    """The contract's JSON error envelope (DESIGN section 4)."""
+    return json.dumps({"success": False,
+                       "error": {"code": code, "message": message, "requestId": request_id}},
+                      separators=(",", ":")).encode()
+
+
+def status_message(status: int) -> str:
+    """The client message for an error status that has no error class of its own."""
+    if status >= 500:
+        return "Internal server error."
+    try:
+        return HTTPStatus(status).phrase + "."
+    except ValueError:
+        return "Error."
+
+
+def render_connection_error(status: int) -> tuple[list[tuple[str, str]], bytes]:
+    """Errors the HTTP connection answers itself (malformed request, head too large...)."""
+    request_id = new_request_id()
+    headers = [("Content-Type", "application/json"), ("X-Request-Id", request_id)]
+    if status == 405:
+        headers.append(("Allow", "POST, OPTIONS"))
+    return (headers,
+            error_body(STATUS_CODES.get(status, "bad_request"), status_message(status),
+                       request_id))
+
+
 class BaseHandler(RequestHandler):
     """Common behaviour of every handler of the service."""
 
@@ -72,22 +100,9 @@ class BaseHandler(RequestHandler):
             if isinstance(exc, HTTPError) and exc.status_code == 405:
                 self.set_header("Allow", "POST, OPTIONS")
             code = STATUS_CODES.get(status_code, "error")
-            try:
-                message = HTTPStatus(status_code).phrase + "."
-            except ValueError:
-                message = "Error."
-            if status_code >= 500:
-                message = "Internal server error."
+            message = status_message(status_code)
         self.set_header("Content-Type", "application/json")
-        self.finish(
-            json.dumps(
-                {
-                    "success": False,
-                    "error": {"code": code, "message": message, "requestId": self.request_id},
-                },
-                separators=(",", ":"),
-            )
-        )
+        self.finish(error_body(code, message, self.request_id))
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, ServiceError):
@@ -109,4 +124,5 @@ class NotFoundHandler(BaseHandler):
         raise NotFoundError()
 
 
-__all__ = ["BaseHandler", "NotFoundHandler", "new_request_id"]
+__all__ = ["BaseHandler", "NotFoundHandler", "error_body", "new_request_id", "render_connection_error",
+           "status_message"]

@@ -157,6 +157,7 @@ STATUS_CODES: dict[int, str] = {
     404: "not_found",
     405: "method_not_allowed",
     413: "payload_too_large",
+    431: "headers_too_large",
     429: "rate_limited",
     500: "internal_error",
     503: "busy",

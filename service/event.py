@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import parse_qsl
 
-from tornado.httputil import HTTPHeaders, HTTPServerRequest
+from tornado.httputil import HTTPHeaders
 
 from service.core.records import SECRET_HEADERS
 from service.errors import InvalidBodyError
@@ -54,8 +54,14 @@ def ip_allowed(ip: str, whitelist: Sequence[IPNetwork]) -> bool:
     return not whitelist or _in_any(ip, whitelist)
 
 
-def visible_headers(headers: HTTPHeaders) -> dict[str, str]:
-    """Lower-case request headers without the ones that carry credentials."""
+def visible_headers(headers: HTTPHeaders | dict[str, str]) -> dict[str, str]:
+    """Lower-case request headers without the ones that carry credentials.
+
+    `headers`: Tornado's `HTTPHeaders`, or a dict that already has lower-case
+    names and repeated names joined (`service.http1`'s plain headers).
+    """
+    if not isinstance(headers, HTTPHeaders):
+        return {name: value for name, value in headers.items() if name not in HIDDEN_HEADERS}
     out: dict[str, str] = {}
     for name, value in headers.get_all():
         lname = name.lower()
@@ -122,17 +128,21 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def build_event(request: HTTPServerRequest, raw: bytes, ip: str, started: float) -> dict[str, Any]:
-    """The plain-data event shipped to the sandbox (see docs/script-language.md)."""
-    body, raw_body = parse_body(request.headers.get("Content-Type", ""), raw)
+def build_event(method: str, query: str, headers: HTTPHeaders | dict[str, str], raw: bytes,
+                ip: str, started: float) -> dict[str, Any]:
+    """The plain-data event shipped to the sandbox (see docs/script-language.md).
+
+    `headers` as for `visible_headers`.
+    """
+    body, raw_body = parse_body(headers.get("content-type", ""), raw)
     stamp = datetime.fromtimestamp(started, tz=timezone.utc)
     return {
         "body": body,
         "rawBody": raw_body,
-        "headers": visible_headers(request.headers),
-        "query": parse_query(request.query),
-        "method": request.method,
+        "headers": visible_headers(headers),
+        "query": parse_query(query) if query else {},
+        "method": method,
         "ip": ip,
-        "userAgent": request.headers.get("User-Agent", ""),
+        "userAgent": headers.get("user-agent", ""),
         "timestamp": stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z",
     }

@@ -2,24 +2,35 @@
 
 Checks run in the order of DESIGN section 4, each failure ending the request.
 Every check that needs only the headers (method, lookup, enabled, whitelist,
-secret, declared length, rate limit) runs in `prepare()`, before a byte of the
-body is read; the body is then streamed and reading stops at the plan's cap.
+secret, declared length, rate limit) runs in `headers_received()`, before a
+byte of the body is read; the body is then streamed through `data_received()`
+and reading stops at the plan's cap; `finish()` hands the event to the pool.
+
+This is a streaming Tornado `HTTPMessageDelegate` — the interface
+`@stream_request_body` handlers are built on — rather than a `RequestHandler`:
+the invoke path is the service's hot path, and `Application` routing plus
+`RequestHandler`'s per-request set-up cost about 75 µs of the ~225 µs a request
+may take (docs/performance.md). The HTTP connection (`service.http1`) sends
+every request under ``/endpoints/`` here; every other path goes to the Tornado
+`Application`.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Awaitable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import unquote
 
-from tornado.web import stream_request_body
+from tornado import httputil
 
 from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, ScriptRef
 from service.auth import presented_secret
-from service.base import BaseHandler
+from service.base import error_body, new_request_id
 from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
 from service.errors import (
     OUTCOME_ERRORS,
@@ -29,45 +40,111 @@ from service.errors import (
     EndpointNotFoundError,
     IpNotAllowedError,
     MethodNotAllowedError,
+    NotFoundError,
     PayloadTooLargeError,
     RateLimitedError,
+    ServiceError,
     UnauthorizedError,
 )
 from service.event import build_event, client_ip, ip_allowed, parse_query, visible_headers
 
 if TYPE_CHECKING:
-    from sandbox.pool import Outcome
-    from service.core.invoke_target import InvokeTarget
+    import asyncio
 
+    from sandbox.pool import Outcome
+    from service.context import AppContext
+    from service.core.invoke_target import InvokeTarget
+    from service.http1 import Exchange
+
+log = logging.getLogger("logic.http")
+access_log = logging.getLogger("logic.access")
+
+PREFIX = "/endpoints/"
+_ROUTE = re.compile(r"/endpoints/([^/]+)/([^/]+)/?")
 _GUILD_ID = re.compile(r"\d{1,25}")
 _SCRIPT_ID = re.compile(r"logic_[A-Za-z0-9_-]{22}")
 _ALLOW = "POST, OPTIONS"
+#: On every script reply: browsers treat it as a sandboxed origin with no
+#: scripts (it must never act as a page of the origin the dashboard shares).
+_REPLY_HEADERS = [("Content-Security-Policy", "sandbox"), ("X-Content-Type-Options", "nosniff")]
+#: Set by the service on every reply; a script's own value for them is dropped.
+_SERVICE_SET = frozenset({"content-security-policy", "x-content-type-options", "content-type"})
 
 
-@stream_request_body
-class InvokeHandler(BaseHandler):
-    """Runs a script's `on endpoint` block for an authenticated POST."""
+class InvokeEndpoint(httputil.HTTPServerConnectionDelegate):
+    """Starts one `InvokeRequest` per request; the HTTP connection routes ``/endpoints/`` here."""
 
-    SUPPORTED_METHODS = ("GET", "HEAD", "POST", "DELETE", "PATCH", "PUT", "OPTIONS")
+    #: Headers as a dict with lower-case names (service.http1), not HTTPHeaders.
+    plain_headers = True
 
-    target: InvokeTarget | None = None
-    accepted = False  # authenticated and counted against the quota: goes to history
-    outcome: Outcome | None = None
-    event: dict[str, Any] | None = None
-    response_body = b""
-    raw_body = b""
+    def __init__(self, context: AppContext) -> None:
+        self.context = context
 
-    def prepare(self) -> Awaitable[None] | None:
-        # Synchronous unless the secret must be hashed: a cached verification
-        # (the common case) costs no coroutine and no executor round trip.
+    def start_request(self, server_conn: object,
+                      request_conn: httputil.HTTPConnection) -> InvokeRequest:
+        return InvokeRequest(self.context, cast("Exchange", request_conn))
+
+
+class InvokeRequest(httputil.HTTPMessageDelegate):
+    """One invoke request, from its headers to its records."""
+
+    __slots__ = ("context", "conn", "peer", "request_id", "started", "method", "path", "query", "headers", "ip",
+                 "target", "accepted", "chunks", "received", "rate_headers", "answered", "status",
+                 "response_headers", "response_body", "error_code", "outcome", "event",
+                 "raw_body", "finished", "_counted")
+
+    def __init__(self, context: AppContext, conn: Exchange) -> None:
+        self.context = context
+        self.conn: Exchange | None = conn
+        self.peer: str = conn.context.remote_ip
+        self.request_id = new_request_id()
+        self.started = 0.0
+        self.method = ""
+        self.path = ""
+        self.query = ""
+        self.headers: dict[str, str] = {}
+        self.ip = ""
+        self.target: InvokeTarget | None = None
+        self.accepted = False  # authenticated and counted against the quota: goes to history
+        self.chunks: list[bytes] = []
+        self.received = 0
+        self.rate_headers: list[tuple[str, str]] = []
+        self.answered = False
+        self.status = 0
+        self.response_headers: list[tuple[str, str]] = []
+        self.response_body = b""
+        self.error_code: str | None = None
+        self.outcome: Outcome | None = None
+        self.event: dict[str, Any] | None = None
+        self.raw_body = b""
+        self.finished = 0.0
+        self._counted = False
+
+    # --- header phase: checks 1-7 ----------------------------------------------
+    def headers_received(self, start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
+                         headers: dict[str, str]  # type: ignore[override]
+                         ) -> Awaitable[None] | None:
+        assert isinstance(start_line, httputil.RequestStartLine)
         self.started = time.time()
         self.context.request_started()
         self._counted = True
-        self.chunks: list[bytes] = []
-        self.received = 0
-        ctx = self.context
-        request = self.request
+        self.headers = headers
+        try:
+            return self._check(start_line, headers)
+        except ServiceError as err:
+            self._fail(err)
+        except Exception:  # noqa: BLE001 - one request's bug must not reach the connection
+            self._internal_error()
+        return None
 
+    def _check(self, start_line: httputil.RequestStartLine,
+               headers: dict[str, str]) -> Awaitable[None] | None:
+        ctx = self.context
+        path, _, self.query = start_line.path.partition("?")
+        self.path = path
+        route = _ROUTE.fullmatch(path)
+        if route is None:
+            raise NotFoundError()
         if ctx.draining:
             # Shutting down: requests still arriving on kept-alive connections
             # go elsewhere; the ones in flight finish.
@@ -75,16 +152,17 @@ class InvokeHandler(BaseHandler):
                             headers={"Retry-After": "1", "Connection": "close"})
 
         # 1. method
-        if request.method == "OPTIONS":
-            self.set_status(204)
-            self.set_header("Allow", _ALLOW)
-            self.finish()
+        self.method = method = start_line.method
+        if method == "OPTIONS":
+            self._answer(204, [("Allow", _ALLOW), ("X-Request-Id", self.request_id)], b"")
             return None
-        if request.method != "POST":
+        if method != "POST":
             raise MethodNotAllowedError(headers={"Allow": _ALLOW})
 
         # 2. guild, script and endpoint exist
-        guild_id, script_id = self.path_args
+        guild_id, script_id = route.groups()
+        if "%" in path:
+            guild_id, script_id = unquote(guild_id), unquote(script_id)
         if not _GUILD_ID.fullmatch(guild_id) or not _SCRIPT_ID.fullmatch(script_id):
             raise EndpointNotFoundError()
         target = ctx.load_target(guild_id, script_id)
@@ -97,7 +175,7 @@ class InvokeHandler(BaseHandler):
             raise EndpointDisabledError()
 
         # 4. caller IP in the whitelist
-        self.ip = client_ip(request.remote_ip or "", request.headers.get("X-Forwarded-For"),
+        self.ip = client_ip(self.peer, headers.get("x-forwarded-for"),
                             ctx.settings.server.trusted_proxies)
         if not ip_allowed(self.ip, target.whitelist):
             raise IpNotAllowedError()
@@ -106,159 +184,218 @@ class InvokeHandler(BaseHandler):
         wait = ctx.limits.auth_throttled(self.ip)
         if wait:
             raise AuthThrottledError(headers={"Retry-After": str(wait)})
-        secret = presented_secret(request.headers)
+        secret = presented_secret(headers)
         if ctx.verifier.cached(target.endpoint_id, target.secret_hash, secret):
             self._authenticated()
             return None
-        return self._verify(secret)
+        return self._verify(secret)  # argon2 off the loop; reading waits for it
 
     async def _verify(self, secret: str | None) -> None:
         target = self.target
         assert target is not None
         ctx = self.context
-        if not await ctx.verifier.check(target.endpoint_id, target.secret_hash, secret):
-            if secret is not None:
-                ctx.limits.auth_failed(self.ip)
-            raise UnauthorizedError(headers={"WWW-Authenticate": "Bearer"})
-        self._authenticated()
+        try:
+            if not await ctx.verifier.check(target.endpoint_id, target.secret_hash, secret):
+                if secret is not None:
+                    ctx.limits.auth_failed(self.ip)
+                raise UnauthorizedError(headers={"WWW-Authenticate": "Bearer"})
+            self._authenticated()
+        except ServiceError as err:
+            self._fail(err)
+        except Exception:  # noqa: BLE001
+            self._internal_error()
 
     def _authenticated(self) -> None:
         target = self.target
         assert target is not None
-        ctx = self.context
+        limits = self.context.limits
         plan = target.plan
 
         # 6. declared length within the plan
-        declared = self.request.headers.get("Content-Length")
+        declared = self.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > plan.body_bytes):
-            self._rate_headers(ctx.limits.peek_endpoint(target.endpoint_id, plan.requests_per_minute))
+            self.rate_headers = list(
+                limits.peek_endpoint(target.endpoint_id, plan.requests_per_minute).headers().items())
             raise PayloadTooLargeError()
 
         # 7. rate limit: authenticated requests only
-        decision = ctx.limits.hit_endpoint(target.endpoint_id, plan.requests_per_minute)
-        self._rate_headers(decision)
+        decision = limits.hit_endpoint(target.endpoint_id, plan.requests_per_minute)
+        self.rate_headers = list(decision.headers().items())
         if not decision.allowed:
             raise RateLimitedError(headers={"Retry-After": str(decision.reset_seconds)})
         self.accepted = True
-        # Tornado's server-wide max_body_size (the largest plan's) stays the
-        # backstop: a per-request one would answer a bare 400 before our 413.
 
-    def _rate_headers(self, decision: Any) -> None:
-        self.sticky_headers = decision.headers()
-        for name, value in self.sticky_headers.items():
-            self.set_header(name, value)
-
+    # --- body: check 8 --------------------------------------------------------------
     def data_received(self, chunk: bytes) -> None:
-        # 8. the streamed body stays within the cap (chunked bodies too)
-        if self._finished:
+        if self.answered:
             return
         self.received += len(chunk)
         assert self.target is not None
         if self.received > self.target.plan.body_bytes:
             self.chunks = []
-            self.fail(PayloadTooLargeError())
+            self._fail(PayloadTooLargeError())  # the connection stops reading and closes
             return
         self.chunks.append(chunk)
 
-    async def post(self, *_args: str) -> None:
+    # --- the request is complete: checks 9-11 ------------------------------------------
+    def finish(self) -> None:
+        if self.answered:
+            return
+        try:
+            self._submit()
+        except ServiceError as err:
+            self._fail(err)
+        except Exception:  # noqa: BLE001
+            self._internal_error()
+
+    def _submit(self) -> None:
         target = self.target
         assert target is not None
         raw = b"".join(self.chunks)
         self.chunks = []
-        # 9. the body parses for its content type
         self.raw_body = raw
-        event = build_event(self.request, raw, self.ip, self.started)
-        self.event = event
+        # 9. the body parses for its content type
+        self.event = event = build_event(self.method, self.query, self.headers, raw, self.ip,
+                                         self.started)
         # 10-11. a worker is free; the script runs
         limits = Limits(time_ms=target.plan.time_limit_ms, memory_kb=target.plan.memory_kb)
         ref = ScriptRef(key=target.script_id, version=target.script_version, source=target.source)
         try:
-            outcome = await self.context.pool.run(ref, event, limits)
+            future = self.context.pool.submit(ref, event, limits)
         except (PoolBusyError, PoolClosedError):
             # Closed: the service is stopping; either way, another try soon may succeed.
             raise BusyError(headers={"Retry-After": "1"}) from None
-        self.outcome = outcome
-        if outcome.error_kind:
-            raise OUTCOME_ERRORS.get(outcome.error_kind, OUTCOME_ERRORS["script_error"])()
-        self._reply(outcome)
+        future.add_done_callback(self._on_outcome)
+
+    def _on_outcome(self, future: asyncio.Future[Outcome]) -> None:
+        try:
+            if future.cancelled():
+                raise BusyError(headers={"Retry-After": "1"})
+            error = future.exception()
+            if isinstance(error, (PoolBusyError, PoolClosedError)):
+                raise BusyError(headers={"Retry-After": "1"})
+            if error is not None:
+                raise error
+            self.outcome = outcome = future.result()
+            if outcome.error_kind:
+                raise OUTCOME_ERRORS.get(outcome.error_kind, OUTCOME_ERRORS["script_error"])()
+            self._reply(outcome)
+        except ServiceError as err:
+            self._fail(err)
+        except Exception:  # noqa: BLE001
+            self._internal_error()
 
     def _reply(self, outcome: Outcome) -> None:
-        for name, value in outcome.headers:
-            self.add_header(name, value)  # a name set twice is sent twice
-        # X-Request-Id and RateLimit-* are already set, and no script header can
-        # name them (sandbox.event.FORBIDDEN_HEADERS, checked again on arrival).
-        # A script's reply must never act as a page of the origin the dashboard
-        # shares: browsers treat it as a sandboxed origin with no scripts.
-        self.set_header("Content-Security-Policy", "sandbox")
-        self.set_header("X-Content-Type-Options", "nosniff")
         status = outcome.status
         if not 200 <= status <= 599:  # the worker promised this; never trust it blindly
             raise OUTCOME_ERRORS["invalid_reply"]()
-        self.set_status(status)
+        # A name the script set twice is sent twice. No script header can name
+        # X-Request-Id, RateLimit-* or the framing headers
+        # (sandbox.event.FORBIDDEN_HEADERS, checked again on arrival).
+        headers = [pair for pair in outcome.headers if pair[0].lower() not in _SERVICE_SET]
+        headers += [("X-Request-Id", self.request_id), *self.rate_headers, *_REPLY_HEADERS]
         if status in (204, 304):
             # HTTP forbids a body (and its type) on these: the reply is dropped.
-            self.clear_header("Content-Type")
-            self.response_body = b""
-            self.finish()
+            self._answer(status, headers, b"")
             return
-        self.set_header("Content-Type", outcome.content_type)
-        self.response_body = outcome.body
-        self.finish(outcome.body)
+        headers.append(("Content-Type", outcome.content_type))
+        self._answer(status, headers, outcome.body)
 
-    def finish(self, chunk: Any = None) -> Any:
-        if chunk is not None and not self.response_body:
-            self.response_body = chunk if isinstance(chunk, bytes) else str(chunk).encode()
-        return super().finish(chunk)
+    # --- answers --------------------------------------------------------------------
+    def _fail(self, err: ServiceError) -> None:
+        """Answer `err` in the contract's JSON error envelope."""
+        if self.answered:
+            return
+        if err.log_message:
+            # Only the operator message: never the client's input or a secret.
+            log.info("%s %s: %s", self.request_id, err.code, err.log_message)
+        self.error_code = err.code
+        headers = [("Content-Type", "application/json"), ("X-Request-Id", self.request_id),
+                   *self.rate_headers, *err.headers.items()]
+        self._answer(err.status, headers, error_body(err.code, err.message, self.request_id))
 
-    def on_finish(self) -> None:
-        if getattr(self, "_counted", False):
-            self._counted = False
-            self.context.request_ended()
-        if self.target is not None:
-            self._record()
+    def _internal_error(self) -> None:
+        log.error("%s uncaught exception on the invoke path", self.request_id, exc_info=True)
+        self._fail(ServiceError())
+
+    def _answer(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        self.status = status
+        self.response_headers = headers
+        self.response_body = body
+        conn, self.conn = self.conn, None  # no cycle with the connection once answered
+        if conn is not None:
+            conn.respond(status, headers, body)
+        self._done()
 
     def on_connection_close(self) -> None:
-        super().on_connection_close()
-        if getattr(self, "_counted", False) and not self._finished:
+        # The client went away before its request was complete: nothing ran.
+        if not self.answered:
+            self.answered = True
+            self._ended()
+
+    def _ended(self) -> None:
+        if self._counted:
             self._counted = False
             self.context.request_ended()
 
-    def _record(self) -> None:
-        """Hand this request's history, error and statistics records to the writer."""
+    def _done(self) -> None:
+        self.finished = time.time()
+        self._ended()
+        status = self.status
+        internal = status >= 500 and self.error_code in (None, "internal_error")
+        level = logging.WARNING if internal else logging.DEBUG
+        if access_log.isEnabledFor(level):
+            access_log.log(level, "%s %s %s %d %.1fms", self.request_id, self.method or "-",
+                           self.path, status, 1000.0 * (self.finished - self.started))
+        if self.target is not None:
+            # Converted to records later, in the writer's thread (service.records).
+            self.context.records.put(self)
+
+    # --- records (called in the record writer's thread, once answered) ----------------
+    def history_slot(self) -> tuple[int, int] | None:
+        """(endpoint id, plan's history size) when this request goes to history."""
+        target = self.target
+        if target is None or not self.accepted:
+            return None
+        return target.endpoint_id, target.plan.history
+
+    def records(self, history: bool) -> list[Any]:
+        """Statistics hit, history record (if `history`) and error record of this request."""
         target = self.target
         assert target is not None
-        now = time.time()
         when = datetime.fromtimestamp(self.started, tz=timezone.utc)
-        duration_ms = (now - self.started) * 1000.0
-        status = self.get_status()
-        ip = getattr(self, "ip", self.request.remote_ip or "")
+        duration_ms = (self.finished - self.started) * 1000.0
+        status = self.status
+        ip = self.ip or self.peer
         items: list[Any] = [StatHit(target.endpoint_id, when, status, duration_ms, ip)]
+        if not self.accepted:
+            return items
         outcome = self.outcome
-        event = self.event
-        if self.accepted:
+        if history:
             error = None
             if outcome is not None and outcome.error_kind:
                 error = f"{outcome.error_kind}: {outcome.error_message or ''}".strip()
             elif self.error_code:
                 error = self.error_code
+            event = self.event
+            headers = self.headers
             items.append(RequestRecordIn(
                 endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
-                method=self.request.method or "POST",
-                query=event["query"] if event else parse_query(self.request.query),
-                headers=event["headers"] if event else visible_headers(self.request.headers),
-                body=self.raw_body, ip=ip,
-                user_agent=self.request.headers.get("User-Agent", ""), status=status,
-                response_headers=dict(self._headers.get_all()), response_body=self.response_body,
-                duration_ms=duration_ms, output=outcome.output if outcome else "",
-                error=error, keep=target.plan.history,
+                method=self.method or "POST",
+                query=event["query"] if event else parse_query(self.query),
+                headers=event["headers"] if event else visible_headers(headers),
+                body=self.raw_body, ip=ip, user_agent=headers.get("user-agent", ""),
+                status=status, response_headers=dict(self.response_headers),
+                response_body=self.response_body, duration_ms=duration_ms,
+                output=outcome.output if outcome else "", error=error, keep=target.plan.history,
             ))
-            if outcome is not None and outcome.error_kind and target.plan.error_logs:
-                items.append(ErrorRecordIn(
-                    endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
-                    kind=outcome.error_kind, message=outcome.error_message or "",
-                    line=outcome.error_line, traceback=outcome.traceback,
-                ))
-        self.context.records.put(*items)
-
-
-routes = [(r"/endpoints/([^/]+)/([^/]+)/?", InvokeHandler)]
+        if outcome is not None and outcome.error_kind and target.plan.error_logs:
+            items.append(ErrorRecordIn(
+                endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
+                kind=outcome.error_kind, message=outcome.error_message or "",
+                line=outcome.error_line, traceback=outcome.traceback,
+            ))
+        return items
