@@ -161,4 +161,5 @@ STATUS_CODES: dict[int, str] = {
     429: "rate_limited",
     500: "internal_error",
     503: "busy",
+    505: "http_version_not_supported",
 }

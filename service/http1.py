@@ -46,8 +46,12 @@ answer; the connection writes its own `Connection` header in every case.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import re
 import socket
+import struct
+import termios
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -69,6 +73,7 @@ ErrorRenderer = Callable[[int], tuple[list[tuple[str, str]], bytes]]
 
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_REQUEST_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,32} [\x21-\x7e]+ HTTP/1\.[01]\r?\n")
 _LAST_CHUNK = b"0\r\n\r\n"
 
 
@@ -217,7 +222,6 @@ class Exchange:
                       has_length: bool, has_te: bool, chunk: bytes, whole: bool = False) -> None:
         if self.answer_started:
             raise RuntimeError("the answer was already started")
-        self.answer_started = True
         conn = self.conn
         start = self.start_line
         version = start.version if start is not None else "HTTP/1.1"
@@ -225,11 +229,12 @@ class Exchange:
         lines = [f"HTTP/1.1 {status} {reason or _REASONS.get(status, 'Unknown')}"]
         length: int | None = None
         has_date = False
+        close = self.close_after
         for name, value in headers:
             lname = name.lower()
             if lname == "connection":
                 if value.lower() == "close":
-                    self.close_after = True
+                    close = True
                 continue  # the connection's own header is written below
             lines.append(f"{name}: {value}")
             if lname == "date":
@@ -246,15 +251,13 @@ class Exchange:
         if chunked:
             lines.append("Transfer-Encoding: chunked")
         elif not whole and not no_body and not has_length and not has_te:
-            self.close_after = True  # HTTP/1.0 without a length: the body ends at close
+            close = True  # HTTP/1.0 without a length: the body ends at close
         if not self.request_done:
             left = None if self.declared is None else self.declared - self.received
             if left is None or left > conn.limits.keep_alive_discard:
-                self.close_after = True
-        if conn.closing:
-            self.close_after = True
-        if self.close_after or not self.keep_alive:
-            self.close_after = True
+                close = True
+        if close or conn.closing or not self.keep_alive:
+            close = True
             if version == "HTTP/1.1":
                 lines.append("Connection: close")
         elif version == "HTTP/1.0":
@@ -263,7 +266,15 @@ class Exchange:
             lines.append("Date: " + http_date())
         head = "\r\n".join(lines)
         if head.count("\n") != len(lines) - 1 or head.count("\r") != len(lines) - 1:
+            # Nothing of this answer is written, and nothing else will be: the
+            # connection closes after the answers before it, so a client never
+            # takes a later answer for this one.
+            self.answer_started = self.answered = True
+            self.close_after = True
+            conn._close_after_answer()
             raise ValueError("Illegal characters (CR or LF) in a header")
+        self.answer_started = True
+        self.close_after = close
         self.chunked_out = chunked
         self.remaining_out = 0 if no_body else length
         data = head.encode("latin1") + b"\r\n\r\n"
@@ -314,17 +325,27 @@ class Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._broken = False  # parsing stopped (error, upgrade): read nothing more
         self._eof = False  # the client half-closed
+        self._eof_sent = False  # our write side is shut
+        self._in_head = False  # between the start of a request and the end of its head
+        self._head_raw = 0  # bytes received while in one request's head
+        self._last_pending = 0  # write buffer at the last sweep
+        self._progress = 0.0  # when the write buffer last changed
+        self.closed_by_timeout = False
+        self._fd = -1
 
     # --- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.context = _Context(transport.get_extra_info("peername"))
+        sock = transport.get_extra_info("socket")
+        self._fd = sock.fileno() if sock is not None and hasattr(termios, "TIOCOUTQ") else -1
         self.deadline = self.loop.time() + self.limits.idle_timeout
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
         if self.lingering or self._broken:
             return  # dropped: we are closing, or the stream can no longer be parsed
+        in_head = self._in_head
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -334,9 +355,12 @@ class Connection(asyncio.Protocol):
                 log.error("HTTP parser callback failed", exc_info=cause)
             self._stop_parsing(status)
         except httptools.HttpParserInvalidMethodError:
-            # llhttp knows every registered method; any other token is one no
-            # route serves. The request cannot be framed, so the connection closes.
-            self._stop_parsing(405)
+            # llhttp knows every registered method: a well-formed request line
+            # with another token names a method no route serves (405); anything
+            # else (TLS on the plain port, binary noise) is a bad request. The
+            # request cannot be framed either way: the connection closes.
+            unknown = _REQUEST_LINE.match(data) is not None
+            self._stop_parsing(405 if unknown else 400)
         except httptools.HttpParserUpgrade:
             # No protocol switch is served: the request is answered normally,
             # then the connection closes.
@@ -344,6 +368,14 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             log.debug("malformed HTTP request from %s: %s", self.context.remote_ip, exc)
             self._stop_parsing(400)
+        else:
+            if in_head and self._in_head:
+                # The whole chunk belongs to a head that is still not complete:
+                # httptools keeps an unfinished header line to itself, so the
+                # head's size is bounded here.
+                self._head_raw += len(data)
+                if self._head_raw > self.limits.max_header_bytes:
+                    self._stop_parsing(431)
 
     def eof_received(self) -> bool | None:
         # The client sends nothing more; answers in progress still go out.
@@ -365,11 +397,9 @@ class Connection(asyncio.Protocol):
         active = self._active
         self._active = None
         if active is not None and not active.answered:
-            callback, active.close_callback = active.close_callback, None
-            if callback is not None:
-                callback()
-            if active.delegate is not None and not active.request_done:
-                active.delegate.on_connection_close()
+            if active.request_done and active.close_callback is None:
+                return  # complete and being answered: the handler finishes on its own
+            self._tell_closed(active)
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -383,6 +413,10 @@ class Connection(asyncio.Protocol):
 
     # --- llhttp callbacks (inside feed_data) ----------------------------------
     def on_message_begin(self) -> None:
+        if self.lingering or self._broken:
+            raise _ParseAbort(0)  # closing: what follows in the buffer is not served
+        self._in_head = True
+        self._head_raw = 0
         self._parsing = Exchange(self)
         self._url = b""
         self._raw_headers = []
@@ -403,6 +437,7 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         ex = self._parsing
         assert ex is not None
+        self._in_head = False
         parser = self.parser
         method = parser.get_method().decode("latin1")
         version = "HTTP/" + parser.get_http_version()
@@ -426,11 +461,20 @@ class Connection(asyncio.Protocol):
         ex.headers = headers
         ex.head = method == "HEAD"
         ex.keep_alive = bool(parser.should_keep_alive())
+        if version not in ("HTTP/1.1", "HTTP/1.0"):
+            raise _ParseAbort(505)
         declared = headers.get("content-length")
         if declared is not None:
             ex.declared = int(declared)  # llhttp checked it is a number
             if ex.declared > ex.max_body:
                 raise _ParseAbort(413)
+        elif headers.get("transfer-encoding") is None:
+            ex.declared = 0  # no body at all (RFC 9112 6.3)
+        if parser.should_upgrade() and ex.declared != 0:
+            # llhttp skips the body of an Upgrade request (it would belong to
+            # the new protocol); no protocol switch is served, so such a
+            # request could only reach its handler without its body.
+            raise _ParseAbort(400)
         ex.expect_continue = (version == "HTTP/1.1"
                               and headers.get("expect", "").lower() == "100-continue")
         self.deadline = self.loop.time() + ex.body_timeout
@@ -455,6 +499,8 @@ class Connection(asyncio.Protocol):
     # --- delivering to delegates, in order, with flow control -------------------
     def _push(self, step: Callable[[Exchange, Any], Awaitable[None] | None], ex: Exchange,
               arg: Any) -> None:
+        if self.lingering or self.closed:
+            return  # the connection is closing: nothing more is served on it
         if self._blocked or self._queue:
             self._queue.append((step, ex, arg))
             if not self._paused and self.transport is not None:
@@ -465,7 +511,18 @@ class Connection(asyncio.Protocol):
 
     def _run(self, step: Callable[[Exchange, Any], Awaitable[None] | None], ex: Exchange,
              arg: Any) -> None:
-        waiting = step(ex, arg)
+        try:
+            waiting = step(ex, arg)
+        except httputil.HTTPInputError as exc:
+            log.debug("bad request from %s: %s", self.context.remote_ip, exc)
+            self._broken = True
+            self._fail(ex, 400)
+            return
+        except Exception:  # noqa: BLE001 - a delegate's bug must not stall the connection
+            log.error("HTTP delegate failed", exc_info=True)
+            self._broken = True
+            self._fail(ex, 500)
+            return
         if waiting is not None and not self.closed:
             future = asyncio.ensure_future(waiting)
             if not future.done():
@@ -531,7 +588,7 @@ class Connection(asyncio.Protocol):
 
     # --- answers ----------------------------------------------------------------
     def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
+        if self.transport is not None and not self.closed and not self._eof_sent:
             self.transport.write(data)
 
     def drained(self) -> asyncio.Future[None]:
@@ -584,9 +641,19 @@ class Connection(asyncio.Protocol):
         elif ex.answered or not ex.answer_started:
             self._close_after_answer()
         # else an answer is being written: the connection closes when it ends
-        if ex.delegate is not None and not ex.request_done:
+        if not ex.request_done:
             ex.request_done = True
-            ex.delegate.on_connection_close()
+            self._tell_closed(ex)
+
+    @staticmethod
+    def _tell_closed(ex: Exchange) -> None:
+        """The request will never complete: tell its handler, once."""
+        callback, ex.close_callback = ex.close_callback, None
+        delegate, ex.delegate = ex.delegate, None
+        if callback is not None:
+            callback()  # a RequestHandler's on_connection_close
+        elif delegate is not None:
+            delegate.on_connection_close()
 
     def _close_after_answer(self) -> None:
         """Close once written; lingering, so that the client reads the answer."""
@@ -600,6 +667,7 @@ class Connection(asyncio.Protocol):
             transport.close()  # the client already finished: close once written
         elif transport.can_write_eof():
             transport.write_eof()  # FIN after the buffered answer
+            self._eof_sent = True
             if self._paused:
                 self._paused = False
                 transport.resume_reading()  # read and drop what the client still sends
@@ -616,15 +684,52 @@ class Connection(asyncio.Protocol):
     def idle(self) -> bool:
         return self._active is None and self._parsing is None and not self._queue
 
+    def _unsent(self) -> int:
+        """Bytes of answers not yet read by the client: ours and the kernel's."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return 0
+        pending = transport.get_write_buffer_size()
+        if self._fd >= 0:
+            try:
+                # The kernel's send queue: a slow reader drains it long before
+                # the socket turns writable again and our buffer moves.
+                pending += struct.unpack("i", fcntl.ioctl(self._fd, termios.TIOCOUTQ,
+                                                          b"\0\0\0\0"))[0]
+            except OSError:
+                self._fd = -1
+        return pending
+
     def sweep(self, now: float) -> None:
         """Called about every second: enforce the connection's deadline."""
+        transport = self.transport
+        pending = self._unsent()
+        if pending:
+            # An answer is still going out. A slow reader is not an idle
+            # client: it has idle_timeout to read on each time it stalls, and
+            # the deadlines below start once everything was handed over.
+            if pending != self._last_pending:
+                self._progress = now
+            self._last_pending = pending
+            if now - self._progress < self.limits.idle_timeout:
+                return
+        elif self._last_pending:
+            self._last_pending = 0
+            wait = self.limits.linger_seconds if self.lingering else self.limits.idle_timeout
+            self.deadline = max(self.deadline, now + wait)
         if self.deadline and now > self.deadline:
             ex = self._active
             if ex is not None and ex.request_done and not self.lingering:
                 return  # the request is being answered; its handler has the clock
             if not self.lingering:
                 log.debug("closing connection from %s: timed out", self.context.remote_ip)
-            self.close_now()
+            if transport is not None and transport.get_write_buffer_size():
+                self.close_now()  # a client that stopped reading: drop what is buffered
+            elif transport is not None and not self.closed:
+                # Gracefully: what the kernel still holds of an answer reaches a
+                # slow reader before the FIN.
+                self.closed_by_timeout = True
+                transport.close()
 
 
 class HTTP1Server:
