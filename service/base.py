@@ -7,6 +7,7 @@ service answers has the shape of DESIGN section 4:
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import secrets
@@ -24,9 +25,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("logic.http")
 
 
+_random = bytearray()
+
+
 def new_request_id() -> str:
-    """A short random id that names one request in logs, history and errors."""
-    return "req_" + secrets.token_urlsafe(12)
+    """A short random id that names one request in logs, history and errors.
+
+    12 bytes from the OS's CSPRNG, fetched 12 KiB at a time (one system call
+    per thousand requests instead of one per request).
+    """
+    if len(_random) < 12:
+        _random.extend(secrets.token_bytes(12 * 1024))
+    chunk = bytes(_random[-12:])
+    del _random[-12:]
+    return "req_" + base64.urlsafe_b64encode(chunk).decode("ascii")
 
 
 def error_body(code: str, message: str, request_id: str) -> bytes:

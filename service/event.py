@@ -119,13 +119,32 @@ def parse_body(content_type: str, raw: bytes) -> tuple[Any, str | bytes]:
     if mtype.startswith("text/"):
         return text, text
     try:
-        return json.loads(text, parse_constant=_reject_constant), text
+        return _JSON.decode(text), text
     except (ValueError, RecursionError) as exc:
         raise InvalidBodyError("The request body is not valid JSON.") from exc
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+#: One decoder for every body (json.loads with an argument builds one per call).
+_JSON = json.JSONDecoder(parse_constant=_reject_constant)
+_stamp_second: dict[int, str] = {}
+
+
+def iso_timestamp(started: float) -> str:
+    """`started` (epoch seconds) as ISO 8601 UTC with milliseconds and a Z."""
+    second = int(started)
+    micro = round((started - second) * 1e6)  # as datetime.fromtimestamp rounds
+    if micro >= 1_000_000:
+        second, micro = second + 1, micro - 1_000_000
+    prefix = _stamp_second.get(second)
+    if prefix is None:
+        _stamp_second.clear()
+        prefix = _stamp_second[second] = datetime.fromtimestamp(
+            second, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.")
+    return f"{prefix}{micro // 1000:03d}Z"
 
 
 def build_event(method: str, query: str, headers: HTTPHeaders | dict[str, str], raw: bytes,
@@ -135,7 +154,6 @@ def build_event(method: str, query: str, headers: HTTPHeaders | dict[str, str], 
     `headers` as for `visible_headers`.
     """
     body, raw_body = parse_body(headers.get("content-type", ""), raw)
-    stamp = datetime.fromtimestamp(started, tz=timezone.utc)
     return {
         "body": body,
         "rawBody": raw_body,
@@ -144,5 +162,5 @@ def build_event(method: str, query: str, headers: HTTPHeaders | dict[str, str], 
         "method": method,
         "ip": ip,
         "userAgent": headers.get("user-agent", ""),
-        "timestamp": stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z",
+        "timestamp": iso_timestamp(started),
     }

@@ -25,7 +25,7 @@ import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Sequence, Union
 
 from models import Endpoint, ErrorRecord, RequestRecord, StatBucket, StatIp, database
@@ -220,14 +220,28 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
     bins = len(LATENCY_BOUNDS_MS) + 1
     buckets: dict[tuple[int, str, datetime, int], list[float]] = {}
     ips: dict[tuple[int, datetime, str], int] = defaultdict(int)
+    # Bucket starts by whole minute since the epoch, computed once per minute
+    # of the batch: a batch holds thousands of hits of the same minute or two.
+    starts: dict[int, tuple[datetime, datetime]] = {}
     for hit in hits:
-        for gran in (MINUTE, HOUR):
-            key = (hit.endpoint_id, gran, _bucket(hit.time, gran), int(hit.status))
-            acc = buckets.setdefault(key, [0.0] * (2 + bins))
+        when = hit.time
+        stamp = (when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)).timestamp()
+        minute = int(stamp // 60)
+        pair = starts.get(minute)
+        if pair is None:
+            pair = starts[minute] = (_bucket(when, MINUTE), _bucket(when, HOUR))
+        ms = _ms(hit.duration_ms)
+        latency = 2 + latency_bin(ms)
+        status = int(hit.status)
+        for gran, start in ((MINUTE, pair[0]), (HOUR, pair[1])):
+            key = (hit.endpoint_id, gran, start, status)
+            acc = buckets.get(key)
+            if acc is None:
+                acc = buckets[key] = [0.0] * (2 + bins)
             acc[0] += 1
-            acc[1] += _ms(hit.duration_ms)
-            acc[2 + latency_bin(_ms(hit.duration_ms))] += 1
-        ips[(hit.endpoint_id, _bucket(hit.time, HOUR), _short(hit.ip, 45))] += 1
+            acc[1] += ms
+            acc[latency] += 1
+        ips[(hit.endpoint_id, pair[1], _short(hit.ip, 45))] += 1
     rows = [(endpoint_id, gran, start, status, int(acc[0]), acc[1], *(int(n) for n in acc[2:]))
             for (endpoint_id, gran, start, status), acc in sorted(buckets.items())]
     insert_rows(StatBucket, _BUCKET_KEY + _BUCKET_ADD, rows, conflict=_BUCKET_KEY, add=_BUCKET_ADD)
