@@ -463,6 +463,8 @@ class Connection(asyncio.Protocol):
         ex.keep_alive = bool(parser.should_keep_alive())
         if version not in ("HTTP/1.1", "HTTP/1.0"):
             raise _ParseAbort(505)
+        if version == "HTTP/1.1" and headers.get("host") is None:
+            raise _ParseAbort(400)  # RFC 9112 3.2: a server MUST answer 400
         declared = headers.get("content-length")
         if declared is not None:
             ex.declared = int(declared)  # llhttp checked it is a number

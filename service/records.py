@@ -50,15 +50,18 @@ def expand(entries: Sequence[Any]) -> list[Any]:
         if convert is None:
             out.append([entry])
             continue
-        slot = entry.history_slot()
-        history = False
-        if slot is not None:
-            endpoint_id, keep = slot
-            n = left.setdefault(endpoint_id, keep)
-            if n > 0:
-                left[endpoint_id] = n - 1
-                history = True
-        out.append(convert(history))
+        try:
+            slot = entry.history_slot()
+            history = False
+            if slot is not None:
+                endpoint_id, keep = slot
+                n = left.setdefault(endpoint_id, keep)
+                if n > 0:
+                    left[endpoint_id] = n - 1
+                    history = True
+            out.append(convert(history))
+        except Exception:  # noqa: BLE001 - one bad entry must not cost the batch
+            log.error("a request could not be turned into records; skipped", exc_info=True)
     out.reverse()
     return [item for items in out for item in items]
 
@@ -98,10 +101,10 @@ class RecordWriter:
         """Queue a finished request (or a record item); never blocks.
 
         When the writer is `max_queued` behind (the database is down or far
-        too slow), the entry is dropped and counted instead.
+        too slow), or was stopped, the entry is dropped and counted instead.
         """
         queue = self._queue
-        if len(queue) >= self._max_queued:
+        if len(queue) >= self._max_queued or self._stopping:
             self.dropped += 1
             return
         queue.append(entry)  # deque.append is atomic: no lock needed
@@ -156,6 +159,7 @@ class RecordWriter:
             except Exception:  # noqa: BLE001 - a bad batch must not kill the writer
                 log.warning("writing %d records failed (attempt %d)", len(batch), attempt + 1,
                             exc_info=True)
-                time.sleep(0.1 * (attempt + 1))
+                if attempt < 2:
+                    time.sleep(0.1 * (attempt + 1))
         self.failed_batches += 1
         self.dropped += len(batch)

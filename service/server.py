@@ -107,8 +107,9 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                          render_error=render_connection_error)
     await server.add_sockets(sockets)
     port = sockets[0].getsockname()[1]
-    log.info("listening on http://%s:%d (%d sandbox workers)", settings.server.host, port,
-             pool.live_workers)
+    log.info("listening on http://%s:%d (%d sandbox workers, %s event loop)",
+             settings.server.host, port, pool.live_workers,
+             type(asyncio.get_running_loop()).__module__.split(".")[0])
 
     pool.attach()  # watch the workers from the loop now, not at the first request
     _tune_gc()

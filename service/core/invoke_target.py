@@ -116,10 +116,12 @@ class TargetCache:
         self._max = max_entries
         self._entries: dict[tuple[str, str], InvokeTarget | None] = {}
         self._version: object = None
+        self._conn: object = None
 
     def invalidate(self) -> None:
         self._entries.clear()
         self._version = None
+        self._conn = None
 
     def __call__(self, guild_id: str, script_id: str) -> InvokeTarget | None:
         db = database.obj
@@ -128,9 +130,12 @@ class TargetCache:
         conn = db.connection()  # type: ignore[no-untyped-call]
         version = conn.execute("PRAGMA data_version").fetchone()[0]
         entries = self._entries
-        if version != self._version:
+        # Versions compare only within one connection: a new connection (a
+        # reconnect, another thread) starts a new series.
+        if version != self._version or conn is not self._conn:
             entries.clear()
             self._version = version
+            self._conn = conn
         key = (guild_id, script_id)
         found = entries.get(key, _MISSING)
         if found is _MISSING:

@@ -1,0 +1,199 @@
+"""`TargetCache`: the invoke path's lookup, remembered on SQLite, never stale.
+
+On SQLite a repeated lookup is answered from memory until another connection
+commits (`PRAGMA data_version`); on PostgreSQL every lookup reads the database.
+Changes are made the way they happen in production: through the service layer
+from another thread (peewee gives it its own connection, as the record writer
+or an admin request has), or through a second raw `sqlite3` connection (as the
+`logic` CLI in another process would).
+"""
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from typing import Any, TypeVar
+
+import pytest
+
+from service import core
+from service.core.invoke_target import InvokeTarget, TargetCache, load_target
+from service.core.secrets import verify_secret
+from tests.factories import OWNER, make_guild, make_script
+
+T = TypeVar("T")
+
+SQLITE_ONLY = pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+POSTGRES_ONLY = pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+
+
+def in_other_thread(db, fn: Callable[[], T]) -> T:
+    """Run `fn` in a new thread, on that thread's own database connection."""
+    def run() -> T:
+        try:
+            return fn()
+        finally:
+            db.close()  # closes this thread's connection only
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(run).result(timeout=30)
+
+
+def sqlite_write(db, sql: str, params: tuple[Any, ...]) -> None:
+    """Commit `sql` through a second, raw connection to the same file."""
+    with closing(sqlite3.connect(db.database, timeout=10)) as conn:
+        with conn:
+            assert conn.execute(sql, params).rowcount == 1
+
+
+def count_queries(monkeypatch, db) -> list[str]:
+    """Record every `execute_sql` on `db` (the lookup's query goes through it;
+    the cache's own PRAGMA does not)."""
+    seen: list[str] = []
+    real = db.execute_sql
+
+    def counting(sql, *args, **kwargs):
+        seen.append(sql)
+        return real(sql, *args, **kwargs)
+    monkeypatch.setattr(db, "execute_sql", counting)
+    return seen
+
+
+def must(target: InvokeTarget | None) -> InvokeTarget:
+    assert target is not None
+    return target
+
+
+@pytest.fixture
+def endpoint(db) -> tuple[str, str]:
+    """An enabled endpoint on a pro guild: (guild id, script id)."""
+    gid = make_guild("pro")
+    sid = make_script(gid)
+    core.enable_endpoint(OWNER, gid, sid)
+    return gid, sid
+
+
+@SQLITE_ONLY
+def test_sqlite_repeated_lookup_is_served_from_memory(db, endpoint, monkeypatch):
+    gid, sid = endpoint
+    cache = TargetCache()
+    queries = count_queries(monkeypatch, db)
+    first = must(cache(gid, sid))
+    assert len(queries) == 1
+    again = cache(gid, sid)
+    assert again is first and len(queries) == 1
+    assert first == load_target(gid, sid)
+    assert first.enabled is True and first.guild_id == gid and first.script_id == sid
+
+
+@SQLITE_ONLY
+def test_sqlite_change_from_another_thread_is_seen_by_the_next_lookup(db, endpoint):
+    gid, sid = endpoint
+    cache = TargetCache()
+    before = must(cache(gid, sid))
+    assert before.secret_hash is None
+    assert cache(gid, sid) is before
+
+    secret = in_other_thread(db, lambda: core.regenerate_secret(OWNER, gid, sid))["secret"]
+    after = must(cache(gid, sid))
+    assert after.secret_hash is not None and verify_secret(after.secret_hash, secret)
+    assert cache(gid, sid) is after  # remembered again until the next change
+
+    again = in_other_thread(db, lambda: core.regenerate_secret(OWNER, gid, sid))["secret"]
+    latest = must(cache(gid, sid))
+    assert verify_secret(latest.secret_hash, again) and not verify_secret(latest.secret_hash, secret)
+
+    in_other_thread(db, lambda: core.disable_endpoint(OWNER, gid, sid))
+    assert must(cache(gid, sid)).enabled is False
+
+
+@SQLITE_ONLY
+def test_sqlite_change_from_another_connection_is_seen_by_the_next_lookup(db, endpoint):
+    gid, sid = endpoint
+    cache = TargetCache()
+    assert must(cache(gid, sid)).enabled is True
+    sqlite_write(db, "UPDATE endpoint SET enabled = 0 WHERE id = ?",
+                 (must(load_target(gid, sid)).endpoint_id,))
+    assert must(cache(gid, sid)).enabled is False
+
+    sqlite_write(db, "UPDATE script SET source = ?, version = version + 1 WHERE public_id = ?",
+                 ("on endpoint(event):\n    pass\n", sid))
+    changed = must(cache(gid, sid))
+    assert changed.script_version == 2 and "pass" in changed.source
+
+
+@SQLITE_ONLY
+def test_sqlite_remembered_not_found_is_dropped_on_change(db, endpoint):
+    """A remembered None (unknown script) is not stale either."""
+    gid, sid = endpoint
+    cache = TargetCache()
+    renamed = "logic_" + "z" * 22
+    assert cache(gid, renamed) is None
+    assert cache(gid, renamed) is None
+    sqlite_write(db, "UPDATE script SET public_id = ? WHERE public_id = ?", (renamed, sid))
+    assert must(cache(gid, renamed)).script_id == renamed
+    assert cache(gid, sid) is None
+
+
+def test_unknown_endpoints_return_none_and_memory_stays_bounded(db, endpoint):
+    gid, sid = endpoint
+    cache = TargetCache(max_entries=8)
+    for n in range(100):
+        assert cache(gid, f"logic_{n:022d}") is None
+        assert cache(str(900_000 + n), sid) is None
+        assert cache("not-a-guild", f"bad{n}") is None
+    # Reading the private dict: the bound on memory is what is tested here,
+    # and nothing public exposes it.
+    assert len(cache._entries) <= 8
+    assert must(cache(gid, sid)).enabled is True  # known endpoints still resolve
+    assert len(cache._entries) <= 8
+
+
+@SQLITE_ONLY
+def test_invalidate_drops_entries(db, endpoint):
+    gid, sid = endpoint
+    cache = TargetCache()
+    first = must(cache(gid, sid))
+    assert cache(gid, "logic_" + "y" * 22) is None
+    assert len(cache._entries) == 2  # private dict, read to see what is remembered
+    # A write through this thread's own connection does not move its
+    # data_version; the documented contract is that such a writer invalidates.
+    core.disable_endpoint(OWNER, gid, sid)
+    cache.invalidate()
+    assert cache._entries == {}
+    fresh = must(cache(gid, sid))
+    assert fresh is not first and fresh.enabled is False
+
+
+@POSTGRES_ONLY
+def test_postgresql_every_lookup_reads_the_database(db, endpoint, monkeypatch):
+    gid, sid = endpoint
+    cache = TargetCache()
+    queries = count_queries(monkeypatch, db)
+    first = must(cache(gid, sid))
+    second = must(cache(gid, sid))
+    assert first == second and first is not second
+    assert len(queries) == 2
+    assert cache._entries == {}  # private dict: nothing is remembered on PostgreSQL
+
+    # Changes through this thread's connection and through another thread's
+    # are both seen at once, without invalidate().
+    core.disable_endpoint(OWNER, gid, sid)
+    assert must(cache(gid, sid)).enabled is False
+    secret = in_other_thread(db, lambda: core.regenerate_secret(OWNER, gid, sid))["secret"]
+    assert verify_secret(must(cache(gid, sid)).secret_hash, secret)
+
+
+@SQLITE_ONLY
+def test_sqlite_reconnect_does_not_serve_a_stale_answer(db, endpoint):
+    # data_version values compare only within one connection: a reconnect
+    # starts a new series that can repeat the old value.
+    gid, sid = endpoint
+    cache = TargetCache()
+    assert must(cache(gid, sid)).enabled
+    db.close()
+    sqlite_write(db, "UPDATE endpoint SET enabled = 0 WHERE id = ?",
+                 (must(load_target(gid, sid)).endpoint_id,))
+    db.close()
+    db.connect()
+    assert not must(cache(gid, sid)).enabled

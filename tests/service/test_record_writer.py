@@ -1,0 +1,264 @@
+"""The batched record writer (`service.records`): what its users rely on.
+
+Real threads throughout. The only stand-in is the writer's injected
+dependency, `write_batch` (in the service: `service.core.records.write_batch`,
+one database transaction per batch); here it is a plain function that records
+what it receives, so the tests see exactly which batches reached the database.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from service.records import RecordWriter, expand
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
+    """Poll `condition` until it holds or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+class Sink:
+    """The writer's injected `write_batch`: appends every batch it receives.
+
+    `fail_times` makes the next N calls raise (a database error); `fail_always`
+    makes every call raise until it is switched off.
+    """
+
+    def __init__(self, fail_times: int = 0) -> None:
+        self.batches: list[list[Any]] = []
+        self.calls = 0
+        self.fail_times = fail_times
+        self.fail_always = False
+        self._lock = threading.Lock()
+
+    def __call__(self, items: Sequence[Any]) -> None:
+        with self._lock:
+            self.calls += 1
+            if self.fail_always or self.fail_times > 0:
+                self.fail_times = max(0, self.fail_times - 1)
+                raise RuntimeError("database is down")
+            self.batches.append(list(items))
+
+    @property
+    def items(self) -> list[Any]:
+        with self._lock:
+            return [item for batch in self.batches for item in batch]
+
+
+class Entry:
+    """A fake finished request (the `Recordable` protocol).
+
+    It belongs to `endpoint_id`, whose plan keeps `keep` history rows; `tag`
+    identifies it in the records it produces.
+    """
+
+    def __init__(self, endpoint_id: int | None, keep: int, tag: str) -> None:
+        self.endpoint_id = endpoint_id
+        self.keep = keep
+        self.tag = tag
+
+    def history_slot(self) -> tuple[int, int] | None:
+        return None if self.endpoint_id is None else (self.endpoint_id, self.keep)
+
+    def records(self, history: bool) -> list[Any]:
+        out: list[Any] = [("stat", self.tag)]
+        if history:
+            out.append(("history", self.tag))
+        return out
+
+
+@pytest.fixture
+def make_writer() -> Iterator[Callable[..., RecordWriter]]:
+    """Build writers; every one is stopped (its thread joined) at teardown."""
+    writers: list[RecordWriter] = []
+
+    def make(sink: Sink, **kwargs: Any) -> RecordWriter:
+        writer = RecordWriter(sink, **kwargs)
+        writers.append(writer)
+        return writer
+
+    yield make
+    for writer in writers:
+        writer.stop(timeout=5)
+
+
+# --- stop() loses nothing ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("max_batch", [20_000, 1_000])
+def test_stop_writes_everything_queued(make_writer, max_batch):
+    """Entries put just before stop() are written; a long interval means only
+    the final drain can have written them (in batches of max_batch)."""
+    sink = Sink()
+    writer = make_writer(sink, interval=10.0, max_batch=max_batch)
+    writer.start()
+    for n in range(5_000):
+        writer.put(("item", n))
+    started = time.monotonic()
+    writer.stop()
+    assert time.monotonic() - started < 2.0, "stop() must not wait for the interval"
+    assert sink.items == [("item", n) for n in range(5_000)]
+    assert writer.written == 5_000
+    assert writer.dropped == 0 and writer.failed_batches == 0
+    assert all(len(batch) <= max_batch for batch in sink.batches)
+
+
+def test_stop_while_a_producer_is_putting(make_writer):
+    """The writer is busy (short interval) while another thread puts; stop()
+    right after the last put still writes every entry, once, in order."""
+    sink = Sink()
+    writer = make_writer(sink, interval=0.005, max_batch=500)
+    writer.start()
+
+    def produce() -> None:
+        for n in range(5_000):
+            writer.put(n)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    producer.join()
+    writer.stop()
+    assert sink.items == list(range(5_000))
+    assert writer.written == 5_000 and writer.dropped == 0
+
+
+def test_stop_without_start_is_harmless(make_writer):
+    writer = make_writer(Sink())
+    writer.stop()
+    writer.stop()
+
+
+# --- batching -------------------------------------------------------------------------------
+
+def test_entries_are_written_in_batches(make_writer):
+    sink = Sink()
+    writer = make_writer(sink, interval=0.2)
+    writer.start()
+    for n in range(1_000):
+        writer.put(n)
+    assert wait_for(lambda: writer.written == 1_000, timeout=3.0)
+    assert sink.calls <= 3, f"{sink.calls} write_batch calls for 1,000 quick entries"
+    assert sink.items == list(range(1_000))
+
+
+def test_max_batch_wakes_the_writer_before_the_interval(make_writer):
+    sink = Sink()
+    writer = make_writer(sink, interval=10.0, max_batch=100)
+    writer.start()
+    time.sleep(0.02)  # let the thread reach its wait, so the wake-up is what ends it
+    started = time.monotonic()
+    for n in range(100):
+        writer.put(n)
+    assert wait_for(lambda: writer.written == 100, timeout=1.0), "not woken by max_batch"
+    assert time.monotonic() - started < 1.0
+    assert sink.batches == [list(range(100))]
+
+
+def test_writer_passes_expanded_records_to_write_batch(make_writer):
+    """Recordable entries reach write_batch as their record items, not as entries."""
+    sink = Sink()
+    writer = make_writer(sink, interval=10.0)
+    writer.start()
+    writer.put(Entry(1, 1, "a1"))
+    writer.put(Entry(1, 1, "a2"))
+    writer.put(("plain", 0))
+    writer.stop()
+    assert sink.items == [("stat", "a1"), ("stat", "a2"), ("history", "a2"), ("plain", 0)]
+    assert writer.written == 3  # entries, not record items
+
+
+# --- expand() -------------------------------------------------------------------------------
+
+def test_expand_keeps_history_for_each_endpoints_newest_entries():
+    a1, b1, a2, a3, b2 = (Entry(1, 2, "a1"), Entry(2, 1, "b1"), Entry(1, 2, "a2"),
+                          Entry(1, 2, "a3"), Entry(2, 1, "b2"))
+    no_history = Entry(None, 5, "n1")  # history_slot() None: statistics only
+    plain = ("plain", 42)              # no `records`: passes through unchanged
+    assert expand([a1, b1, plain, a2, no_history, a3, b2]) == [
+        ("stat", "a1"),                                 # endpoint 1 keeps 2: a2, a3
+        ("stat", "b1"),                                 # endpoint 2 keeps 1: b2
+        ("plain", 42),
+        ("stat", "a2"), ("history", "a2"),
+        ("stat", "n1"),
+        ("stat", "a3"), ("history", "a3"),
+        ("stat", "b2"), ("history", "b2"),
+    ]
+
+
+def test_expand_every_entry_counts_in_statistics():
+    entries = [Entry(n % 3, 1, f"e{n}") for n in range(30)]
+    items = expand(entries)
+    assert [i for i in items if i[0] == "stat"] == [("stat", f"e{n}") for n in range(30)]
+    assert [i for i in items if i[0] == "history"] == [("history", "e27"), ("history", "e28"),
+                                                       ("history", "e29")]
+
+
+def test_expand_newest_entrys_keep_wins():
+    # The plan was downgraded mid-batch: the newest entry carries the current N.
+    shrunk = [Entry(1, 5, "old1"), Entry(1, 5, "old2"), Entry(1, 5, "old3"), Entry(1, 1, "new")]
+    assert [i for i in expand(shrunk) if i[0] == "history"] == [("history", "new")]
+    # ... and upgraded: the newest entry's larger N applies to the older ones too.
+    grown = [Entry(1, 1, "old1"), Entry(1, 1, "old2"), Entry(1, 1, "old3"), Entry(1, 3, "new")]
+    assert [i for i in expand(grown) if i[0] == "history"] == [
+        ("history", "old2"), ("history", "old3"), ("history", "new")]
+
+
+def test_expand_keep_zero_and_empty_batch():
+    assert expand([Entry(1, 0, "x"), Entry(1, 0, "y")]) == [("stat", "x"), ("stat", "y")]
+    assert expand([]) == []
+
+
+# --- failures -------------------------------------------------------------------------------
+
+def test_a_failing_write_is_retried_and_written_once(make_writer):
+    sink = Sink(fail_times=2)
+    writer = make_writer(sink, interval=0.02)
+    for n in range(10):
+        writer.put(n)       # queued before start: one batch
+    writer.start()
+    assert wait_for(lambda: writer.written == 10, timeout=3.0)
+    assert sink.calls == 3
+    assert sink.batches == [list(range(10))]
+    assert writer.failed_batches == 0 and writer.dropped == 0
+
+
+def test_a_batch_that_keeps_failing_is_dropped_and_the_writer_goes_on(make_writer):
+    sink = Sink()
+    sink.fail_always = True
+    writer = make_writer(sink, interval=0.02)
+    for n in range(10):
+        writer.put(n)
+    writer.start()
+    assert wait_for(lambda: writer.failed_batches == 1, timeout=3.0)
+    assert sink.calls == 3                       # three attempts, then given up
+    assert writer.dropped == 10 and writer.written == 0 and sink.batches == []
+    sink.fail_always = False                     # the database is back
+    for n in range(10, 15):
+        writer.put(n)
+    assert wait_for(lambda: writer.written == 5, timeout=2.0)
+    writer.stop()
+    assert sink.items == list(range(10, 15))
+    assert writer.failed_batches == 1 and writer.dropped == 10
+
+
+# --- back-pressure --------------------------------------------------------------------------
+
+def test_max_queued_drops_and_counts_the_excess(make_writer):
+    sink = Sink()
+    writer = make_writer(sink, interval=10.0, max_queued=10)
+    for n in range(15):         # thread not started: nothing is taken off the queue
+        writer.put(n)
+    assert writer.dropped == 5
+    writer.start()
+    writer.stop()
+    assert sink.items == list(range(10))   # the first max_queued were kept
+    assert writer.written == 10 and writer.dropped == 5
