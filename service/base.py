@@ -136,5 +136,5 @@ class NotFoundHandler(BaseHandler):
         raise NotFoundError()
 
 
-__all__ = ["BaseHandler", "NotFoundHandler", "error_body", "new_request_id", "render_connection_error",
-           "status_message"]
+__all__ = ["BaseHandler", "NotFoundHandler", "error_body", "new_request_id",
+           "render_connection_error", "status_message"]

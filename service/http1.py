@@ -23,15 +23,21 @@ the ones it left to a proxy):
 - limits: the request head (line and headers) up to `max_header_bytes` (else
   431), a body backstop of `max_body_bytes` (else 413), the head must arrive
   within `idle_timeout` of the connection's last answer (slow-header clients
-  are cut off), the body within `body_timeout`;
+  are cut off), the body within `body_timeout`; a client that stops reading
+  an answer for `idle_timeout` is cut off too (a send timeout), but a slow
+  reader that keeps reading is not;
 - an answer sent before the request body was read: the connection is closed
   after it (`Connection: close`) unless the rest of the body is known and
   small; closing is lingering — the write side is shut, what the client still
   sends is read and dropped for up to `linger_seconds` — so the client reads the
   answer instead of a reset;
-- malformed requests get 400 and the connection closes; a request whose
-  handler has not answered when the connection drops gets
-  `on_connection_close()`.
+- malformed requests get 400 and the connection closes (so do HTTP/1.1
+  requests without `Host`, and `Upgrade` requests with a body: llhttp would
+  hand the body to the new protocol and no switch is served); versions other
+  than HTTP/1.0 and 1.1 get 505; a well-formed request line with a method no
+  registry knows gets 405;
+- a request whose handler has not answered when the connection drops gets
+  `on_connection_close()` (once).
 
 Prefix routes send a request whose path starts with a prefix to another
 delegate than the default one, before any Tornado routing (the invoke endpoint
@@ -296,7 +302,6 @@ class Exchange:
             self.conn.write(self._frame(chunk))
 
 
-
 class Connection(asyncio.Protocol):
     """One client connection: parses requests and runs their delegates in order."""
 
@@ -330,7 +335,6 @@ class Connection(asyncio.Protocol):
         self._head_raw = 0  # bytes received while in one request's head
         self._last_pending = 0  # write buffer at the last sweep
         self._progress = 0.0  # when the write buffer last changed
-        self.closed_by_timeout = False
         self._fd = -1
 
     # --- asyncio.Protocol ---------------------------------------------------
@@ -730,7 +734,6 @@ class Connection(asyncio.Protocol):
             elif transport is not None and not self.closed:
                 # Gracefully: what the kernel still holds of an answer reaches a
                 # slow reader before the FIN.
-                self.closed_by_timeout = True
                 transport.close()
 
 

@@ -88,8 +88,8 @@ class InvokeEndpoint(httputil.HTTPServerConnectionDelegate):
 class InvokeRequest(httputil.HTTPMessageDelegate):
     """One invoke request, from its headers to its records."""
 
-    __slots__ = ("context", "conn", "peer", "request_id", "started", "method", "path", "query", "headers", "ip",
-                 "target", "accepted", "chunks", "received", "rate_headers", "answered", "status",
+    __slots__ = ("context", "conn", "peer", "request_id", "started", "method", "path", "query",
+                 "headers", "ip", "target", "accepted", "chunks", "received", "rate_headers", "answered", "status",
                  "response_headers", "response_body", "error_code", "outcome", "event",
                  "raw_body", "finished", "_counted")
 
