@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -17,6 +18,34 @@ if TYPE_CHECKING:
     from service.settings import Settings
 
 
+class RecentTargets:
+    """Endpoint lookups remembered for `ttl` seconds: only for throttled callers.
+
+    An address that sent more than 20 wrong secrets in a minute is answered
+    429 whatever it sends; checks 2-4 still come first for it, but from a
+    lookup at most `ttl` old instead of a database read per request (on
+    PostgreSQL a round trip on the event loop).
+    """
+
+    def __init__(self, ttl: float = 1.0, max_entries: int = 10_000) -> None:
+        self._ttl = ttl
+        self._max = max_entries
+        self._entries: dict[tuple[str, str], tuple[float, InvokeTarget | None]] = {}
+
+    def get(self, guild_id: str, script_id: str,
+            load: Callable[[str, str], InvokeTarget | None]) -> InvokeTarget | None:
+        key = (guild_id, script_id)
+        now = time.monotonic()
+        found = self._entries.get(key)
+        if found is not None and now - found[0] < self._ttl:
+            return found[1]
+        target = load(guild_id, script_id)
+        if len(self._entries) >= self._max:
+            self._entries.clear()
+        self._entries[key] = (now, target)
+        return target
+
+
 @dataclass
 class AppContext:
     """What handlers need, built once by `service.server` and never global."""
@@ -28,6 +57,7 @@ class AppContext:
     records: RecordWriter
     load_target: Callable[[str, str], InvokeTarget | None]
     db_ping: Callable[[], bool]
+    recent_targets: RecentTargets = field(default_factory=RecentTargets)
     in_flight: int = 0
     draining: bool = False
     _idle: asyncio.Event = field(default_factory=asyncio.Event)

@@ -32,10 +32,13 @@ the ones it left to a proxy):
   sends is read and dropped for up to `linger_seconds` — so the client reads the
   answer instead of a reset;
 - malformed requests get 400 and the connection closes (so do HTTP/1.1
-  requests without `Host`, and `Upgrade` requests with a body: llhttp would
-  hand the body to the new protocol and no switch is served); versions other
-  than HTTP/1.0 and 1.1 get 505; a well-formed request line with a method no
-  registry knows gets 405;
+  requests without `Host`); versions other than HTTP/1.0 and 1.1 get 505; a
+  well-formed request line with a method no registry knows gets 405;
+- no protocol switch is served: an `Upgrade` request is answered normally
+  and the connection closes; llhttp leaves its body to the new protocol, so a
+  `Content-Length` body is read here by hand (a chunked one gets 400);
+- the connection's own limits answer after the handler had its say: the
+  invoke endpoint's checks (404, 401, its plan's 413) come first;
 - a request whose handler has not answered when the connection drops gets
   `on_connection_close()` (once).
 
@@ -144,7 +147,7 @@ class Exchange:
                  "keep_alive",
                  "expect_continue", "declared", "received", "request_done", "answered",
                  "answer_started", "chunked_out", "remaining_out", "close_after", "head",
-                 "close_callback", "max_body", "body_timeout")
+                 "close_callback", "max_body", "body_timeout", "manual_body", "continued")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -169,6 +172,8 @@ class Exchange:
         self.close_callback: Callable[[], None] | None = None
         self.max_body = conn.limits.max_body_bytes
         self.body_timeout = conn.limits.body_timeout
+        self.manual_body = False  # an Upgrade request's body, read without llhttp
+        self.continued = False  # "100 Continue" was sent
 
     # --- tornado.httputil.HTTPConnection ----------------------------------
     def write_headers(self, start_line: httputil.ResponseStartLine | httputil.RequestStartLine,
@@ -215,17 +220,20 @@ class Exchange:
 
     # --- the whole answer in one call --------------------------------------
     def respond(self, status: int, headers: Sequence[tuple[str, str]], body: bytes = b"",
-                reason: str | None = None) -> None:
-        """Write status, headers and body and finish; `Content-Length` is added here."""
+                reason: str | None = None) -> list[tuple[str, str]]:
+        """Write status, headers and body and finish; returns the headers the
+        connection added (`Content-Length`, `Connection`, `Date`)."""
         if self.answer_started:
-            return
-        self._start_answer(status, reason, headers, False, False, body, whole=True)
+            return []
+        added = self._start_answer(status, reason, headers, False, False, body, whole=True)
         self.answered = True
         self.conn.answered(self)
+        return added
 
     # --- internals ---------------------------------------------------------
     def _start_answer(self, status: int, reason: str | None, headers: Sequence[tuple[str, str]],
-                      has_length: bool, has_te: bool, chunk: bytes, whole: bool = False) -> None:
+                      has_length: bool, has_te: bool, chunk: bytes, whole: bool = False
+                      ) -> list[tuple[str, str]]:
         if self.answer_started:
             raise RuntimeError("the answer was already started")
         conn = self.conn
@@ -234,7 +242,6 @@ class Exchange:
         no_body = self.head or status in (204, 304) or 100 <= status < 200
         lines = [f"HTTP/1.1 {status} {reason or _REASONS.get(status, 'Unknown')}"]
         length: int | None = None
-        has_date = False
         close = self.close_after
         for name, value in headers:
             lname = name.lower()
@@ -242,11 +249,12 @@ class Exchange:
                 if value.lower() == "close":
                     close = True
                 continue  # the connection's own header is written below
-            lines.append(f"{name}: {value}")
             if lname == "date":
-                has_date = True
-            elif has_length and lname == "content-length":
+                continue  # always the server's own, written below
+            lines.append(f"{name}: {value}")
+            if has_length and lname == "content-length":
                 length = int(value)
+        added_from = len(lines)
         if whole and not no_body:
             length = len(chunk)
             lines.append(f"Content-Length: {length}")
@@ -262,14 +270,15 @@ class Exchange:
             left = None if self.declared is None else self.declared - self.received
             if left is None or left > conn.limits.keep_alive_discard:
                 close = True
+            elif self.expect_continue and not self.continued and left:
+                close = True  # the client may never send a body it was not asked for
         if close or conn.closing or not self.keep_alive:
             close = True
             if version == "HTTP/1.1":
                 lines.append("Connection: close")
         elif version == "HTTP/1.0":
             lines.append("Connection: keep-alive")
-        if not has_date:
-            lines.append("Date: " + http_date())
+        lines.append("Date: " + http_date())
         head = "\r\n".join(lines)
         if head.count("\n") != len(lines) - 1 or head.count("\r") != len(lines) - 1:
             # Nothing of this answer is written, and nothing else will be: the
@@ -287,6 +296,8 @@ class Exchange:
         if chunk and not no_body:
             data += self._frame(chunk)
         conn.write(data)
+        return [(name, value) for name, _, value in
+                (line.partition(": ") for line in lines[added_from:])]
 
     def _frame(self, chunk: bytes) -> bytes:
         if self.remaining_out is not None:
@@ -311,7 +322,7 @@ class Connection(asyncio.Protocol):
         self.loop = server.loop
         self.transport: asyncio.Transport | None = None
         self.context = _Context(None)
-        self.parser = httptools.HttpRequestParser(self)
+        self.parser: Any = httptools.HttpRequestParser(self)
         self.deadline = 0.0
         self.closing = False  # close after the current answer (server shutting down)
         self.closed = False
@@ -336,6 +347,8 @@ class Connection(asyncio.Protocol):
         self._last_pending = 0  # write buffer at the last sweep
         self._progress = 0.0  # when the write buffer last changed
         self._fd = -1
+        self._manual: Exchange | None = None  # an Upgrade request whose body is read by hand
+        self._manual_left = 0
 
     # --- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -349,6 +362,9 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.lingering or self._broken:
             return  # dropped: we are closing, or the stream can no longer be parsed
+        if self._manual is not None:
+            self._feed_manual(data)
+            return
         in_head = self._in_head
         try:
             self.parser.feed_data(data)
@@ -365,10 +381,14 @@ class Connection(asyncio.Protocol):
             # request cannot be framed either way: the connection closes.
             unknown = _REQUEST_LINE.match(data) is not None
             self._stop_parsing(405 if unknown else 400)
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as exc:
             # No protocol switch is served: the request is answered normally,
             # then the connection closes.
-            self._stop_parsing(0)
+            if self._manual is not None:
+                offset = exc.args[0] if exc.args and isinstance(exc.args[0], int) else len(data)
+                self._feed_manual(data[offset:])
+            else:
+                self._stop_parsing(0)
         except httptools.HttpParserError as exc:
             log.debug("malformed HTTP request from %s: %s", self.context.remote_ip, exc)
             self._stop_parsing(400)
@@ -392,6 +412,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.parser = None  # it holds this protocol: no cycle left behind
         self.server.connections.discard(self)
         self._queue.clear()
         for fut in self._drain_waiters:
@@ -472,35 +493,69 @@ class Connection(asyncio.Protocol):
         declared = headers.get("content-length")
         if declared is not None:
             ex.declared = int(declared)  # llhttp checked it is a number
-            if ex.declared > ex.max_body:
-                raise _ParseAbort(413)
         elif headers.get("transfer-encoding") is None:
             ex.declared = 0  # no body at all (RFC 9112 6.3)
-        if parser.should_upgrade() and ex.declared != 0:
-            # llhttp skips the body of an Upgrade request (it would belong to
-            # the new protocol); no protocol switch is served, so such a
-            # request could only reach its handler without its body.
-            raise _ParseAbort(400)
+        # llhttp's own flag is set only after this callback: same rule here.
+        upgrade = headers.get("upgrade") is not None and "upgrade" in [
+            token.strip() for token in headers.get("connection", "").lower().split(",")]
+        if upgrade and ex.declared != 0:
+            # llhttp leaves the body of an Upgrade request to the new protocol.
+            # No protocol switch is served (the connection closes after the
+            # answer), so a declared body is read here, by hand; a chunked one
+            # cannot be framed without the parser and is refused.
+            if ex.declared is None:
+                raise _ParseAbort(400)
+            ex.manual_body = True
         ex.expect_continue = (version == "HTTP/1.1"
                               and headers.get("expect", "").lower() == "100-continue")
         self.deadline = self.loop.time() + ex.body_timeout
         self._push(self._start, ex, None)
+        if ex.declared is not None and ex.declared > ex.max_body:
+            # The backstop comes after the handler's own checks (the invoke
+            # endpoint answers 404/401/its plan's 413 first); the body is not read.
+            raise _ParseAbort(413)
         if ex.expect_continue:
             self._push(self._maybe_continue, ex, None)
 
     def on_body(self, body: bytes) -> None:
         ex = self._parsing
         assert ex is not None
+        self._body_part(ex, body)
+
+    def _body_part(self, ex: Exchange, body: bytes) -> None:
         ex.received += len(body)
+        self._push(self._body, ex, body)  # the handler's own cap answers first
         if ex.received > ex.max_body:
             raise _ParseAbort(413)
-        self._push(self._body, ex, body)
 
     def on_message_complete(self) -> None:
         ex = self._parsing
         assert ex is not None
+        if ex.manual_body:
+            self._manual = ex  # complete once its body was read by hand
+            self._manual_left = ex.declared or 0
+            return
         self._parsing = None
         self._push(self._complete, ex, None)
+
+    def _feed_manual(self, data: bytes) -> None:
+        """The body of an Upgrade request (see on_headers_complete)."""
+        ex = self._manual
+        assert ex is not None
+        part = data[:self._manual_left]
+        self._manual_left -= len(part)
+        try:
+            if part:
+                self._body_part(ex, part)
+        except _ParseAbort as exc:
+            self._manual = None
+            self._stop_parsing(exc.status)
+            return
+        if self._manual_left == 0:
+            self._manual = None
+            self._parsing = None
+            self._push(self._complete, ex, None)
+            self._stop_parsing(0)  # what follows belongs to the refused protocol: close
 
     # --- delivering to delegates, in order, with flow control -------------------
     def _push(self, step: Callable[[Exchange, Any], Awaitable[None] | None], ex: Exchange,
@@ -571,6 +626,7 @@ class Connection(asyncio.Protocol):
 
     def _maybe_continue(self, ex: Exchange, _: Any) -> None:
         if not ex.answer_started and not ex.request_done and ex.received == 0:
+            ex.continued = True
             self.write(_CONTINUE)
 
     def _body(self, ex: Exchange, chunk: bytes) -> Awaitable[None] | None:

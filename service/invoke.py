@@ -68,7 +68,8 @@ _ALLOW = "POST, OPTIONS"
 #: scripts (it must never act as a page of the origin the dashboard shares).
 _REPLY_HEADERS = [("Content-Security-Policy", "sandbox"), ("X-Content-Type-Options", "nosniff")]
 #: Set by the service on every reply; a script's own value for them is dropped.
-_SERVICE_SET = frozenset({"content-security-policy", "x-content-type-options", "content-type"})
+_SERVICE_SET = frozenset({"content-security-policy", "x-content-type-options", "content-type",
+                          "date"})
 
 
 class InvokeEndpoint(httputil.HTTPServerConnectionDelegate):
@@ -140,6 +141,7 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
     def _check(self, start_line: httputil.RequestStartLine,
                headers: dict[str, str]) -> Awaitable[None] | None:
         ctx = self.context
+        self.method = method = start_line.method
         path, _, self.query = start_line.path.partition("?")
         self.path = path
         route = _ROUTE.fullmatch(path)
@@ -152,7 +154,6 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
                             headers={"Retry-After": "1", "Connection": "close"})
 
         # 1. method
-        self.method = method = start_line.method
         if method == "OPTIONS":
             self._answer(204, [("Allow", _ALLOW), ("X-Request-Id", self.request_id)], b"")
             return None
@@ -165,7 +166,14 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
             guild_id, script_id = unquote(guild_id), unquote(script_id)
         if not _GUILD_ID.fullmatch(guild_id) or not _SCRIPT_ID.fullmatch(script_id):
             raise EndpointNotFoundError()
-        target = ctx.load_target(guild_id, script_id)
+        self.ip = client_ip(self.peer, headers.get("x-forwarded-for"),
+                            ctx.settings.server.trusted_proxies)
+        # Known now, acted on at check 5: an address that is throttled for
+        # wrong secrets is answered from a lookup at most a second old, so a
+        # flood of them costs no database read each (docs/http-api.md).
+        wait = ctx.limits.auth_throttled(self.ip)
+        target = (ctx.recent_targets.get(guild_id, script_id, ctx.load_target) if wait
+                  else ctx.load_target(guild_id, script_id))
         if target is None:
             raise EndpointNotFoundError()
         self.target = target
@@ -175,13 +183,10 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
             raise EndpointDisabledError()
 
         # 4. caller IP in the whitelist
-        self.ip = client_ip(self.peer, headers.get("x-forwarded-for"),
-                            ctx.settings.server.trusted_proxies)
         if not ip_allowed(self.ip, target.whitelist):
             raise IpNotAllowedError()
 
         # 5. secret (throttled per IP before any hash is computed)
-        wait = ctx.limits.auth_throttled(self.ip)
         if wait:
             raise AuthThrottledError(headers={"Retry-After": str(wait)})
         secret = presented_secret(headers)
@@ -327,7 +332,8 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         self.response_body = body
         conn, self.conn = self.conn, None  # no cycle with the connection once answered
         if conn is not None:
-            conn.respond(status, headers, body)
+            # History keeps what was sent, the connection's own headers included.
+            self.response_headers = headers + conn.respond(status, headers, body)
         self._done()
 
     def on_connection_close(self) -> None:
@@ -351,6 +357,9 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
             access_log.log(level, "%s %s %s %d %.1fms", self.request_id, self.method or "-",
                            self.path, status, 1000.0 * (self.finished - self.started))
         if self.target is not None:
+            event = self.event
+            if event is not None:  # history needs only these of it: free the body
+                self.event = {"query": event["query"], "headers": event["headers"]}
             # Converted to records later, in the writer's thread (service.records).
             self.context.records.put(self)
 

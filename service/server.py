@@ -28,10 +28,9 @@ from sandbox.pool import Pool
 from service.app import make_app
 from service.auth import SecretVerifier
 from service.base import render_connection_error
-from service import invoke
-from service.http1 import HTTP1Server, ServerLimits
-from service.invoke import InvokeEndpoint
 from service.context import AppContext
+from service.http1 import HTTP1Server, ServerLimits
+from service.invoke import PREFIX, InvokeEndpoint
 from service.ratelimit import RateLimits
 from service.records import RecordWriter
 from service.settings import Settings
@@ -101,7 +100,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         db_ping=db_ping,
     )
     max_body = max((p.body_bytes for p in settings.plans.values()), default=0) + 1
-    server = HTTP1Server(make_app(context), prefixes=[(invoke.PREFIX, InvokeEndpoint(context))],
+    server = HTTP1Server(make_app(context), prefixes=[(PREFIX, InvokeEndpoint(context))],
                          limits=ServerLimits(max_body_bytes=max_body, idle_timeout=60,
                                              body_timeout=30),
                          render_error=render_connection_error)
@@ -175,6 +174,3 @@ def _background_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):  # not Linux, or not permitted: best effort
         pass
-
-
-

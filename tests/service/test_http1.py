@@ -713,15 +713,27 @@ def test_expect_100_continue_then_final_answer(srv: Running, path: str, answer: 
         assert c.request("GET", "/echo").status == 200
 
 
-def test_expect_100_continue_refused_in_prepare_answers_early_small_body(srv: Running) -> None:
+def test_expect_100_continue_refused_in_prepare_answers_early_and_closes(srv: Running) -> None:
+    # A client told "no" instead of "100 Continue" may never send its body:
+    # waiting for it would read the client's next request as that body.
     with srv.client() as c:
         c.send(build("POST", "/early", {"Content-Length": "5", "Expect": "100-continue"}))
         r = c.read_response()
         assert (r.status, r.body) == (403, b"refused")  # no 100 before it
-        assert not r.closes  # the rest of the body is small: it is read and dropped
-        c.send(b"hello")
-        assert c.request("GET", "/echo?after").body == b"GET /echo?after"
+        assert r.all("Connection") == ["close"]
+        assert c.read_all() == b""
     assert srv.events.of("early-data") == [] and srv.events.of("early-post") == []
+
+
+def test_expect_100_continue_not_sent_when_the_body_came_anyway(srv: Running) -> None:
+    # A client that sends its small body without waiting for the 100 keeps
+    # its connection after an early refusal, as any early answer does.
+    with srv.client() as c:
+        c.send(build("POST", "/early", {"Content-Length": "5"}) + b"hello")
+        r = c.read_response()
+        assert (r.status, r.body) == (403, b"refused")
+        assert not r.closes
+        assert c.request("GET", "/echo?after").body == b"GET /echo?after"
 
 
 def test_expect_100_continue_refused_with_large_body_closes(srv: Running) -> None:
@@ -917,6 +929,31 @@ def test_upgrade_request_with_body_is_not_truncated(srv: Running) -> None:
         except Closed:
             return  # refusing the request outright is fine too
         assert r.status != 200 or r.body == b"hello"
+
+
+def test_upgrade_request_with_a_declared_body_gets_its_body(srv: Running) -> None:
+    # curl --http2 on http://, Java's HttpClient: POST with Upgrade: h2c and a
+    # body. No switch is served; the body reaches the handler, then the
+    # connection closes (what follows would be the refused protocol).
+    for path, answer in (("/echo", b"hello"), ("/raw/u", b"raw /raw/u hello")):
+        with srv.client() as c:
+            c.send(build("POST", path, {"Upgrade": "h2c",
+                                        "Connection": "Upgrade, HTTP2-Settings",
+                                        "HTTP2-Settings": "AAMAAABkAARAAAAAAAIAAAAA",
+                                        "Content-Length": "5"},
+                         body=b"hel"))
+            time.sleep(0.05)
+            c.send(b"lo" + b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            r = c.read_response()
+            assert (r.status, r.body) == (200, answer)
+            assert c.read_all() == b""
+
+
+def test_upgrade_request_with_a_chunked_body_is_refused(srv: Running) -> None:
+    r = assert_refused(srv, build("POST", "/echo", {"Upgrade": "h2c", "Connection": "Upgrade",
+                                                    "Transfer-Encoding": "chunked"})
+                       + b"5\r\nhello\r\n0\r\n\r\n")
+    assert r.status == 400
 
 
 def test_upgrade_request_is_answered_normally_then_closed(srv: Running) -> None:

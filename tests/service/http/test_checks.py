@@ -204,3 +204,38 @@ def test_every_response_has_a_request_id(server: Server, make_endpoint) -> None:
         assert resp.status == 200
         ids.add(resp.headers["x-request-id"])
     assert len(ids) == 3
+
+
+def _raw(port: int, head: str) -> bytes:
+    """Send a request head (no body) and read the answer until the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head.encode())
+        data = b""
+        try:
+            while part := sock.recv(65536):
+                data += part
+        except (ConnectionResetError, TimeoutError):
+            pass
+    return data
+
+
+@pytest.mark.parametrize("who", ["unknown endpoint", "wrong secret", "right secret"])
+def test_declared_length_over_every_plan_still_runs_the_checks_in_order(server: Server,
+                                                                       make_endpoint,
+                                                                       who: str) -> None:
+    # Larger than the largest plan's body size (pro: 1 MB): the connection's
+    # own backstop must not answer before checks 2-6.
+    ep = make_endpoint(source=ECHO, plan="pro")
+    path = ep.path.replace(ep.path.rsplit("/", 1)[1], "logic_" + "x" * 22) \
+        if who == "unknown endpoint" else ep.path
+    secret = "lsk_wrong" if who == "wrong secret" else ep.secret
+    data = _raw(server.port, f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}"
+                             "\r\nContent-Type: application/json\r\nContent-Length: 5000000\r\n\r\n")
+    status_line, _, rest = data.partition(b"\r\n")
+    expected = {"unknown endpoint": b"404", "wrong secret": b"401", "right secret": b"413"}[who]
+    assert status_line.split(b" ")[1] == expected, data[:300]
+    head = rest.split(b"\r\n\r\n", 1)[0].lower()
+    if who == "right secret":
+        assert b'"payload_too_large"' in data and b"ratelimit-limit: 120" in head
+    if who == "wrong secret":
+        assert b"www-authenticate: bearer" in head

@@ -58,6 +58,26 @@ def test_more_than_20_wrong_secrets_are_throttled(server: Server, make_endpoint,
     assert server.request_from(source_ip(), ep.path, json_body={}, secret=ep.secret).status == 200
 
 
+def test_a_throttled_address_still_gets_the_earlier_checks_first(server: Server, make_endpoint,
+                                                                 source_ip) -> None:
+    ip = source_ip()
+    ep = make_endpoint(source=ECHO)
+    for _ in range(21):
+        server.request_from(ip, ep.path, json_body={}, secret="lsk_wrong")
+    assert_error(server.request_from(ip, ep.path, json_body={}, secret="lsk_wrong"), 429,
+                 "auth_throttled")
+    unknown = ep.path.rsplit("/", 1)[0] + "/logic_" + "u" * 22
+    disabled = make_endpoint(source=ECHO, enabled=False)
+    allowlisted = make_endpoint(source=ECHO, whitelist=["192.0.2.0/24"])
+    for _ in range(2):  # the second time from the throttled caller's short memory
+        assert_error(server.request_from(ip, unknown, json_body={}, secret="lsk_wrong"), 404,
+                     "endpoint_not_found")
+        assert_error(server.request_from(ip, disabled.path, json_body={}, secret="lsk_wrong"),
+                     403, "endpoint_disabled")
+        assert_error(server.request_from(ip, allowlisted.path, json_body={},
+                                         secret="lsk_wrong"), 403, "ip_not_allowed")
+
+
 def test_regenerated_secret_takes_effect_on_the_next_request(server: Server, make_endpoint,
                                                              regenerate) -> None:
     ep = make_endpoint(source=ECHO)
