@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl
 
 from tornado.httputil import HTTPHeaders
 
+from models.clock import iso
 from service.core.records import SECRET_HEADERS
 from service.errors import InvalidBodyError
 
@@ -142,8 +143,10 @@ def iso_timestamp(started: float) -> str:
     prefix = _stamp_second.get(second)
     if prefix is None:
         _stamp_second.clear()
-        prefix = _stamp_second[second] = datetime.fromtimestamp(
-            second, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.")
+        # models.clock.iso's format, "…T12:00:00.000Z", without "000Z"
+        whole = iso(datetime.fromtimestamp(second, tz=timezone.utc))
+        assert whole is not None
+        prefix = _stamp_second[second] = whole[:-4]
     return f"{prefix}{micro // 1000:03d}Z"
 
 

@@ -65,7 +65,6 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
@@ -109,7 +108,7 @@ def http_date() -> str:
     text = _date.get(now)
     if text is None:
         _date.clear()
-        text = _date[now] = formatdate(now, usegmt=True)
+        text = _date[now] = httputil.format_timestamp(now)
     return text
 
 
@@ -214,6 +213,8 @@ class Exchange:
 
     def set_body_timeout(self, timeout: float) -> None:
         self.body_timeout = timeout
+        if self.start_line is not None and not self.request_done:
+            self.conn.deadline = self.conn.loop.time() + timeout  # the body's clock
 
     def detach(self) -> Any:
         raise NotImplementedError("connections cannot be detached")
@@ -221,8 +222,8 @@ class Exchange:
     # --- the whole answer in one call --------------------------------------
     def respond(self, status: int, headers: Sequence[tuple[str, str]], body: bytes = b"",
                 reason: str | None = None) -> list[tuple[str, str]]:
-        """Write status, headers and body and finish; returns the headers the
-        connection added (`Content-Length`, `Connection`, `Date`)."""
+        """Write status, headers and body and finish; returns the headers as
+        sent (`Content-Length`, `Connection` and `Date` are the connection's)."""
         if self.answer_started:
             return []
         added = self._start_answer(status, reason, headers, False, False, body, whole=True)
@@ -254,7 +255,6 @@ class Exchange:
             lines.append(f"{name}: {value}")
             if has_length and lname == "content-length":
                 length = int(value)
-        added_from = len(lines)
         if whole and not no_body:
             length = len(chunk)
             lines.append(f"Content-Length: {length}")
@@ -297,7 +297,7 @@ class Exchange:
             data += self._frame(chunk)
         conn.write(data)
         return [(name, value) for name, _, value in
-                (line.partition(": ") for line in lines[added_from:])]
+                (line.partition(": ") for line in lines[1:])]
 
     def _frame(self, chunk: bytes) -> bytes:
         if self.remaining_out is not None:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import unquote
 
 from tornado import httputil
@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     from service.core.invoke_target import InvokeTarget
     from service.http1 import Exchange
 
+_T = TypeVar("_T")
+
 log = logging.getLogger("logic.http")
 access_log = logging.getLogger("logic.access")
 
@@ -68,8 +70,7 @@ _ALLOW = "POST, OPTIONS"
 #: scripts (it must never act as a page of the origin the dashboard shares).
 _REPLY_HEADERS = [("Content-Security-Policy", "sandbox"), ("X-Content-Type-Options", "nosniff")]
 #: Set by the service on every reply; a script's own value for them is dropped.
-_SERVICE_SET = frozenset({"content-security-policy", "x-content-type-options", "content-type",
-                          "date"})
+_SERVICE_SET = frozenset({"content-security-policy", "x-content-type-options", "content-type"})
 
 
 class InvokeEndpoint(httputil.HTTPServerConnectionDelegate):
@@ -130,8 +131,12 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         self.context.request_started()
         self._counted = True
         self.headers = headers
+        return self._guarded(lambda: self._check(start_line, headers))
+
+    def _guarded(self, step: Callable[[], _T]) -> _T | None:
+        """Run `step`; a ServiceError is answered, any other error is a 500."""
         try:
-            return self._check(start_line, headers)
+            return step()
         except ServiceError as err:
             self._fail(err)
         except Exception:  # noqa: BLE001 - one request's bug must not reach the connection
@@ -144,14 +149,14 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         self.method = method = start_line.method
         path, _, self.query = start_line.path.partition("?")
         self.path = path
-        route = _ROUTE.fullmatch(path)
-        if route is None:
-            raise NotFoundError()
         if ctx.draining:
             # Shutting down: requests still arriving on kept-alive connections
             # go elsewhere; the ones in flight finish.
             raise BusyError("The service is shutting down; retry shortly.",
                             headers={"Retry-After": "1", "Connection": "close"})
+        route = _ROUTE.fullmatch(path)
+        if route is None:
+            raise NotFoundError()
 
         # 1. method
         if method == "OPTIONS":
@@ -244,14 +249,8 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
 
     # --- the request is complete: checks 9-11 ------------------------------------------
     def finish(self) -> None:
-        if self.answered:
-            return
-        try:
-            self._submit()
-        except ServiceError as err:
-            self._fail(err)
-        except Exception:  # noqa: BLE001
-            self._internal_error()
+        if not self.answered:
+            self._guarded(self._submit)
 
     def _submit(self) -> None:
         target = self.target
@@ -273,22 +272,20 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         future.add_done_callback(self._on_outcome)
 
     def _on_outcome(self, future: asyncio.Future[Outcome]) -> None:
-        try:
-            if future.cancelled():
-                raise BusyError(headers={"Retry-After": "1"})
-            error = future.exception()
-            if isinstance(error, (PoolBusyError, PoolClosedError)):
-                raise BusyError(headers={"Retry-After": "1"})
-            if error is not None:
-                raise error
-            self.outcome = outcome = future.result()
-            if outcome.error_kind:
-                raise OUTCOME_ERRORS.get(outcome.error_kind, OUTCOME_ERRORS["script_error"])()
-            self._reply(outcome)
-        except ServiceError as err:
-            self._fail(err)
-        except Exception:  # noqa: BLE001
-            self._internal_error()
+        self._guarded(lambda: self._reply(self._outcome_of(future)))
+
+    def _outcome_of(self, future: asyncio.Future[Outcome]) -> Outcome:
+        if future.cancelled():
+            raise BusyError(headers={"Retry-After": "1"})
+        error = future.exception()
+        if isinstance(error, (PoolBusyError, PoolClosedError)):
+            raise BusyError(headers={"Retry-After": "1"})
+        if error is not None:
+            raise error
+        self.outcome = outcome = future.result()
+        if outcome.error_kind:
+            raise OUTCOME_ERRORS.get(outcome.error_kind, OUTCOME_ERRORS["script_error"])()
+        return outcome
 
     def _reply(self, outcome: Outcome) -> None:
         status = outcome.status
@@ -333,7 +330,7 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         conn, self.conn = self.conn, None  # no cycle with the connection once answered
         if conn is not None:
             # History keeps what was sent, the connection's own headers included.
-            self.response_headers = headers + conn.respond(status, headers, body)
+            self.response_headers = conn.respond(status, headers, body)
         self._done()
 
     def on_connection_close(self) -> None:

@@ -151,14 +151,20 @@ def _chunked(port: int, path: str, secret: str, chunks: list[bytes]) -> tuple[by
             sock.sendall(b"0\r\n\r\n")
     except (BrokenPipeError, ConnectionResetError):
         stopped_early = True
+    data = _read_all(sock)
+    sock.close()
+    return data, stopped_early
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (a reset ends it too)."""
     data = b""
     try:
         while part := sock.recv(65536):
             data += part
     except (ConnectionResetError, TimeoutError):
         pass
-    sock.close()
-    return data, stopped_early
+    return data
 
 
 def test_chunked_body_over_the_cap_is_413_and_reading_stops(server: Server, make_endpoint) -> None:
@@ -210,13 +216,7 @@ def _raw(port: int, head: str) -> bytes:
     """Send a request head (no body) and read the answer until the server closes."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(head.encode())
-        data = b""
-        try:
-            while part := sock.recv(65536):
-                data += part
-        except (ConnectionResetError, TimeoutError):
-            pass
-    return data
+        return _read_all(sock)
 
 
 @pytest.mark.parametrize("who", ["unknown endpoint", "wrong secret", "right secret"])
