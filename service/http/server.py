@@ -25,14 +25,14 @@ from tornado.netutil import bind_sockets
 
 from sandbox.hardening import make_undumpable
 from sandbox.pool import Pool
-from service.app import make_app
-from service.auth import SecretVerifier
-from service.base import render_connection_error
-from service.context import AppContext
-from service.http1 import HTTP1Server, ServerLimits
-from service.invoke import PREFIX, InvokeEndpoint
-from service.ratelimit import RateLimits
-from service.records import RecordWriter
+from service.http.app import make_app
+from service.http.auth import SecretVerifier
+from service.http.base import render_connection_error
+from service.http.context import AppContext
+from service.http.connection import HTTP1Server, ServerLimits
+from service.http.invoke import PREFIX, InvokeEndpoint
+from service.http.ratelimit import RateLimits
+from service.http.records import RecordWriter
 from service.settings import Settings
 
 log = logging.getLogger("logic.server")
