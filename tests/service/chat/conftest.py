@@ -105,7 +105,8 @@ class Received:
 class PlatformAPI:
     """A local HTTP server in the platform API's place: records the follow-ups."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: int = 200) -> None:
+        self.status = status
         self.received: list[Received] = []
         self.arrived = threading.Event()
         outer = self
@@ -116,7 +117,7 @@ class PlatformAPI:
                 body = json.loads(self.rfile.read(length) or b"null")
                 outer.received.append(Received("PATCH", self.path, body))
                 answer = json.dumps({"id": "1", "content": body.get("content", "")}).encode()
-                self.send_response(200)
+                self.send_response(outer.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
