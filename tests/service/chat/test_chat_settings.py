@@ -1,6 +1,8 @@
 """`[chat]` settings: defaults, file, environment, and one-line refusals."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from service.settings import SettingsError, load_settings
@@ -14,7 +16,7 @@ def test_defaults_leave_the_chat_command_off() -> None:
     assert chat.api_url == "https://discord.com/api/v10" and chat.answer_within_ms == 2000
 
 
-def test_file_and_environment(tmp_path) -> None:
+def test_file_and_environment(tmp_path: Path) -> None:
     path = tmp_path / "logic.toml"
     path.write_text(f'[chat]\npublic_key = "{KEY.upper()}"\npath = "/chat/interactions"\n')
     chat = load_settings(str(path), {}, {}).chat

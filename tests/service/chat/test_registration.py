@@ -7,7 +7,7 @@ import subprocess
 from typing import Any
 
 from service.chat import commands
-from service.chat.commands import LOGIC, registration
+from service.chat.commands import LOGIC, Group, registration
 from tests.service.http.harness import LOGIC as LOGIC_BIN
 
 NAME = re.compile(r"^[-_a-z0-9]{1,32}$")
@@ -90,8 +90,9 @@ def test_secret_history_and_link_replies_are_declared_ephemeral() -> None:
                  ("logic", "dashboard")):
         found = LOGIC.find(path)
         assert found is not None and found.ephemeral, path
-    public = {s.name for e in LOGIC.entries for s in getattr(e, "subcommands", (e,))
-              if not s.ephemeral}
+    leaves = [s for e in LOGIC.entries
+              for s in (e.subcommands if isinstance(e, Group) else (e,))]
+    public = {s.name for s in leaves if not s.ephemeral}
     assert public == {"enable", "disable"}
     assert commands.NOT_IN_GUILD.ephemeral
 
