@@ -1,16 +1,18 @@
 """Requests that are not the platform's: 401 before parsing, without touching the database.
 
-"Without touching the database" is shown on PostgreSQL, where the server's
-connections can be watched from outside: the server runs with its own
-`application_name`, and `pg_stat_activity` (live, not sampled) shows the
-start time of the last statement each of its connections ran.  The refused
-requests leave it unchanged; one accepted command, the control, changes it.
-On SQLite the same requests are checked for their answers and for leaving
-no audit record.
+"Without touching the database" is watched from outside the server.  On
+PostgreSQL the server runs with its own `application_name`, and
+`pg_stat_activity` (live, not sampled) shows the start time of the last
+statement each of its connections ran: the refused requests leave it
+unchanged, one accepted command (the control) changes it.  A SQLite
+connection cannot be watched that way; there the test shows, in /proc,
+that the refused requests started none of the threads every database call
+of the chat command runs on, while the accepted command started one.
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from pathlib import Path
@@ -63,6 +65,22 @@ def _activity(db: Any, app_name: str) -> list[tuple[Any, ...]]:
     return [tuple(row) for row in cursor.fetchall()]
 
 
+def _threads(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/task").iterdir()))
+
+
+def _settled_threads(pid: int) -> int:
+    """The thread count once it has not changed for half a second."""
+    last = -1
+    for _ in range(40):
+        now = _threads(pid)
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.5)
+    raise AssertionError("the server's threads never settled")
+
+
 def test_bad_signatures_are_401_and_never_reach_the_database(http_env: Any, make_guild: Any,
                                                              tmp_path: Path) -> None:
     g: Guild = make_guild()
@@ -75,9 +93,13 @@ def test_bad_signatures_are_401_and_never_reach_the_database(http_env: Any, make
         platform = Platform(server, key)
         payload = platform.interaction(2, guild_id=g.guild_id, user_id=OWNER,
                                        path=("logic", "script", "list"))
+        pid = server.proc.pid if server.proc else 0
         if pg:
             # The record writer connects (and runs nothing) just after start-up.
             assert wait_until(lambda: len(_activity(http_env.db, app_name)) == 1)
+        else:
+            # The record writer's thread starts just after start-up.
+            threads = _settled_threads(pid)
         before = _activity(http_env.db, app_name) if pg else []
         results = refused_requests(platform, payload)
         for why, resp in results.items():
@@ -87,12 +109,17 @@ def test_bad_signatures_are_401_and_never_reach_the_database(http_env: Any, make
             # Still only the record writer's idle connection: no statement ran.
             assert _activity(http_env.db, app_name) == before
             assert before[0][2] is None, "no statement since start-up"
+        else:
+            # No chat thread (where every database call of the command runs) started.
+            assert _threads(pid) == threads
         # The control: the same command, correctly signed, does reach the database.
         accepted = platform.send(payload)
         assert accepted.status == 200 and g.script_id in accepted.json["data"]["content"]
         if pg:
             after = _activity(http_env.db, app_name)
             assert after != before and len(after) > len(before)
+        else:
+            assert _threads(pid) == threads + 1  # the chat thread, started for it
     finally:
         server.stop()
     from service.core import audit_log
