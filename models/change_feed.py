@@ -48,8 +48,9 @@ class ChangeFeed:
     """Listens for endpoint-data changes on PostgreSQL; see the module docstring."""
 
     def __init__(self, connect_kwargs: dict[str, Any], *, retry_s: float = 0.5) -> None:
-        self._connect_kwargs = {"application_name": f"{APPLICATION_NAME}/{os.getpid()}",
-                                **connect_kwargs}
+        # Always its own name, even when the URL names the service's connections.
+        self._connect_kwargs = {**connect_kwargs,
+                                "application_name": f"{APPLICATION_NAME}/{os.getpid()}"}
         self._retry_s = retry_s
         self._generation = 0
         self._healthy = False
