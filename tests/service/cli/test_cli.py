@@ -117,7 +117,7 @@ def test_env_config_file_and_text_output(tmp_path):
     config.write_text(f'[database]\nurl = "sqlite:///{tmp_path}/c.db"\n'
                       '[server]\nbase_url = "https://logic.example"\n')
     logic = Logic("", tmp_path, env={"LOGIC_CONFIG": str(config)})
-    assert "upgraded from version 0 to 3" in logic("db", "upgrade", url=False)
+    assert f"upgraded from version 0 to {LATEST}" in logic("db", "upgrade", url=False)
     assert logic("login-link", "5", url=False).startswith("https://logic.example/login/")
     bad = Logic("", tmp_path, env={"LOGIC_SERVER_HOTS": "x"})
     assert bad("db", "upgrade", url=False, code=2) == "logic: error: env: unknown variable LOGIC_SERVER_HOTS"
