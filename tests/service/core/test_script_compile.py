@@ -1,0 +1,75 @@
+"""Scripts are compiled once, at save time, in a sandboxed process within a budget
+(red-team finding 5): a compile bomb is refused at save with a compile error, never
+compiled per request."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from models import Script
+from sandbox import compile_gate, limits
+from service import core
+from tests.factories import OWNER, SOURCE, make_guild
+
+LAMBDA_BOMB = "f = lambda: 0\n" * 10000 + SOURCE  # 140 KB; CPython alone takes ~3 s, 20,000: 10-20 s
+
+
+def _ordinary_functions(n: int) -> str:
+    return "".join(f"def handler_{i}(data):\n    total = 0\n    for item in data:\n"
+                   f"        total += item * {i}\n    return {{'total': total}}\n\n"
+                   for i in range(n)) + SOURCE
+
+
+def test_a_compile_bomb_is_refused_at_save_with_a_compile_error(db: Any) -> None:
+    gid = make_guild()
+    with pytest.raises(core.ValidationError) as err:
+        core.create_script(OWNER, gid, "bomb", LAMBDA_BOMB)
+    assert err.value.code == "compile_error"
+    assert err.value.message == (
+        "script does not compile: 2001:5: script takes too long to compile: more than 2000 "
+        "functions, lambdas, classes and comprehensions")
+    assert Script.select().count() == 0
+
+
+def test_a_source_over_the_cpu_budget_is_refused_and_remembered(
+        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Within every static bound, but over a (lowered) CPU budget: the child
+    # is ended by SIGPROF wherever it is, and the verdict is kept per source.
+    monkeypatch.setattr(limits, "COMPILE_CPU_BUDGET_S", 0.01)
+    monkeypatch.setattr(compile_gate, "_verdicts", type(compile_gate._verdicts)())
+    children: list[str] = []
+    real = compile_gate._run_child
+
+    def counted(text: str) -> Any:
+        children.append(text)
+        return real(text)
+
+    monkeypatch.setattr(compile_gate, "_run_child", counted)
+    source = _ordinary_functions(1500)
+    gid = make_guild()
+    for _ in range(2):
+        with pytest.raises(core.ValidationError) as err:
+            core.create_script(OWNER, gid, "slow", source)
+        assert err.value.code == "compile_error"
+        assert err.value.message.startswith(
+            "script does not compile: 1:1: script takes too long to compile: more than 0.01 s "
+            "of CPU time (")
+    assert len(children) == 1  # compiled once; the second save got the remembered verdict
+
+
+def test_an_ordinary_large_script_compiles_within_the_budget(db: Any) -> None:
+    source = _ordinary_functions(1500)  # ~120 KB, 1,500 functions
+    gid = make_guild()
+    view = core.create_script(OWNER, gid, "large", source)
+    assert view["sourceBytes"] == len(source)
+
+
+def test_memory_over_the_compile_cap_is_refused(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "COMPILE_MEMORY_BYTES", 2 << 20)
+    monkeypatch.setattr(compile_gate, "_verdicts", type(compile_gate._verdicts)())
+    gid = make_guild()
+    with pytest.raises(core.ValidationError) as err:
+        core.create_script(OWNER, gid, "big", _ordinary_functions(300))
+    assert err.value.message == ("script does not compile: 1:1: script needs more than 2 MB "
+                                 "of memory to compile")
