@@ -126,11 +126,25 @@ on endpoint(event):
 """
 out = run_endpoint(compile_script(src).script, {"body": None})
 after = (len(encodings._cache), len(re.RegexFlag._value2member_map_))
-print(json.dumps([out["error"], before == after]))
+# The next invocation's look-up of cp1250 is not served from the entry the
+# first one left in the interpreter's codec cache.
+searched = []
+real = encodings.search_function
+encodings.search_function = lambda name: searched.append(name) or real(name)
+victim = """on endpoint(event):
+    "a".encode("cp1250")
+    try:
+        "a".encode("x" * 100)
+    except LookupError:
+        event.reply("long name refused")
+"""
+second = run_endpoint(compile_script(victim).script, {"body": None})
+print(json.dumps([out["error"], before == after, searched, second["body"].decode()]))
 '''
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=True)
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [None, True]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [
+        None, True, ["cp1250"], '"long name refused"']
 
 
 def test_library_random_state_is_not_shared_between_workers_or_invocations() -> None:
