@@ -136,7 +136,8 @@ class AddressSpaceLimit:
     Memory no Python allocator sees (OpenSSL's objects behind ``hmac`` and
     ``hashlib``, the compiler's) is bounded by the address space a job may
     map: what the worker maps when the job starts, plus twice the job's cap
-    plus :data:`AS_SLACK_BYTES`. Between jobs the soft limit is the hard one.
+    plus :data:`AS_SLACK_BYTES`. The bound stays until the next job's (so a
+    worker serving the same cap from the same size makes no system call).
     """
 
     def __init__(self) -> None:

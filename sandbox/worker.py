@@ -80,6 +80,10 @@ class _Runner:
         self._max_rss_growth = cfg.max_rss_growth or limits.MAX_RSS_GROWTH_BYTES
         self._compile_over = False
 
+    def release_limits(self) -> None:
+        """Back to the worker's own address-space limit (before a test hook)."""
+        self._as.release()
+
     def _compile_guarded(self, src: str) -> Any:
         """Compile under the guard's compile cap and the address-space bound."""
         from sandbox.compiler import CompileError, CompileResult
@@ -89,7 +93,6 @@ class _Runner:
             compiled = self._compile(src)
         finally:
             _, over = self._acct.disarm()
-            self._as.release()
         if over:
             self._compile_over = True
             compiled = CompileResult(None, (CompileError(
@@ -140,7 +143,9 @@ class _Runner:
             failure = exc
         finally:
             peak, over = self._acct.disarm()
-            self._as.release()
+            # The bound stays until the next job sets its own (no system call
+            # while it does not change): the reply is encoded within it, from
+            # memory the script's objects just freed.
         dur = (time.perf_counter() - t0) * 1000.0
         if report.leaked:
             # Script code outlived the invocation inside a library cache; it
@@ -245,6 +250,7 @@ def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
             if msg["t"] == "exec":
                 if not cfg.test_hooks:
                     os._exit(EXIT_HOOK_REFUSED)
+                runner.release_limits()
                 ok, value = _test_exec(msg["code"])
                 _send(sock, {"t": "xres", "id": msg["id"], "ok": ok, "value": value})
                 continue
