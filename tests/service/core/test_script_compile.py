@@ -73,3 +73,43 @@ def test_memory_over_the_compile_cap_is_refused(db: Any, monkeypatch: pytest.Mon
         core.create_script(OWNER, gid, "big", _ordinary_functions(300))
     assert err.value.message == ("script does not compile: 1:1: script needs more than 2 MB "
                                  "of memory to compile")
+
+
+def test_the_compile_process_hardens_itself_like_a_worker() -> None:
+    # What the one-shot process can do once hardened, seen from inside it.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    probe = r'''
+import json, os, socket, sys
+from sandbox import compile_gate, limits
+compile_gate._harden({"mem": limits.COMPILE_MEMORY_BYTES, "cpu": 2.0, "uid": 65534, "gid": 65534})
+seen = {"uid": os.geteuid()}
+try:
+    socket.socket()
+    seen["socket"] = "allowed"
+except OSError as exc:
+    seen["socket"] = exc.errno
+try:
+    open("/tmp/compile-gate-probe", "w")
+    seen["write"] = "allowed"
+except OSError as exc:
+    seen["write"] = exc.errno
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+seen["no_new_privs"] = status["NoNewPrivs"].strip()
+seen["seccomp"] = status["Seccomp"].strip()
+seen["environ"] = dict(os.environ)
+sys.stdout.write(json.dumps(seen))
+'''
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True,
+                          text=True, timeout=60, check=True, env={"SECRET": "x"})
+    seen = json.loads(proc.stdout)
+    assert seen["socket"] == 1 and seen["write"] == 1  # EPERM from seccomp
+    assert seen["no_new_privs"] == "1" and seen["seccomp"] == "2"
+    assert seen["environ"] == {}
+    if os.geteuid() == 0:
+        assert seen["uid"] == 65534
