@@ -218,3 +218,26 @@ def test_compiling_a_new_version_does_not_count_against_the_time_limit() -> None
         assert time.monotonic() - t0 < 0.3
 
     run_with_pool(scenario, size=1)
+
+
+def test_an_allocation_the_os_refuses_counts_as_exceeded() -> None:
+    # The worker's per-job RLIMIT_AS makes the allocator return NULL below the
+    # guard's cap: the run is over its memory all the same (finding 4).
+    import subprocess
+    import sys
+    code = (
+        "import resource\n"
+        "from sandbox import _memguard as mg, limits\n"
+        "mg.install()\n"
+        "now = limits.current_address_space()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (now + (32 << 20), resource.RLIM_INFINITY))\n"
+        "mg.arm(1 << 30)\n"
+        "try:\n"
+        "    x = bytes(256 << 20)\n"
+        "except MemoryError:\n"
+        "    pass\n"
+        "print(mg.disarm()[1])\n")
+    root = __file__.rsplit("/tests/", 1)[0]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert proc.stdout.strip() == "True"

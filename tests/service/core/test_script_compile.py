@@ -59,7 +59,16 @@ def test_a_source_over_the_cpu_budget_is_refused_and_remembered(
 
 
 def test_an_ordinary_large_script_compiles_within_the_budget(db: Any) -> None:
-    source = _ordinary_functions(1500)  # ~120 KB, 1,500 functions
+    # ~250 KB of ordinary functions (~70,000 tokens): 0.6-1 s of CPU here.
+    block = ("def handler_{i}(event, data):\n    total = 0\n"
+             "    for item in data.get('items', []):\n"
+             "        if item.get('price', 0) > 10:\n"
+             "            total += item['price'] * item.get('qty', 1)\n"
+             "        else:\n            total -= 1\n"
+             "    result = {{'total': total, 'name': 'handler_{i}', 'ok': total > 0}}\n"
+             "    return result\n\n")
+    source = "".join(block.format(i=i) for i in range(960)) + SOURCE
+    assert 240_000 < len(source) < 262_144
     gid = make_guild()
     view = core.create_script(OWNER, gid, "large", source)
     assert view["sourceBytes"] == len(source)
