@@ -67,7 +67,7 @@ def test_an_ordinary_large_script_compiles_within_the_budget(db: Any) -> None:
              "        else:\n            total -= 1\n"
              "    result = {{'total': total, 'name': 'handler_{i}', 'ok': total > 0}}\n"
              "    return result\n\n")
-    source = "".join(block.format(i=i) for i in range(960)) + SOURCE
+    source = "".join(block.format(i=i) for i in range(850)) + SOURCE
     assert 240_000 < len(source) < 262_144
     gid = make_guild()
     view = core.create_script(OWNER, gid, "large", source)
