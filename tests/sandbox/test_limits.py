@@ -241,3 +241,22 @@ def test_an_allocation_the_os_refuses_counts_as_exceeded() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
                           text=True, timeout=60, check=True)
     assert proc.stdout.strip() == "True"
+
+
+def test_a_compile_bomb_saved_before_the_gate_fails_fast_in_the_worker() -> None:
+    # 10,000 equal one-line lambdas: ~3 s in CPython's compiler before; now
+    # the worker's compiler refuses them at once, and the verdict is kept.
+    bomb = "f = lambda: 0\n" * 10000 + "on endpoint(event):\n    event.reply(1)\n"
+
+    async def scenario(pool: Pool) -> list[object]:
+        pid = pool.worker_pids[0]
+        seen: list[object] = []
+        for _ in range(2):
+            out = await pool.run(ref(bomb), event(), Limits(1000, 4096))
+            seen.append((out.error_kind, out.error_message))
+        seen.append(pool.worker_pids == [pid])
+        return seen
+
+    message = ("script takes too long to compile: more than 2000 functions, lambdas, "
+               "classes and comprehensions")
+    assert run_with_pool(scenario, size=1) == [("script_error", message)] * 2 + [True]
