@@ -25,6 +25,8 @@
  *   it runs one thread).
  * - Charges are rounded up to 16 bytes, like pymalloc's blocks; this bounds
  *   the number of live entries by cap/16.
+ * - An allocation the underlying allocator refuses (the worker's per-job
+ *   RLIMIT_AS, see sandbox/limits.py) also marks the run "exceeded".
  * - After the first refusal the limit is raised by a small grace so the
  *   interpreter can still unwind, format the error and build the reply;
  *   past cap + grace allocations fail again.
@@ -194,7 +196,9 @@ static void *mg_malloc(void *ctx, size_t size) {
     in_hook = 1;
     void *p = o->malloc(o->ctx, size);
     in_hook = 0;
-    if (p != NULL) {
+    if (p == NULL) {
+        refuse();   /* the OS said no (the worker's address-space limit): over too */
+    } else {
         if (insert(p, charge)) {
             account(charge);
         } else {
@@ -228,7 +232,9 @@ static void *mg_calloc(void *ctx, size_t nelem, size_t elsize) {
     in_hook = 1;
     void *p = o->calloc(o->ctx, nelem, elsize);
     in_hook = 0;
-    if (p != NULL) {
+    if (p == NULL) {
+        refuse();
+    } else {
         if (insert(p, charge)) {
             account(charge);
         } else {
@@ -267,6 +273,9 @@ static void *mg_realloc(void *ctx, void *ptr, size_t size) {
     if (q == NULL) {
         if (old) {
             place(ptr, (uint32_t)old);
+        }
+        if (size != 0) {
+            refuse();
         }
     } else {
         total -= old;

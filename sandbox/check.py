@@ -5,7 +5,9 @@ Run: ``python -m sandbox.check`` (exit status 1 when a layer is missing).
 It prints what the workers reported (``pool.hardening``) and, independently
 of that report, what the kernel says about each worker process in
 ``/proc/<pid>/``: uid, NoNewPrivs, seccomp mode, limits, network namespace
-and open descriptors.  It runs no script and needs no test hook.
+and open descriptors; then it compiles a small script through the
+save-time compile process (``sandbox.compile_gate``).  It runs no script
+and needs no test hook.
 """
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ import os
 import sys
 from typing import Any
 
+from sandbox.compile_gate import check_source
 from sandbox.pool import Pool
+
+_CHECK_SOURCE = "import statistics\non endpoint(event):\n    event.reply(statistics.mode([1]))\n"
 
 
 def inspect(pid: int) -> dict[str, Any]:
@@ -59,12 +64,15 @@ def main() -> int:
     pool = Pool(size=1)
     pool.start()
     try:
-        report = {"reported": pool.hardening, "notes": pool.hardening_notes,
-                  "workers": {pid: inspect(pid) for pid in pool.worker_pids}}
+        report: dict[str, Any] = {"reported": pool.hardening, "notes": pool.hardening_notes,
+                                  "workers": {pid: inspect(pid) for pid in pool.worker_pids}}
     finally:
         asyncio.run(pool.stop())
+    # The save-time compile process starts, hardens itself and compiles.
+    verdict = check_source(_CHECK_SOURCE)
+    report["compile_gate"] = {"ok": verdict.ok, "errors": [e.message for e in verdict.errors]}
     print(json.dumps(report, indent=2, sort_keys=True))
-    return 0 if all(pool.hardening.values()) else 1
+    return 0 if all(pool.hardening.values()) and verdict.ok else 1
 
 
 if __name__ == "__main__":

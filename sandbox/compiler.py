@@ -25,9 +25,12 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox.policy import ScriptPolicy, handler_name
+from sandbox.policy import CompileBudgetError, ScriptPolicy, handler_name
 
 MAX_SOURCE_BYTES = 262144  # 256 KB, DESIGN section 5 / issue 2
+#: Parsing costs time and memory per token (~600 bytes each at the peak); a
+#: 250 KB script of ordinary functions has ~70,000. See also sandbox.policy.
+MAX_TOKENS = 100_000
 ENDPOINT_EVENT = "endpoint"
 
 # PEP 263 coding declaration, as tokenize matches it.
@@ -39,6 +42,7 @@ _SKIPPED_TOKENS = frozenset({tokenize.NL, tokenize.COMMENT, tokenize.INDENT,
 # found too); only if one exists is the source tokenized.
 _CANDIDATE_RE = re.compile(r"^[ \t\f]*on[ \t]+[^\W\d]", re.MULTILINE)
 
+_C_TOKENIZER_MAX_LINE = 1000
 try:  # CPython 3.11's C tokenizer iterator (private; signature changed in 3.12)
     _CTokenizerIter: Any = importlib.import_module("_tokenize").TokenizerIter
 except (ImportError, AttributeError):  # pragma: no cover - other interpreters
@@ -146,13 +150,15 @@ def _check_cookie(text: str) -> CompileError | None:
 def _significant_tokens(text: str) -> list[tuple[int, str, int, int]]:
     """(type, string, row, col) of the tokens that matter for headers.
 
-    Uses CPython 3.11's C tokenizer iterator when present (5x faster than the
-    pure-Python ``tokenize`` on a 256 KB script; it emits no comment or NL
-    tokens), else ``tokenize.generate_tokens``. A tokenizer error ends the
+    Uses CPython 3.11's C tokenizer iterator when present and no line is long
+    (5x faster than the pure-Python ``tokenize`` on a 256 KB script; it emits
+    no comment or NL tokens), else ``tokenize.generate_tokens``. A tokenizer error ends the
     list: the parser reports it, at the right place.
     """
     out: list[tuple[int, str, int, int]] = []
-    if _CTokenizerIter is not None:
+    # The C iterator copies the whole physical line into every token: quadratic
+    # on a long line of many tokens (a 60,000-element list on one line: 1.4 s).
+    if _CTokenizerIter is not None and max(map(len, text.split("\n"))) <= _C_TOKENIZER_MAX_LINE:
         try:
             for string, kind, row, _end_row, col, _end_col, _line in _CTokenizerIter(text):
                 if kind not in _SKIPPED_TOKENS:
@@ -171,7 +177,8 @@ def _significant_tokens(text: str) -> list[tuple[int, str, int, int]]:
     return out
 
 
-def _find_headers(text: str) -> tuple[list[_Header], list[CompileError]]:
+def _find_headers(text: str, significant: list[tuple[int, str, int, int]]
+                  ) -> tuple[list[_Header], list[CompileError]]:
     """Find ``on NAME(`` at the start of logical lines, from tokens.
 
     Tokens, not lines: a header-like line inside a string or a comment is
@@ -181,7 +188,6 @@ def _find_headers(text: str) -> tuple[list[_Header], list[CompileError]]:
     errors: list[CompileError] = []
     if not _CANDIDATE_RE.search(text):
         return headers, errors  # no line starts with "on NAME": nothing to tokenize
-    significant = _significant_tokens(text)
     line_start = True
     for index, (kind, string, row, col) in enumerate(significant):
         starts_line, line_start = line_start, kind == tokenize.NEWLINE
@@ -218,10 +224,12 @@ def _column(line: int, col0: int, header_lines: set[int]) -> int:
     return max(col0, 0) + 1
 
 
-# The policy walks the AST recursively, about four Python frames per level;
+# The policy walks the AST recursively, about five Python frames per level;
 # this headroom lets ~1000-level expressions (a + b + ... is left-nested)
 # through. Python-to-Python calls do not grow the C stack on 3.11.
-_COMPILE_RECURSION_HEADROOM = 4000
+_COMPILE_RECURSION_HEADROOM = 6000
+#: What a compile that ran out of its memory budget reports.
+MEMORY_MESSAGE = "script needs too much memory to compile"
 
 
 def compile_script(source: str | bytes, filename: str = "<script>") -> CompileResult:
@@ -230,8 +238,10 @@ def compile_script(source: str | bytes, filename: str = "<script>") -> CompileRe
     try:
         sys.setrecursionlimit(max(old_limit, _stack_depth() + _COMPILE_RECURSION_HEADROOM))
         return _compile(source, filename)
-    except (RecursionError, MemoryError):
+    except RecursionError:
         return _fail(CompileError(1, 1, "script is nested too deeply to compile"))
+    except MemoryError:
+        return _fail(CompileError(1, 1, MEMORY_MESSAGE))
     except Exception as exc:  # noqa: BLE001 - the contract: bad code never raises
         return _fail(CompileError(1, 1, f"the script could not be compiled ({type(exc).__name__})"))
     finally:
@@ -254,7 +264,13 @@ def _compile(source: str | bytes, filename: str) -> CompileResult:
     if "\x00" in text:
         return _fail(CompileError(*_position(text, text.index("\x00")),
                                   "source contains a null byte"))
-    headers, errors = _find_headers(text)
+    significant = _significant_tokens(text)
+    if len(significant) > MAX_TOKENS:
+        row = significant[MAX_TOKENS][2]
+        return _fail(CompileError(row, 1, f"script is too large to compile: more than "
+                                          f"{MAX_TOKENS} tokens (names, numbers, operators, "
+                                          "...); keep data out of the source"))
+    headers, errors = _find_headers(text, significant)
     if errors:
         # A malformed or misplaced header would also come back from the
         # parser as a less helpful syntax error; report ours alone.
@@ -267,12 +283,21 @@ def _compile(source: str | bytes, filename: str) -> CompileResult:
         warnings.simplefilter("ignore")
         try:
             tree = ast.parse(rewritten, filename, "exec")
+        except MemoryError:
+            # What the parser raises for nesting past its own stack (or a
+            # memory cap: the caller knows which; see MEMORY_MESSAGE).
+            return _fail(CompileError(1, 1, "script is nested too deeply to compile"))
         except SyntaxError as exc:
             errors.append(_syntax_error(exc, header_lines))
             return _fail(*errors)
         errors.extend(_name_blocks(tree, headers))
         policy = ScriptPolicy()
-        tree = policy.visit(tree)
+        try:
+            tree = policy.visit(tree)  # type: ignore[assignment]
+        except CompileBudgetError as exc:
+            line = exc.line
+            return _fail(CompileError(line, _column(line, exc.col_offset, header_lines),
+                                      exc.message))
         for found in policy.located_errors:
             line = found.line or 1
             errors.append(CompileError(line, _column(line, found.col_offset or 0, header_lines),

@@ -17,6 +17,7 @@ import builtins
 import collections
 import operator
 import types
+from abc import ABCMeta
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +91,10 @@ def guarded_getattr(obj: Any, name: str) -> Any:
         # AttributeError.obj / NameError.obj hand out the object whose lookup
         # failed, which may be a trusted one (CVE-2024-47532).
         raise AttributeError('"obj" is a forbidden attribute of exceptions')
+    if name == "register" and isinstance(obj, ABCMeta):
+        # ABCMeta.register changes isinstance() for the whole process
+        # (collections.ChainMap.register(str), redteam finding 1).
+        raise AttributeError('"register" is a forbidden attribute of abstract classes')
     value = getattr(obj, name)
     if name in _STR_FORMAT_ATTRIBUTES and not _is_script_function(value):
         raise NotImplementedError(f"str.{name}() is not allowed; use %-formatting or f-strings")

@@ -1,14 +1,17 @@
 """Per-worker resource limits: rlimits, the CPU backstop and memory accounting.
 
-The supervisor's wall-clock SIGKILL is the real time limit and ``_memguard``
-is the real memory limit; the rlimits here are backstops for when those fail
-(a supervisor that is gone, an allocation that bypasses the Python
-allocators).  Everything here runs in a worker after fork, never in the
-service process.
+The supervisor's wall-clock SIGKILL is the real time limit. Memory is counted
+in layers: ``_memguard`` counts every allocation of Python's allocators and
+refuses the one past the cap (the precise, fast answer); a per-job RLIMIT_AS
+(:class:`AddressSpaceLimit`) bounds what other allocators map (OpenSSL,
+libc); the resident size a worker keeps after a job (:class:`ProcessMemory`)
+retires it past a bound. Everything here runs in a worker (or the one-shot
+compile process) after fork, never in the service process.
 """
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import time
 import tracemalloc
@@ -81,10 +84,82 @@ def forbid_new_processes() -> bool:
         return False
 
 
-#: Time a worker may spend compiling a script version it has not seen, on top of
-#: the script's own time limit. Sources are capped at 256 KB; the slowest such
-#: source measured compiles in about 2 s on a loaded 2-core host.
+#: Wall-clock time a worker may spend compiling a script version it has not
+#: seen, before the script's own time limit starts. Only sources that compiled
+#: within COMPILE_CPU_BUDGET_S at save time reach a worker (sandbox.compile_gate).
 COMPILE_BUDGET_MS = 5000
+#: CPU time a source may take to compile at save time; a 250 KB script of
+#: ordinary functions takes 0.6-1 s on a loaded 2-core host.
+COMPILE_CPU_BUDGET_S = 2.0
+#: Memory a compile may allocate (the guard's cap while compiling, in the
+#: worker and at save time); the largest source the compiler accepts (100,000
+#: tokens) peaks near 60 MB.
+COMPILE_MEMORY_BYTES = 96 << 20
+#: Address space a job may add beyond twice its memory cap: what Python's
+#: allocators do not count (OpenSSL's and libc's mallocs, the guard's own
+#: table, arena rounding) cannot pass the cap by more than this.
+AS_SLACK_BYTES = 16 << 20
+#: Resident memory a worker may keep beyond its size at start-up; past it the
+#: worker retires after the job (caches a guild's scripts filled, fragments).
+MAX_RSS_GROWTH_BYTES = 64 << 20
+
+
+class ProcessMemory:
+    """This process's mapped and resident bytes, read when they may have changed.
+
+    ``getrusage`` gives the resident high-water mark for ~0.3 µs; only when it
+    rose since the last look is /proc/self/statm read (open, read, close: no
+    descriptor stays open in a worker). The resident size can only have
+    passed a bound if the high-water mark did.
+    """
+
+    def __init__(self) -> None:
+        self._page = resource.getpagesize()
+        self._hwm = -1
+        self.mapped = 0
+        self.resident = 0
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-read the sizes if the high-water mark moved."""
+        hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        if hwm != self._hwm:
+            self._hwm = hwm
+            with open("/proc/self/statm", "rb") as f:
+                size, rss = f.read().split()[:2]
+            self.mapped, self.resident = int(size) * self._page, int(rss) * self._page
+
+
+class AddressSpaceLimit:
+    """Moves RLIMIT_AS's soft limit per job, under the worker's hard limit.
+
+    Memory no Python allocator sees (OpenSSL's objects behind ``hmac`` and
+    ``hashlib``, the compiler's) is bounded by the address space a job may
+    map: what the worker maps when the job starts, plus twice the job's cap
+    plus :data:`AS_SLACK_BYTES`. The bound stays until the next job's (so a
+    worker serving the same cap from the same size makes no system call).
+    """
+
+    def __init__(self) -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        self._hard = hard
+        self._soft = soft
+        self.active = hard != resource.RLIM_INFINITY
+
+    def bound(self, mapped_now: int, cap_bytes: int) -> None:
+        """Allow ``2 * cap_bytes + AS_SLACK_BYTES`` more than ``mapped_now``."""
+        if self.active:
+            self._set(min(mapped_now + 2 * cap_bytes + AS_SLACK_BYTES, self._hard))
+
+    def release(self) -> None:
+        """Back to the worker's own (hard) limit."""
+        if self.active:
+            self._set(self._hard)
+
+    def _set(self, soft: int) -> None:
+        if soft != self._soft:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, self._hard))
+            self._soft = soft
 
 
 class CpuBackstop:

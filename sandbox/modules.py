@@ -8,7 +8,8 @@ was chosen one by one; see docs/security.md for the reasoning per module.
 
 Namespaces are built once per process and are immutable, except ``random``,
 whose functions are bound to a fresh ``random.Random()`` per invocation so no
-generator state crosses invocations. ``decimal``'s thread context is reset by
+generator state crosses invocations (and importing ``statistics`` re-seeds
+the module-global generator its ``NormalDist.samples`` uses). ``decimal``'s thread context is reset by
 the runtime before each invocation.
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
+from sandbox import resets
 from sandbox.guards import ScriptType
 
 # time.strptime and datetime.strptime import _strptime on first use; import
@@ -87,6 +89,12 @@ def namespace_has(ns: ModuleNamespace, name: str) -> bool:
     """Whether ``name`` is an exposed member of ``ns`` (trusted helper)."""
     members: Mapping[str, Any] = object.__getattribute__(ns, "_members")
     return name in members
+
+
+def namespace_members(ns: ModuleNamespace) -> list[Any]:
+    """The exposed values of ``ns`` (trusted helper)."""
+    members: Mapping[str, Any] = object.__getattribute__(ns, "_members")
+    return list(members.values())
 
 
 def _public(module: types.ModuleType, names: list[str]) -> dict[str, Any]:
@@ -340,7 +348,14 @@ def make_importer() -> Callable[..., ModuleNamespace | None]:
             raise ImportError(f"import of {name!r} is not allowed")
         ns = cache.get(name)
         if ns is None:
-            ns = make_random_namespace() if name == "random" else STATIC_NAMESPACES[name]
+            if name == "random":
+                ns = make_random_namespace()
+            else:
+                ns = STATIC_NAMESPACES[name]
+                if name == "statistics":
+                    # NormalDist.samples() draws from the module-global
+                    # generator: no state from an earlier invocation (R8).
+                    resets.reseed_library_random()
             cache[name] = ns
         if fromlist:
             if type(fromlist) is not tuple:

@@ -16,7 +16,8 @@ worker -> parent
     ``{"t": "ready", "pid", "hard": {layer: bool}, "notes": [str]}``
     ``{"t": "need", "id"}``  (worker lacks the source for that script version)
     ``{"t": "compiled", "id"}``  (worker compiled the source it was sent; the run starts)
-    ``{"t": "res", "id", "r": run_endpoint result, "peak", "over", "dur", "exit"}``
+    ``{"t": "res", "id", "r": run_endpoint result, "peak", "over", "dur", "exit",
+    "rss"}`` (``rss``: the worker's resident bytes after the job)
     ``{"t": "xres", "id", "ok", "value"}``
 """
 from __future__ import annotations
@@ -224,7 +225,8 @@ def check_reply(msg: Any) -> dict[str, Any]:
     t = msg.get("t")
     if t == "res":
         ok = (_is_int(msg.get("id")) and check_result(msg.get("r")) and _check_measures(msg)
-              and type(msg.get("over")) is bool and type(msg.get("exit")) is bool)
+              and type(msg.get("over")) is bool and type(msg.get("exit")) is bool
+              and (msg.get("rss") is None or _is_int(msg.get("rss"))))
     elif t in ("need", "compiled"):
         ok = _is_int(msg.get("id"))
     elif t == "ready":

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandbox.compiler import ENDPOINT_EVENT, CompiledScript
-from sandbox.event import ReplyState, new_event
+from sandbox.event import MAX_BODY_BYTES, ReplyState, new_event
 from sandbox.guards import PrintCollector, fresh_builtins, fresh_globals
-from sandbox.modules import make_importer
+from sandbox import resets
+from sandbox.modules import STATIC_NAMESPACES, make_importer, namespace_members
 from sandbox.policy import handler_name
 
 DEFAULT_OUTPUT_CAP = 16384
@@ -60,7 +61,10 @@ _OWN_SCOPE_REFERENCES = 2
 
 
 def prepare_worker_process() -> None:
-    """Process-wide settings for a worker; call once after fork.
+    """Process-wide settings for a worker; call once after fork (and in the fork server).
+
+    Takes the current state of the library caches in ``sandbox.resets`` as
+    the one every invocation returns to.
 
     Warnings raised while a script runs (``bool(NotImplemented)``, a nested
     set in a regex) would be printed to the worker's stderr once per
@@ -70,6 +74,8 @@ def prepare_worker_process() -> None:
     warnings.simplefilter("ignore")
     if not 0 < sys.get_int_max_str_digits() <= INT_MAX_STR_DIGITS:
         sys.set_int_max_str_digits(INT_MAX_STR_DIGITS)
+    members = [v for ns in STATIC_NAMESPACES.values() for v in namespace_members(ns)]
+    resets.install(resets.reachable_flag_classes(members))
 
 
 def _new_globals(collector: PrintCollector) -> dict[str, Any]:
@@ -158,6 +164,7 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
                 report.leaked = sys.getrefcount(scope) > _OWN_SCOPE_REFERENCES
         finally:
             sys.unraisablehook = hook
+            resets.after_invocation()
     if state.invalid is not None and (error is None or error["kind"] == "script_error"):
         error = _error("invalid_reply", state.invalid, state.invalid_line)
     return _result(state, collector, error)
@@ -184,6 +191,13 @@ def _result(state: ReplyState, collector: PrintCollector,
         return {"replied": False, "status": 200, "headers": [], "body": NEVER_REPLIED_BODY,
                 "contentType": "application/json", "output": output, "error": None}
     body, content_type = state.body()
+    if len(body) > MAX_BODY_BYTES:
+        # The cap applies to the bytes sent: text sent as JSON (no
+        # Content-Type) grows when encoded, a control character to 6 bytes.
+        return _result(state, collector, _error(
+            "invalid_reply", f"reply is {len(body)} bytes once encoded as JSON, over the "
+            f"{MAX_BODY_BYTES}-byte limit (control characters become 6-byte escapes; set a "
+            "Content-Type header to send text as is)"))
     return {"replied": True, "status": state.status, "headers": [list(h) for h in state.headers],
             "body": body, "contentType": content_type, "output": output, "error": None}
 

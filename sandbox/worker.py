@@ -7,8 +7,11 @@ run ``run_endpoint`` with the memory accountant armed, reply.  It never
 decides about time: the supervisor SIGKILLs it past the deadline.
 
 A worker exits (and the pool replaces it) after any job that broke the memory
-cap or failed inside the runtime itself, so nothing a misbehaving script did
-can reach the next invocation.
+cap or failed inside the runtime itself, and after any job that left its
+resident size more than ``max_rss_growth`` above its size at start-up, so
+nothing a misbehaving script did can accumulate. Compiles run under the
+guard (``limits.COMPILE_MEMORY_BYTES``) and every job under a per-job
+address-space bound (``limits.AddressSpaceLimit``).
 """
 from __future__ import annotations
 
@@ -38,6 +41,9 @@ class WorkerConfig:
     prefer_memguard: bool = True
     test_hooks: bool = False
     spin_us: int = 0
+    #: Resident bytes a worker may keep beyond its start-up size; it retires past
+    #: them (0: ``limits.MAX_RSS_GROWTH_BYTES``).
+    max_rss_growth: int = 0
 
 
 def _error_result(kind: str, message: str, line: int | None = None,
@@ -68,6 +74,35 @@ class _Runner:
         # Same size and same move/evict order as the parent's mirror of it, so
         # the parent knows which versions it need not send again.
         self._cache: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._mem = limits.ProcessMemory()
+        self._as = limits.AddressSpaceLimit()
+        self._rss_at_start = self._mem.resident
+        self._max_rss_growth = cfg.max_rss_growth or limits.MAX_RSS_GROWTH_BYTES
+        self._compile_over = False
+
+    def release_limits(self) -> None:
+        """Back to the worker's own address-space limit (before a test hook)."""
+        self._as.release()
+
+    def _compile_guarded(self, src: str) -> Any:
+        """Compile under the guard's compile cap and the address-space bound."""
+        from sandbox.compiler import CompileError, CompileResult
+        self._as.bound(self._mem.mapped, limits.COMPILE_MEMORY_BYTES)
+        # tracemalloc (no _memguard) would slow the compile 8-24x: then only
+        # the address-space bound holds it.
+        guarded = self._acct.enforcing
+        if guarded:
+            self._acct.arm(limits.COMPILE_MEMORY_BYTES)
+        try:
+            compiled = self._compile(src)
+        finally:
+            over = self._acct.disarm()[1] if guarded else False
+        if over:
+            self._compile_over = True
+            compiled = CompileResult(None, (CompileError(
+                1, 1, f"script needs more than {limits.COMPILE_MEMORY_BYTES >> 20} MB of "
+                      "memory to compile"),))
+        return compiled
 
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Run one job message; returns the reply message."""
@@ -80,7 +115,7 @@ class _Runner:
             # The compile has its own budget: the supervisor allows COMPILE_BUDGET_MS
             # until it hears "compiled", then the script's own time limit.
             self._cpu.before_job(msg["ms"] + limits.COMPILE_BUDGET_MS)
-            compiled = self._compile(src)
+            compiled = self._compile_guarded(src)
             if self.on_compiled is not None:
                 self.on_compiled(msg["id"])
             self._cache[key] = compiled
@@ -101,6 +136,7 @@ class _Runner:
         cap = msg["mem"]
         t0 = time.perf_counter()
         report = self._report_type()
+        self._as.bound(self._mem.mapped, cap)
         self._acct.arm(cap)
         try:
             result = self._run(compiled.script, msg["event"], output_cap=OUTPUT_CAP,
@@ -111,6 +147,9 @@ class _Runner:
             failure = exc
         finally:
             peak, over = self._acct.disarm()
+            # The bound stays until the next job sets its own (no system call
+            # while it does not change): the reply is encoded within it, from
+            # memory the script's objects just freed.
         dur = (time.perf_counter() - t0) * 1000.0
         if report.leaked:
             # Script code outlived the invocation inside a library cache; it
@@ -132,11 +171,16 @@ class _Runner:
             exit_after = True
         return self._reply(msg["id"], result, peak, over, dur, exit_after)
 
-    @staticmethod
-    def _reply(job_id: int, result: Any, peak: int, over: bool, dur: float,
+    def _reply(self, job_id: int, result: Any, peak: int, over: bool, dur: float,
                exit_after: bool) -> dict[str, Any]:
+        # What the worker keeps after the job: past the bound it retires, so
+        # memory left in library caches or fragments never accumulates.
+        self._mem.refresh()
+        rss = self._mem.resident
+        if rss - self._rss_at_start > self._max_rss_growth or self._compile_over:
+            exit_after = True
         return {"t": "res", "id": job_id, "r": result, "peak": peak, "over": over,
-                "dur": dur, "exit": exit_after}
+                "dur": dur, "exit": exit_after, "rss": rss}
 
 
 def _test_exec(code: str) -> tuple[bool, Any]:
@@ -210,6 +254,7 @@ def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
             if msg["t"] == "exec":
                 if not cfg.test_hooks:
                     os._exit(EXIT_HOOK_REFUSED)
+                runner.release_limits()
                 ok, value = _test_exec(msg["code"])
                 _send(sock, {"t": "xres", "id": msg["id"], "ok": ok, "value": value})
                 continue

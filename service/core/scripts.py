@@ -1,7 +1,8 @@
 """Scripts: create, update, delete, show, list; source validation.
 
-Source is checked by `sandbox.compiler.compile_script` when the sandbox
-package provides it, and always for size and UTF-8.  Every script gets its
+Source is compiled at save time by `sandbox.compile_gate.check_source` (a
+sandboxed one-shot process with a CPU and memory budget) when the sandbox
+package provides it, and always checked for size and UTF-8.  Every script gets its
 endpoint, disabled, in the same transaction (DESIGN section 4: 404 only for an
 unknown guild or script).  Deleting keeps a tombstone so the ID is never
 reused.  User source is never logged.
@@ -37,21 +38,22 @@ def new_script_id() -> str:
 
 
 def _compiler() -> Callable[[str], Any] | None:
-    # The sandbox compiler is optional at this layer: when the module is
-    # absent we fall back to size/encoding checks.  find_spec keeps a real
-    # ImportError *inside* the compiler visible instead of silently skipping it.
+    # The sandbox is optional at this layer: when it is absent we fall back
+    # to size/encoding checks.  find_spec keeps a real ImportError *inside*
+    # the sandbox visible instead of silently skipping it.
     try:
-        if importlib.util.find_spec("sandbox.compiler") is None:
+        if importlib.util.find_spec("sandbox.compile_gate") is None:
             return None
     except ModuleNotFoundError:
         return None
-    module = importlib.import_module("sandbox.compiler")
-    return getattr(module, "compile_script", None)
+    module = importlib.import_module("sandbox.compile_gate")
+    return getattr(module, "check_source", None)
 
 
 def validate_source(source: str | bytes) -> str:
     """Return the source as text; raises `ValidationError` when it is too big,
-    not UTF-8, or does not compile (message lists `line:column: message`)."""
+    not UTF-8, or does not compile within the compile budget (message lists
+    `line:column: message`, e.g. "script takes too long to compile: ...")."""
     if isinstance(source, bytes):
         raw = source
         try:
@@ -70,9 +72,12 @@ def validate_source(source: str | bytes) -> str:
                               code="source_too_large")
     if "\x00" in text:
         raise ValidationError("source contains a NUL character", code="invalid_source")
-    compile_script = _compiler()
-    if compile_script is not None:
-        result = compile_script(text)
+    check_source = _compiler()
+    if check_source is not None:
+        # Compiled once, here, in a sandboxed one-shot process within a CPU
+        # and memory budget: a source that does not compile in budget never
+        # reaches a worker.
+        result = check_source(text)
         if not result.ok:
             lines = [f"{e.line}:{e.column}: {e.message}" for e in result.errors]
             raise ValidationError("script does not compile: " + "; ".join(lines),

@@ -199,3 +199,15 @@ result = res
         assert pids[1] in pool.worker_pids
 
     run_with_pool(scenario, size=2, _unsafe_test_hooks=True)
+
+
+def test_operator_check_also_runs_the_save_time_compile_process() -> None:
+    import json
+    import subprocess
+    import sys
+    root = __file__.rsplit("/tests/", 1)[0]
+    proc = subprocess.run([sys.executable, "-m", "sandbox.check"], cwd=root,
+                          capture_output=True, text=True, timeout=120, check=False)
+    report = json.loads(proc.stdout)
+    assert report["compile_gate"] == {"ok": True, "errors": []}
+    assert proc.returncode == (0 if all(report["reported"].values()) else 1)

@@ -218,3 +218,45 @@ def test_compiling_a_new_version_does_not_count_against_the_time_limit() -> None
         assert time.monotonic() - t0 < 0.3
 
     run_with_pool(scenario, size=1)
+
+
+def test_an_allocation_the_os_refuses_counts_as_exceeded() -> None:
+    # The worker's per-job RLIMIT_AS makes the allocator return NULL below the
+    # guard's cap: the run is over its memory all the same (finding 4).
+    import subprocess
+    import sys
+    code = (
+        "import resource\n"
+        "from sandbox import _memguard as mg, limits\n"
+        "mg.install()\n"
+        "now = limits.current_address_space()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (now + (32 << 20), resource.RLIM_INFINITY))\n"
+        "mg.arm(1 << 30)\n"
+        "try:\n"
+        "    x = bytes(256 << 20)\n"
+        "except MemoryError:\n"
+        "    pass\n"
+        "print(mg.disarm()[1])\n")
+    root = __file__.rsplit("/tests/", 1)[0]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert proc.stdout.strip() == "True"
+
+
+def test_a_compile_bomb_saved_before_the_gate_fails_fast_in_the_worker() -> None:
+    # 10,000 equal one-line lambdas: ~3 s in CPython's compiler before; now
+    # the worker's compiler refuses them at once, and the verdict is kept.
+    bomb = "f = lambda: 0\n" * 10000 + "on endpoint(event):\n    event.reply(1)\n"
+
+    async def scenario(pool: Pool) -> list[object]:
+        pid = pool.worker_pids[0]
+        seen: list[object] = []
+        for _ in range(2):
+            out = await pool.run(ref(bomb), event(), Limits(1000, 4096))
+            seen.append((out.error_kind, out.error_message))
+        seen.append(pool.worker_pids == [pid])
+        return seen
+
+    message = ("script takes too long to compile: more than 2000 functions, lambdas, "
+               "classes and comprehensions")
+    assert run_with_pool(scenario, size=1) == [("script_error", message)] * 2 + [True]

@@ -1,0 +1,124 @@
+"""Scripts are compiled once, at save time, in a sandboxed process within a budget
+(red-team finding 5): a compile bomb is refused at save with a compile error, never
+compiled per request."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from models import Script
+from sandbox import compile_gate, limits
+from service import core
+from tests.factories import OWNER, SOURCE, make_guild
+
+LAMBDA_BOMB = "f = lambda: 0\n" * 10000 + SOURCE  # 140 KB; CPython alone takes ~3 s, 20,000: 10-20 s
+
+
+def _ordinary_functions(n: int) -> str:
+    return "".join(f"def handler_{i}(data):\n    total = 0\n    for item in data:\n"
+                   f"        total += item * {i}\n    return {{'total': total}}\n\n"
+                   for i in range(n)) + SOURCE
+
+
+def test_a_compile_bomb_is_refused_at_save_with_a_compile_error(db: Any) -> None:
+    gid = make_guild()
+    with pytest.raises(core.ValidationError) as err:
+        core.create_script(OWNER, gid, "bomb", LAMBDA_BOMB)
+    assert err.value.code == "compile_error"
+    assert err.value.message == (
+        "script does not compile: 2001:5: script takes too long to compile: more than 2000 "
+        "functions, lambdas, classes and comprehensions")
+    assert Script.select().count() == 0
+
+
+def test_a_source_over_the_cpu_budget_is_refused_and_remembered(
+        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Within every static bound, but over a (lowered) CPU budget: the child
+    # is ended by SIGPROF wherever it is, and the verdict is kept per source.
+    monkeypatch.setattr(limits, "COMPILE_CPU_BUDGET_S", 0.01)
+    monkeypatch.setattr(compile_gate, "_verdicts", type(compile_gate._verdicts)())
+    children: list[str] = []
+    real = compile_gate._run_child
+
+    def counted(text: str) -> Any:
+        children.append(text)
+        return real(text)
+
+    monkeypatch.setattr(compile_gate, "_run_child", counted)
+    source = _ordinary_functions(1500)
+    gid = make_guild()
+    for _ in range(2):
+        with pytest.raises(core.ValidationError) as err:
+            core.create_script(OWNER, gid, "slow", source)
+        assert err.value.code == "compile_error"
+        assert err.value.message.startswith(
+            "script does not compile: 1:1: script takes too long to compile: more than 0.01 s "
+            "of CPU time (")
+    assert len(children) == 1  # compiled once; the second save got the remembered verdict
+
+
+def test_an_ordinary_large_script_compiles_within_the_budget(db: Any) -> None:
+    # ~250 KB of ordinary functions (~70,000 tokens): 0.6-1 s of CPU here.
+    block = ("def handler_{i}(event, data):\n    total = 0\n"
+             "    for item in data.get('items', []):\n"
+             "        if item.get('price', 0) > 10:\n"
+             "            total += item['price'] * item.get('qty', 1)\n"
+             "        else:\n            total -= 1\n"
+             "    result = {{'total': total, 'name': 'handler_{i}', 'ok': total > 0}}\n"
+             "    return result\n\n")
+    source = "".join(block.format(i=i) for i in range(850)) + SOURCE
+    assert 240_000 < len(source) < 262_144
+    gid = make_guild()
+    view = core.create_script(OWNER, gid, "large", source)
+    assert view["sourceBytes"] == len(source)
+
+
+def test_memory_over_the_compile_cap_is_refused(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "COMPILE_MEMORY_BYTES", 2 << 20)
+    monkeypatch.setattr(compile_gate, "_verdicts", type(compile_gate._verdicts)())
+    gid = make_guild()
+    with pytest.raises(core.ValidationError) as err:
+        core.create_script(OWNER, gid, "big", _ordinary_functions(300))
+    assert err.value.message == ("script does not compile: 1:1: script needs more than 2 MB "
+                                 "of memory to compile")
+
+
+def test_the_compile_process_hardens_itself_like_a_worker() -> None:
+    # What the one-shot process can do once hardened, seen from inside it.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    probe = r'''
+import json, os, socket, sys
+from sandbox import compile_gate, limits
+compile_gate._harden({"mem": limits.COMPILE_MEMORY_BYTES, "cpu": 2.0, "uid": 65534, "gid": 65534})
+seen = {"uid": os.geteuid()}
+try:
+    socket.socket()
+    seen["socket"] = "allowed"
+except OSError as exc:
+    seen["socket"] = exc.errno
+try:
+    open("/tmp/compile-gate-probe", "w")
+    seen["write"] = "allowed"
+except OSError as exc:
+    seen["write"] = exc.errno
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+seen["no_new_privs"] = status["NoNewPrivs"].strip()
+seen["seccomp"] = status["Seccomp"].strip()
+seen["environ"] = dict(os.environ)
+sys.stdout.write(json.dumps(seen))
+'''
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True,
+                          text=True, timeout=60, check=True, env={"SECRET": "x"})
+    seen = json.loads(proc.stdout)
+    assert seen["socket"] == 1 and seen["write"] == 1  # EPERM from seccomp
+    assert seen["no_new_privs"] == "1" and seen["seccomp"] == "2"
+    assert seen["environ"] == {}
+    if os.geteuid() == 0:
+        assert seen["uid"] == 65534
