@@ -66,7 +66,11 @@ class TestCallHandler(APIHandler):
 
     @operation("testCall", "Run a request through the whole pipeline without the secret "
                "(marked as a test call)", "owner, manager, operator", schemas.TestCallResult,
-               body=schemas.TestCall, errors=(409, 503))
+               body=schemas.TestCall, errors=(409, 503),
+               links={op: (op, {"guildId": "$request.path.guildId",
+                                "scriptId": "$request.path.scriptId",
+                                "requestId": "$response.body#/requestId"})
+                      for op in ("getHistoryRecord", "replay")})
     async def post(self, guildId: str, scriptId: str) -> None:
         b = self.body(schemas.TestCall)
         request = await self.call(testcalls.new_test_request, b.method, b.headers, b.body,
