@@ -12,8 +12,8 @@ from service.core.access import Actor
 from service.http.testcall import run_test_call
 from service.plans import Plan
 
-#: A test body may be as large as the biggest plan allows, plus its JSON wrapping.
-TEST_BODY_CAP = 4 * 1024 * 1024
+#: The JSON of a test call (its body is then checked against the plan).
+TEST_BODY_CAP = 1024 * 1024
 
 
 def patch_endpoint(actor: Actor, guild_id: str, script_id: str, enabled: bool | None,

@@ -9,7 +9,7 @@ from service.api.spec import operation
 from service.core import pages, scripts
 
 #: A script source is at most 256 KB; JSON escaping may grow it, the core checks the real size.
-SCRIPT_BODY_CAP = 2 * 1024 * 1024
+SCRIPT_BODY_CAP = 1024 * 1024
 _ETAG = re.compile(r'\s*(?:W/)?"?([0-9]{1,18})"?\s*')
 
 
