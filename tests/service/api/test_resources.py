@@ -170,3 +170,13 @@ def test_bodies_are_capped_per_route(world) -> None:
     # ...and no more.
     assert_error(w.owner("PUT", w.script_path, {"source": ECHO + "#" * 262144}), 400,
                  "source_too_large")
+
+
+def test_a_method_a_path_lacks_is_405_naming_the_ones_it_has(world) -> None:
+    w = world()
+    resp = w.owner("DELETE", f"/guilds/{w.guild_id}/audit")
+    assert_error(resp, 405, "method_not_allowed")
+    assert resp.headers["allow"] == "GET"
+    resp = w.owner("POST", w.script_path)
+    assert_error(resp, 405, "method_not_allowed")
+    assert resp.headers["allow"] == "GET, PUT, DELETE"
