@@ -48,3 +48,26 @@ def test_a_blocked_stats_query_does_not_hold_up_invocations(server, world, http_
     assert result["resp"].status == 200
     # The records writer waited for the lock too; nothing was lost.
     assert wait_until(lambda: w.manager("GET", path + "/stats").json["total"] == 21, timeout=20)
+
+
+def test_no_database_work_before_authentication(server, world, http_env) -> None:
+    """With every table the API reads locked, calls without a valid token are still
+    answered 401 at once: nothing reads the database before the token is known."""
+    if not http_env.database_url.startswith("postgres"):
+        pytest.skip("needs a lock that blocks readers (PostgreSQL)")
+    from models.db import open_database
+    w = world()
+    locker = open_database(http_env.database_url)
+    locker.connect()
+    try:
+        with locker.atomic():
+            locker.execute_sql("LOCK TABLE guild, script, endpoint, guild_manager "
+                               "IN ACCESS EXCLUSIVE MODE")
+            for token in (None, "not-a-token", "lsk_" + "x" * 43):
+                resp = Api(server, token)("GET", f"/guilds/{w.guild_id}", None)
+                assert resp.status == 401, resp.body
+            big = server.request(f"/api/v1/guilds/{w.guild_id}/scripts", method="POST",
+                                 body=b"x" * 100_000, timeout=10)
+            assert big.status == 401
+    finally:
+        locker.close()
