@@ -1,7 +1,9 @@
-"""`ChangeFeed`: a PostgreSQL `LISTEN` connection that tells the invoke path when endpoint data changed.
+"""`ChangeFeed`: a PostgreSQL `LISTEN` connection that tells a process's caches when their data changed.
 
 Migration 0004 makes every commit that touches a guild, script or endpoint
-send a notification on `logic_targets`.  A feed owns one dedicated
+send a notification on `logic_targets` (the invoke path's endpoint lookups);
+revoking an API token sends one on `logic_token_revoked` (the admin API's
+token cache). One feed per process listens on both.  A feed owns one dedicated
 connection (autocommit, `LISTEN logic_targets`) and one daemon thread that
 waits on it; each notification batch bumps `generation`.  A cache that
 remembered answers under generation G drops them as soon as it sees G+1.
@@ -40,6 +42,8 @@ from typing import Any
 log = logging.getLogger("logic.change_feed")
 
 CHANNEL = "logic_targets"
+#: Revoked API tokens (sent by `service.core.tokens.revoke_api_token`).
+TOKENS_CHANNEL = "logic_token_revoked"
 #: `application_name` of the feed's connection (plus "/<pid>"), to find it in pg_stat_activity.
 APPLICATION_NAME = "logic-change-feed"
 
@@ -47,7 +51,9 @@ APPLICATION_NAME = "logic-change-feed"
 class ChangeFeed:
     """Listens for endpoint-data changes on PostgreSQL; see the module docstring."""
 
-    def __init__(self, connect_kwargs: dict[str, Any], *, retry_s: float = 0.5) -> None:
+    def __init__(self, connect_kwargs: dict[str, Any], *, channels: tuple[str, ...] = (CHANNEL,),
+                 retry_s: float = 0.5) -> None:
+        self._channels = channels
         # Always its own name, even when the URL names the service's connections.
         self._connect_kwargs = {**connect_kwargs,
                                 "application_name": f"{APPLICATION_NAME}/{os.getpid()}"}
@@ -123,7 +129,8 @@ class ChangeFeed:
         conn = psycopg2.connect(**self._connect_kwargs)
         conn.autocommit = True
         with conn.cursor() as cur:
-            cur.execute(f"LISTEN {CHANNEL}")
+            for channel in self._channels:
+                cur.execute(f"LISTEN {channel}")
         poller = select.poll()
         poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
         self._conn, self._poller = conn, poller

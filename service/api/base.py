@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticError
 
-from models.db import database, is_postgres
+from models.db import database
 from service.core.access import Actor, validate_user_id
 from service.core.errors import CoreError
-from service.core.tokencache import RevocationListener, TokenCache
+from service.core.tokencache import TokenCache
 from service.core.tokens import TokenIdentity, touch_api_token
 from service.http.base import BaseHandler, error_body
 from service.http.errors import (AuthThrottledError, BusyError, PayloadTooLargeError,
@@ -76,10 +76,8 @@ class ApiState:
         self.executor = ThreadPoolExecutor(max_workers=API_THREADS, thread_name_prefix="logic-api",
                                            initializer=background_priority)
         self.tokens = TokenCache()
+        self.tokens.feed = context.change_feed      # PostgreSQL: hears revocations
         self.pending = 0
-        if is_postgres():
-            self.tokens.listener = RevocationListener(database.obj)
-            self.tokens.listener.start()
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` in the thread pool; raises `BusyError` when full."""

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from service.chat import subcommands as sub
 from service.chat.protocol import CHAT_INPUT, STRING, SUB_COMMAND, SUB_COMMAND_GROUP
 from service.chat.subcommands import Call
+from service.core.access import is_registered
 from service.core.errors import (CoreError, NotFoundError, PermissionDeniedError, QuotaError)
 
 log = logging.getLogger("logic.chat")
@@ -139,9 +140,16 @@ class Reply:
 NOT_IN_GUILD = Reply("Use /logic in a server: it manages that server's scripts.", True)
 
 
-def refusal(err: CoreError) -> str:
+def refusal(err: CoreError, guild_id: str | None = None) -> str:
     """A service-layer refusal as a sentence for the member."""
     if err.code == "guild_not_found":
+        # The service layer answers "not found" to anyone without a role, so
+        # that a stranger learns nothing. A chat member is in the server by
+        # the platform's signature: telling them it is registered is no leak.
+        if guild_id is not None and is_registered(guild_id):
+            return ("Not allowed: only the server's owner and its managers may use /logic "
+                    "script. The owner does everything and alone creates or regenerates "
+                    "secrets; managers do the rest.")
         return ("This server is not registered with Logic Endpoints. The service's operator "
                 "adds it (`logic guild create`).")
     if isinstance(err, PermissionDeniedError):
@@ -159,7 +167,7 @@ def run(subcommand: Subcommand, call: Call) -> Reply:
     try:
         return Reply(subcommand.run(call), subcommand.ephemeral)
     except CoreError as err:
-        return Reply(refusal(err), True)
+        return Reply(refusal(err, call.guild_id), True)
 
 
 def unknown(path: tuple[str, ...]) -> Reply:

@@ -88,6 +88,15 @@ def role_in(actor: Actor, guild: Guild) -> Role | None:
     return Role.MANAGER if is_manager else None
 
 
+def is_registered(guild_id: str) -> bool:
+    """Whether the guild is known to the service, whoever asks.
+
+    Only for a front whose caller already proves membership of the guild (the
+    chat command: the platform signs that the member typed it there); every
+    other front answers a guild the actor has no role in as not found."""
+    return bool(Guild.select(Guild.id).where(Guild.id == validate_guild_id(guild_id)).exists())
+
+
 def get_guild(guild_id: str, *, lock: bool = False) -> Guild:
     """The guild; raises `ValidationError` for a malformed ID, `NotFoundError`.
 

@@ -12,9 +12,9 @@ Revocation takes effect at once, on every node:
   commits, so the next check misses.  (Other commits, e.g. the records
   writer's, also empty the cache: a miss costs one indexed query.)
 - **PostgreSQL** (several nodes): `revoke_api_token` sends `NOTIFY
-  logic_token_revoked` in its transaction; each process runs a
-  `RevocationListener` thread with its own connection that `LISTEN`s and
-  empties the cache on every notification.  While that connection is down
+  logic_token_revoked` in its transaction; each process's change feed
+  (`models.change_feed.ChangeFeed`, one `LISTEN` connection on a thread)
+  bumps its generation on every notification, which empties the cache.  While that connection is down
   (or not yet up) the cache is bypassed: every call runs the query, so a
   missed notification can never keep a revoked token alive.
 - The node that revokes also calls `clear()` itself before answering.
@@ -25,16 +25,14 @@ IP by the caller instead).
 from __future__ import annotations
 
 import logging
-import select
-import threading
 from datetime import datetime
-from typing import Any, Callable
 
-from peewee import Database, SqliteDatabase
+from peewee import SqliteDatabase
 
+from models.change_feed import ChangeFeed
 from models.clock import utcnow
 from models.db import database
-from service.core.tokens import REVOKED_CHANNEL, TOUCH_EVERY, TokenIdentity, lookup_api_token
+from service.core.tokens import TOUCH_EVERY, TokenIdentity, lookup_api_token
 
 log = logging.getLogger("logic.core")
 
@@ -55,7 +53,9 @@ class TokenCache:
         self._entries: dict[str, _Entry] = {}
         self._stamp: object = None
         self._conn: object = None
-        self.listener: RevocationListener | None = None
+        #: On PostgreSQL: the process's `models.change_feed.ChangeFeed`, listening
+        #: on `logic_token_revoked`; without one the cache is never trusted.
+        self.feed: ChangeFeed | None = None
 
     def clear(self) -> None:
         self._entries.clear()
@@ -70,10 +70,10 @@ class TokenCache:
             conn = db.connection()  # type: ignore[no-untyped-call]
             version = conn.execute("PRAGMA data_version").fetchone()[0]
             mark: object = (id(conn), version)
-        elif self.listener is not None and self.listener.listening:
-            mark = ("pg", self.listener.generation)
         else:
-            mark = None     # no way to hear revocations: never trust the cache
+            generation = self.feed.generation if self.feed is not None else None
+            # None: no way to hear revocations right now: never trust the cache.
+            mark = None if generation is None else ("pg", generation)
         if mark != self._stamp or mark is None:
             self._entries.clear()
             self._stamp = mark
@@ -116,72 +116,4 @@ class TokenCache:
         return lookup_api_token(token)
 
 
-class RevocationListener:
-    """`LISTEN logic_token_revoked` on its own PostgreSQL connection, in a thread.
-
-    `generation` grows on every notification and on every (re)connection (a
-    notification may have been missed while down); `listening` is False
-    while the connection is down.
-    """
-
-    def __init__(self, db: Database, on_change: Callable[[], Any] | None = None,
-                 retry_s: float = 1.0) -> None:
-        self._db = db
-        self._on_change = on_change
-        self._retry = retry_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.listening = False
-        self.generation = 0
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="logic-token-listener",
-                                        daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _changed(self) -> None:
-        self.generation += 1
-        if self._on_change is not None:
-            self._on_change()
-
-    def _run(self) -> None:
-        import psycopg2  # type: ignore[import-untyped]
-        import psycopg2.extensions  # type: ignore[import-untyped]
-        while not self._stop.is_set():
-            conn = None
-            try:
-                params = {**self._db.connect_params}
-                conn = psycopg2.connect(dbname=self._db.database, **params)
-                conn.set_isolation_level(psycopg2.extensions.ISOLATION_LEVEL_AUTOCOMMIT)
-                conn.cursor().execute(f"LISTEN {REVOKED_CHANNEL}")
-                self._changed()
-                self.listening = True
-                while not self._stop.is_set():
-                    if select.select([conn], [], [], 1.0)[0]:
-                        conn.poll()
-                        if conn.notifies:
-                            conn.notifies.clear()
-                            self._changed()
-                    else:
-                        conn.poll()     # notices a dropped connection
-            except Exception:  # noqa: BLE001 - any failure: bypass the cache, retry
-                if self.listening:
-                    log.warning("token revocation listener lost its connection; retrying",
-                                exc_info=True)
-            finally:
-                self.listening = False
-                self._changed()
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:  # noqa: BLE001
-                        pass
-            self._stop.wait(self._retry)
-
-
-__all__ = ["TokenCache", "RevocationListener"]
+__all__ = ["TokenCache"]

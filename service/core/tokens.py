@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from models import ApiToken, LoginToken, database
+from models.change_feed import TOKENS_CHANNEL
 from models.clock import iso, to_db, utcnow
 from models.db import is_postgres
 from service.core import audit
@@ -26,7 +27,7 @@ log = logging.getLogger("logic.core")
 API_TOKEN_PREFIX = "lat_"
 LOGIN_TOKEN_TTL = timedelta(minutes=15)
 #: PostgreSQL channel a revocation is announced on (service.core.tokencache listens).
-REVOKED_CHANNEL = "logic_token_revoked"
+REVOKED_CHANNEL = TOKENS_CHANNEL   # listened to by models.change_feed.ChangeFeed
 TOUCH_EVERY = timedelta(minutes=1)
 
 

@@ -13,6 +13,7 @@ from service.http.ratelimit import RateLimits
 from service.http.records import RecordWriter
 
 if TYPE_CHECKING:
+    from models.change_feed import ChangeFeed
     from sandbox.pool import Pool
     from service.core.invoke_target import InvokeTarget
     from service.settings import Settings
@@ -58,6 +59,8 @@ class AppContext:
     load_target: Callable[[str, str], InvokeTarget | None]
     db_ping: Callable[[], bool]
     recent_targets: RecentTargets = field(default_factory=RecentTargets)
+    #: PostgreSQL only: the process's LISTEN connection (endpoint changes, revoked tokens).
+    change_feed: ChangeFeed | None = None
     in_flight: int = 0
     draining: bool = False
     _idle: asyncio.Event = field(default_factory=asyncio.Event)

@@ -23,7 +23,7 @@ from typing import Any
 from peewee import Database
 from tornado.netutil import bind_sockets
 
-from models.change_feed import ChangeFeed
+from models.change_feed import CHANNEL, TOKENS_CHANNEL, ChangeFeed
 from models.db import is_postgres
 from sandbox.hardening import make_undumpable
 from sandbox.pool import Pool
@@ -78,7 +78,8 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
 
     # PostgreSQL: a LISTEN connection lets the endpoint lookup cache (SQLite
     # has PRAGMA data_version instead); started after the pool's fork.
-    feed = ChangeFeed.for_database(db).start() if is_postgres(db) else None
+    feed = (ChangeFeed.for_database(db, channels=(CHANNEL, TOKENS_CHANNEL)).start()
+            if is_postgres(db) else None)
 
     executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-argon2",
                                   initializer=_background_priority)
@@ -103,6 +104,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         verifier=SecretVerifier(verify_secret, executor),
         records=records,
         load_target=TargetCache(settings.plans, feed=feed),
+        change_feed=feed,
         db_ping=db_ping,
     )
     max_body = max((p.body_bytes for p in settings.plans.values()), default=0) + 1

@@ -26,8 +26,10 @@ def test_owner_and_manager_get_their_own_link_audited_as_themselves(db: Any) -> 
 
 def test_strangers_the_operator_and_unknown_guilds_are_refused(db: Any) -> None:
     gid = make_guild()
-    with pytest.raises(core.PermissionDeniedError):
+    # A stranger learns nothing: the guild answers as if it did not exist.
+    with pytest.raises(core.NotFoundError) as stranger:
         member_login_link(STRANGER, gid, "https://logic.example")
+    assert stranger.value.code == "guild_not_found"
     with pytest.raises(core.PermissionDeniedError):
         member_login_link(OPERATOR, gid, "https://logic.example")
     with pytest.raises(core.NotFoundError) as err:

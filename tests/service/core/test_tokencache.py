@@ -7,7 +7,8 @@ import pytest
 
 from models.db import is_postgres, open_database
 from service import core
-from service.core.tokencache import RevocationListener, TokenCache
+from models.change_feed import TOKENS_CHANNEL, ChangeFeed
+from service.core.tokencache import TokenCache
 from tests.factories import OPERATOR
 from tests.service.http.harness import wait_until
 
@@ -26,9 +27,10 @@ def test_a_hit_runs_no_query_and_a_revocation_elsewhere_ends_it(db, monkeypatch)
     cache = TokenCache()
     listener = None
     if is_postgres(db):
-        listener = cache.listener = RevocationListener(db, retry_s=0.2)
+        listener = cache.feed = ChangeFeed.for_database(db, channels=(TOKENS_CHANNEL,),
+                                                        retry_s=0.2)
         listener.start()
-        assert wait_until(lambda: listener.listening)
+        assert wait_until(lambda: listener.healthy)
     try:
         made = core.create_api_token(OPERATOR, "100")
         identity = _cached(cache, made["token"])
