@@ -72,14 +72,18 @@ def discover() -> list[Migration]:
             raise MigrationError(f"migration {info.name} must define up(db) and down(db)")
         found.append(Migration(int(head), info.name, module))
     found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise MigrationError("migration versions must be 1, 2, 3, ... without gaps")
+    versions = [m.version for m in found]
+    # Numbers are reserved per feature branch, so a release may skip some
+    # (a gap is harmless); two files with one number are not.
+    if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
+        raise MigrationError("migration versions must be distinct positive numbers")
     return found
 
 
 def latest_version() -> int:
-    """The schema version this release needs."""
-    return len(discover())
+    """The schema version this release needs (the highest migration number)."""
+    found = discover()
+    return found[-1].version if found else 0
 
 
 class Runner:
@@ -88,7 +92,7 @@ class Runner:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.migrations = discover()
-        self.latest = len(self.migrations)
+        self.latest = self.migrations[-1].version if self.migrations else 0
 
     # ------------------------------------------------------------ reading
     def current_version(self) -> int:
@@ -127,7 +131,7 @@ class Runner:
             raise MigrationError(f"unknown schema version {target}")
         self._ensure_history()
         applied: list[int] = []
-        for migration in self.migrations[:target]:
+        for migration in (m for m in self.migrations if m.version <= target):
             with self.db.atomic():
                 self._lock()
                 if self.current_version() >= migration.version:
@@ -147,7 +151,7 @@ class Runner:
         if not 0 <= target <= self.latest:
             raise MigrationError(f"unknown schema version {target}")
         reverted: list[int] = []
-        for migration in reversed(self.migrations[target:]):
+        for migration in reversed([m for m in self.migrations if m.version > target]):
             with self.db.atomic():
                 self._lock()
                 if self.current_version() < migration.version:
