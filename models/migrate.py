@@ -73,8 +73,9 @@ def discover() -> list[Migration]:
         found.append(Migration(int(head), info.name, module))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    # Numbers are reserved per feature branch, so a release may skip some
-    # (a gap is harmless); two files with one number are not.
+    # Numbers are reserved per branch of work, so a release may skip one (a
+    # gap is harmless: the history table records what was applied); a
+    # duplicate or a non-positive number is a packaging mistake.
     if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
         raise MigrationError("migration versions must be distinct positive numbers")
     return found
@@ -123,15 +124,18 @@ class Runner:
                 "version INTEGER NOT NULL PRIMARY KEY, name VARCHAR(100) NOT NULL, "
                 "applied_at TIMESTAMP NOT NULL)")
 
+    def _check_target(self, target: int) -> None:
+        if target != 0 and target not in {m.version for m in self.migrations}:
+            raise MigrationError(f"unknown schema version {target}")
+
     def upgrade(self, target: int | None = None) -> list[int]:
         """Apply every pending migration up to `target` (default: latest);
         return the versions applied (empty when already current)."""
         target = self.latest if target is None else target
-        if not 0 <= target <= self.latest:
-            raise MigrationError(f"unknown schema version {target}")
+        self._check_target(target)
         self._ensure_history()
         applied: list[int] = []
-        for migration in (m for m in self.migrations if m.version <= target):
+        for migration in [m for m in self.migrations if m.version <= target]:
             with self.db.atomic():
                 self._lock()
                 if self.current_version() >= migration.version:
@@ -148,8 +152,7 @@ class Runner:
     def downgrade(self, target: int) -> list[int]:
         """Revert applied migrations down to `target` (0 empties the schema);
         return the versions reverted, newest first."""
-        if not 0 <= target <= self.latest:
-            raise MigrationError(f"unknown schema version {target}")
+        self._check_target(target)
         reverted: list[int] = []
         for migration in reversed([m for m in self.migrations if m.version > target]):
             with self.db.atomic():

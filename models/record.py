@@ -35,6 +35,7 @@ class RequestRecord(BaseModel):
     duration_ms = FloatField()
     output = TextField(default="")
     error = TextField(null=True)
+    test = BooleanField(default=False)        # a test call or replay from the admin API
 
     class Meta:
         indexes = ((("endpoint", "id"), False),)

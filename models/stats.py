@@ -41,6 +41,7 @@ class StatBucket(BaseModel):
     h9 = IntegerField(default=0)
     h10 = IntegerField(default=0)
     h11 = IntegerField(default=0)
+    test_count = IntegerField(default=0)           # how many of `count` were test calls
 
     class Meta:
         indexes = ((("endpoint", "granularity", "start", "status"), True),)

@@ -23,6 +23,7 @@ class ApiToken(BaseModel):
     created_at = DateTimeField(default=utcnow)
     last_used_at = DateTimeField(null=True)
     revoked_at = DateTimeField(null=True)
+    expires_at = DateTimeField(null=True)         # None: never expires
 
 
 class LoginToken(BaseModel):

@@ -4,8 +4,9 @@ Roles: the guild **owner** may do everything; **managers** edit scripts,
 switch endpoints, edit the whitelist and read history, errors and stats; the
 **operator** (CLI without `--as`, or an operator token) manages guilds and
 plans and may do what a manager does, but never creates or regenerates a
-secret.  Anyone else is refused.  Lookups check the guild first, then the
-role, then the script, so a stranger learns nothing about a guild's scripts.
+secret.  Anyone else is answered as if the guild did not exist.  Lookups
+check the guild first, then the role, then the script, so a stranger learns
+nothing about a guild or its scripts.
 """
 from __future__ import annotations
 
@@ -100,8 +101,14 @@ def get_guild(guild_id: str, *, lock: bool = False) -> Guild:
 
 
 def require_role(actor: Actor, guild: Guild, allowed: tuple[Role, ...], action: str) -> Role:
-    """Return the actor's role; raises `PermissionDeniedError` unless it is in `allowed`."""
+    """Return the actor's role; raises `PermissionDeniedError` unless it is in `allowed`.
+
+    Someone with no role at all gets `NotFoundError` (`guild_not_found`), the
+    very answer for a guild that does not exist: a stranger learns nothing,
+    not even that the guild is registered."""
     role = role_in(actor, guild)
+    if role is None:
+        raise NotFoundError(f"guild {guild.id} not found", code="guild_not_found")
     if role not in allowed:
         who = "the operator" if actor.is_operator else f"user {actor.user_id}"
         raise PermissionDeniedError(f"{who} may not {action} in guild {guild.id}")

@@ -26,6 +26,10 @@ def audit_log(actor: Actor, guild_id: str, limit: int = 100) -> dict[str, Any]:
     require_role(actor, guild, EDITORS, "read the audit log")
     rows = (AuditRecord.select().where(AuditRecord.guild_id == guild.id)
             .order_by(AuditRecord.id.desc()).limit(max(1, min(limit, 1000))))
-    return {"audit": [{"id": r.id, "time": iso(r.time), "actor": r.actor, "action": r.action,
-                       "logicScriptId": r.script_id, "detail": json.loads(r.detail)}
-                      for r in rows]}
+    return {"audit": [audit_view(r) for r in rows]}
+
+
+def audit_view(r: AuditRecord) -> dict[str, Any]:
+    """The JSON shape of one audit record."""
+    return {"id": r.id, "time": iso(r.time), "actor": r.actor, "action": r.action,
+            "logicScriptId": r.script_id, "detail": json.loads(r.detail)}

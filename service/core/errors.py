@@ -27,6 +27,21 @@ class ValidationError(CoreError):
     status = 400
 
 
+class CompileError(ValidationError):
+    """A script source that does not compile; `errors` lists every error as
+    `{"line", "column", "message"}` (the admin API puts them inside `error`)."""
+
+    code = "compile_error"
+    status = 422
+
+    def __init__(self, message: str, errors: list[dict[str, object]]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+    def to_dict(self) -> dict[str, object]:  # type: ignore[override]
+        return {"code": self.code, "message": self.message, "errors": self.errors}
+
+
 class ConflictError(ValidationError):
     """The input is fine but clashes with what exists (guild already exists)."""
 
@@ -53,3 +68,10 @@ class QuotaError(CoreError):
 
     code = "plan_refused"
     status = 409
+
+
+class VersionMismatchError(CoreError):
+    """The script changed since the version the editor read (`If-Match`)."""
+
+    code = "version_mismatch"
+    status = 412

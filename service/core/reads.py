@@ -41,7 +41,12 @@ def history(actor: Actor, guild_id: str, script_id: str, *,
     # the next write prunes them, but they are no longer the plan's to show.
     rows = (RequestRecord.select().where(RequestRecord.endpoint == endpoint.id)
             .order_by(RequestRecord.id.desc()).limit(plan.history))
-    return {"records": [{
+    return {"records": [record_view(r) for r in rows]}
+
+
+def record_view(r: RequestRecord) -> dict[str, Any]:
+    """The JSON shape of one request record (history)."""
+    return {
         "id": r.id, "requestId": r.request_id, "time": iso(r.time), "method": r.method,
         "status": r.status, "ip": r.ip, "userAgent": r.user_agent,
         "query": json.loads(r.query), "headers": json.loads(r.headers),
@@ -49,8 +54,14 @@ def history(actor: Actor, guild_id: str, script_id: str, *,
         "responseHeaders": json.loads(r.response_headers), "responseBody": r.response_body,
         "responseBodyEncoding": r.response_body_encoding,
         "responseBodyTruncated": bool(r.response_body_truncated),
-        "durationMs": r.duration_ms, "output": r.output, "error": r.error,
-    } for r in rows]}
+        "durationMs": r.duration_ms, "output": r.output, "error": r.error, "test": bool(r.test),
+    }
+
+
+def error_view(r: ErrorRecord) -> dict[str, Any]:
+    """The JSON shape of one error record."""
+    return {"id": r.id, "time": iso(r.time), "requestId": r.request_id, "kind": r.kind,
+            "message": r.message, "line": r.line, "traceback": r.traceback}
 
 
 def errors(actor: Actor, guild_id: str, script_id: str, *,
@@ -62,9 +73,7 @@ def errors(actor: Actor, guild_id: str, script_id: str, *,
         raise QuotaError(f"plan {plan.name} does not include error logs", code="plan_feature")
     rows = (ErrorRecord.select().where(ErrorRecord.endpoint == endpoint.id)
             .order_by(ErrorRecord.id.desc()).limit(ERROR_KEEP))
-    return {"errors": [{"id": r.id, "time": iso(r.time), "requestId": r.request_id,
-                        "kind": r.kind, "message": r.message, "line": r.line,
-                        "traceback": r.traceback} for r in rows]}
+    return {"errors": [error_view(r) for r in rows]}
 
 
 def percentile(histogram: list[int], p: float) -> float | None:
@@ -117,19 +126,23 @@ def stats(actor: Actor, guild_id: str, script_id: str, *,
     month, day = now - timedelta(days=30), now - timedelta(hours=24)
     by_status: dict[str, int] = {}
     total, duration = 0, 0.0
-    for status, count, dsum in cast(Iterable[tuple[Any, ...]], (
+    tests = 0
+    for status, count, dsum, tcount in cast(Iterable[tuple[Any, ...]], (
             StatBucket.select(StatBucket.status, fn.SUM(StatBucket.count),
-                              fn.SUM(StatBucket.duration_sum))
+                              fn.SUM(StatBucket.duration_sum), fn.SUM(StatBucket.test_count))
             .where((StatBucket.endpoint == endpoint.id) & (StatBucket.granularity == HOUR)
                    & (StatBucket.start >= hour_floor(month)))
             .group_by(StatBucket.status).order_by(StatBucket.status).tuples())):
         by_status[str(status)] = int(count)
         total += int(count)
+        tests += int(tcount or 0)
         duration += float(dsum or 0)
     last24 = (StatBucket.select(fn.COALESCE(fn.SUM(StatBucket.count), 0))
               .where((StatBucket.endpoint == endpoint.id) & (StatBucket.granularity == MINUTE)
                      & (StatBucket.start >= day)).scalar())
-    result: dict[str, Any] = {"total": total, "byStatus": by_status, "last24h": int(last24 or 0),
+    # `total` and `byStatus` count test calls too (they ran); `testCalls` says how many.
+    result: dict[str, Any] = {"total": total, "byStatus": by_status, "testCalls": tests,
+                              "last24h": int(last24 or 0),
                               "avgMs": round(duration / total, 3) if total else None,
                               "window": "30d", "advanced": plan.advanced_stats}
     if not plan.advanced_stats:

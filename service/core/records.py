@@ -67,6 +67,7 @@ class RequestRecordIn:
     output: str
     error: str | None
     keep: int
+    test: bool = False        # a test call or replay from the admin API
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class StatHit:
     status: int
     duration_ms: float
     ip: str
+    test: bool = False        # a test call or replay: counted, and counted as a test
 
 
 Item = Union[RequestRecordIn, ErrorRecordIn, StatHit]
@@ -182,10 +184,11 @@ def latency_bin(duration_ms: float) -> int:
 _REQUEST_COLUMNS = (
     "endpoint", "request_id", "time", "method", "query", "headers", "body", "body_encoding",
     "body_truncated", "ip", "user_agent", "status", "response_headers", "response_body",
-    "response_body_encoding", "response_body_truncated", "duration_ms", "output", "error")
+    "response_body_encoding", "response_body_truncated", "duration_ms", "output", "error", "test")
 _ERROR_COLUMNS = ("endpoint", "request_id", "time", "kind", "message", "line", "traceback")
 _BUCKET_KEY = ("endpoint", "granularity", "start", "status")
-_BUCKET_ADD = ("count", "duration_sum") + tuple(f"h{i}" for i in range(len(LATENCY_BOUNDS_MS) + 1))
+_BUCKET_ADD = (("count", "duration_sum") + tuple(f"h{i}" for i in range(len(LATENCY_BOUNDS_MS) + 1))
+               + ("test_count",))
 
 
 def _request_row(item: RequestRecordIn) -> tuple[Any, ...]:
@@ -198,7 +201,7 @@ def _request_row(item: RequestRecordIn) -> tuple[Any, ...]:
         item.status,
         _json(redact_headers(item.response_headers)), rbody, rbody_enc, rbody_cut,
         _ms(item.duration_ms), cap_text(item.output or "", OUTPUT_CAP),
-        cap_text(item.error, TEXT_CAP),
+        cap_text(item.error, TEXT_CAP), bool(item.test),
     )
 
 
@@ -237,10 +240,12 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
             key = (hit.endpoint_id, gran, start, status)
             acc = buckets.get(key)
             if acc is None:
-                acc = buckets[key] = [0.0] * (2 + bins)
+                acc = buckets[key] = [0.0] * (3 + bins)
             acc[0] += 1
             acc[1] += ms
             acc[latency] += 1
+            if hit.test:
+                acc[-1] += 1
         ips[(hit.endpoint_id, pair[1], _short(hit.ip, 45))] += 1
     rows = [(endpoint_id, gran, start, status, int(acc[0]), acc[1], *(int(n) for n in acc[2:]))
             for (endpoint_id, gran, start, status), acc in sorted(buckets.items())]

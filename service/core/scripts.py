@@ -21,7 +21,7 @@ from models import Endpoint, ErrorRecord, RequestRecord, Script, StatBucket, Sta
 from models.clock import iso, utcnow
 from service.core import audit
 from service.core.access import EDITORS, Actor, get_guild, guild_and_script, require_role
-from service.core.errors import ValidationError
+from service.core.errors import CompileError, ValidationError, VersionMismatchError
 
 log = logging.getLogger("logic.core")
 
@@ -50,8 +50,9 @@ def _compiler() -> Callable[[str], Any] | None:
 
 
 def validate_source(source: str | bytes) -> str:
-    """Return the source as text; raises `ValidationError` when it is too big,
-    not UTF-8, or does not compile (message lists `line:column: message`)."""
+    """Return the source as text; raises `ValidationError` when it is too big
+    or not UTF-8, `CompileError` (a `ValidationError`, with every error's
+    line, column and message) when it does not compile."""
     if isinstance(source, bytes):
         raw = source
         try:
@@ -75,8 +76,9 @@ def validate_source(source: str | bytes) -> str:
         result = compile_script(text)
         if not result.ok:
             lines = [f"{e.line}:{e.column}: {e.message}" for e in result.errors]
-            raise ValidationError("script does not compile: " + "; ".join(lines),
-                                  code="compile_error")
+            raise CompileError("script does not compile: " + "; ".join(lines),
+                               [{"line": e.line, "column": e.column, "message": e.message}
+                                for e in result.errors])
     return text
 
 
@@ -133,9 +135,12 @@ def create_script(actor: Actor, guild_id: str, name: str, source: str | bytes) -
 
 
 def update_script(actor: Actor, guild_id: str, script_id: str, source: str | bytes | None = None,
-                  name: str | None = None) -> dict[str, Any]:
-    """Replace the source (version + 1) and/or rename.  Raises
-    `ValidationError`, `NotFoundError`, `PermissionDeniedError`."""
+                  name: str | None = None, *, expected_version: int | None = None) -> dict[str, Any]:
+    """Replace the source (version + 1) and/or rename.  With
+    `expected_version`, only if the script is still at that version (one
+    conditional UPDATE, so two editors cannot both win).  Raises
+    `ValidationError`, `VersionMismatchError`, `NotFoundError`,
+    `PermissionDeniedError`."""
     text = validate_source(source) if source is not None else None
     new_name = _validate_name(name) if name is not None else None
     with database.atomic():
@@ -146,7 +151,13 @@ def update_script(actor: Actor, guild_id: str, script_id: str, source: str | byt
             changes["version"] = Script.version + 1
         if new_name is not None:
             changes["name"] = new_name
-        Script.update(**changes).where(Script.id == script.id).execute()
+        where = Script.id == script.id
+        if expected_version is not None:
+            where = where & (Script.version == expected_version)
+        if not Script.update(**changes).where(where).execute():
+            raise VersionMismatchError(
+                f"script {script.public_id} is at version {script.version}, not "
+                f"{expected_version}: someone else saved first; reload and retry")
         script = Script.get_by_id(script.id)
         audit.record(actor, "script.updated", guild_id=guild.id, script_id=script.public_id,
                      version=script.version, renamed=new_name is not None)

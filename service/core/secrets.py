@@ -60,8 +60,8 @@ def verify_secret(secret_hash: str | None, presented: str) -> bool:
 
 def regenerate_secret(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]:
     """Create or replace the endpoint's secret (owner only) and return it once:
-    `{"secret": ..., "hint": ...}`.  Raises `PermissionDeniedError` (operator,
-    manager, stranger), `NotFoundError`."""
+    `{"secret": ..., "hint": ...}`.  Raises `PermissionDeniedError`
+    (`owner_only`: operator, manager), `NotFoundError` (also for a stranger)."""
     if actor.is_operator:
         raise PermissionDeniedError(
             "the operator cannot create or regenerate a secret; the guild owner must (--as OWNER_ID)",
@@ -70,9 +70,12 @@ def regenerate_secret(actor: Actor, guild_id: str, script_id: str) -> dict[str, 
     digest = hash_secret(secret)      # hash before the transaction: keep it short
     hint = secret[-HINT_CHARS:]
     with database.atomic():
-        guild, script, _ = guild_and_script(actor, guild_id, script_id,
-                                            "create or regenerate the secret",
-                                            allowed=(Role.OWNER,))
+        try:
+            guild, script, _ = guild_and_script(actor, guild_id, script_id,
+                                                "create or regenerate the secret",
+                                                allowed=(Role.OWNER,))
+        except PermissionDeniedError as err:     # a manager: the refusal names the rule
+            raise PermissionDeniedError(err.message + " (owner only)", code="owner_only") from None
         endpoint = Endpoint.get(Endpoint.script == script.id)
         first = endpoint.secret_hash is None
         now = utcnow()

@@ -10,57 +10,96 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from models import ApiToken, LoginToken, database
-from models.clock import iso, utcnow
+from models.clock import iso, to_db, utcnow
+from models.db import is_postgres
 from service.core import audit
 from service.core.access import Actor, validate_user_id
-from service.core.errors import NotFoundError, PermissionDeniedError
+from service.core.errors import NotFoundError, PermissionDeniedError, ValidationError
 
 log = logging.getLogger("logic.core")
 
 API_TOKEN_PREFIX = "lat_"
 LOGIN_TOKEN_TTL = timedelta(minutes=15)
+#: PostgreSQL channel a revocation is announced on (service.core.tokencache listens).
+REVOKED_CHANNEL = "logic_token_revoked"
+TOUCH_EVERY = timedelta(minutes=1)
 
 
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def create_api_token(actor: Actor, user_id: str | None = None) -> dict[str, Any]:
+def create_api_token(actor: Actor, user_id: str | None = None, *,
+                     expires_at: datetime | None = None) -> dict[str, Any]:
     """Create a token acting as `user_id`, or as the operator when None
-    (operator only).  Returns `{"token", "kind", "userId", "id"}` once.
+    (operator only), optionally expiring at `expires_at` (UTC).  Returns
+    `{"token", "kind", "userId", "id", "createdAt", "expiresAt"}` once.
     Raises `PermissionDeniedError`, `ValidationError`."""
     if not actor.is_operator:
         raise PermissionDeniedError("only the operator may create API tokens")
     if user_id is not None:
         validate_user_id(user_id)
+    now = utcnow()
+    if expires_at is not None:
+        expires_at = to_db(expires_at)
+        if expires_at <= now:
+            raise ValidationError("expiresAt must be in the future", code="invalid_expiry")
     token = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
     kind = "operator" if user_id is None else "user"
     with database.atomic():
         row = ApiToken.create(token_hash=_digest(token), hint=token[-4:], kind=kind,
-                              user_id=user_id, created_at=utcnow())
+                              user_id=user_id, created_at=now, expires_at=expires_at)
         audit.record(actor, "token.created", kind=kind, user=user_id, token_id=row.id)
     return {"id": row.id, "token": token, "kind": kind, "userId": user_id,
-            "createdAt": iso(row.created_at)}
+            "createdAt": iso(row.created_at), "expiresAt": iso(expires_at)}
 
 
-def authenticate_token(token: str) -> Actor | None:
-    """The actor behind an API token, or None (unknown or revoked).  The
-    admin API then applies `X-Acting-User` for operator tokens itself."""
-    if not token or not token.startswith(API_TOKEN_PREFIX):
+@dataclass(frozen=True)
+class TokenIdentity:
+    """Who a valid API token is: its id, its actor, when it expires."""
+
+    token_id: int
+    actor: Actor
+    expires_at: datetime | None
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
+
+
+def lookup_api_token(token: str) -> TokenIdentity | None:
+    """The identity behind an API token, or None (unknown, revoked or
+    expired).  One indexed query; updates `lastUsedAt` at most once a minute."""
+    if not token or not token.startswith(API_TOKEN_PREFIX) or len(token) > 100:
         return None
     row = ApiToken.get_or_none((ApiToken.token_hash == _digest(token))
                                & ApiToken.revoked_at.is_null())
     if row is None:
         return None
     now = utcnow()
-    # A write per API call is wasteful; minute precision is plenty for "last used".
-    if row.last_used_at is None or row.last_used_at < now - timedelta(minutes=1):
-        ApiToken.update(last_used_at=now).where(ApiToken.id == row.id).execute()
-    return Actor.operator() if row.kind == "operator" else Actor(row.user_id)
+    identity = TokenIdentity(row.id, Actor.operator() if row.kind == "operator"
+                             else Actor(row.user_id), to_db(row.expires_at) if row.expires_at else None)
+    if identity.expired(now):
+        return None
+    if row.last_used_at is None or to_db(row.last_used_at) < now - TOUCH_EVERY:
+        touch_api_token(row.id)
+    return identity
+
+
+def touch_api_token(token_id: int) -> None:
+    """Set `lastUsedAt` to now (callers do it at most once a minute per token)."""
+    ApiToken.update(last_used_at=utcnow()).where(ApiToken.id == token_id).execute()
+
+
+def authenticate_token(token: str) -> Actor | None:
+    """The actor behind an API token, or None (unknown, revoked or expired).
+    The admin API then applies `X-Acting-User` for operator tokens itself."""
+    identity = lookup_api_token(token)
+    return identity.actor if identity is not None else None
 
 
 def revoke_api_token(actor: Actor, token_id: int) -> None:
@@ -73,6 +112,10 @@ def revoke_api_token(actor: Actor, token_id: int) -> None:
         if not n:
             raise NotFoundError(f"token {token_id} not found", code="token_not_found")
         audit.record(actor, "token.revoked", token_id=token_id)
+        if is_postgres():
+            # Delivered to every node's listener when this transaction commits
+            # (service.core.tokencache): their caches forget every token at once.
+            database.execute_sql(f"NOTIFY {REVOKED_CHANNEL}")
 
 
 def create_login_link(actor: Actor, user_id: str, base_url: str,

@@ -10,7 +10,7 @@ import logging
 
 from tornado.web import Application, RequestHandler
 
-from service import dashboard
+from service import api, dashboard
 from service.http import health
 from service.http.base import NotFoundHandler
 from service.http.context import AppContext
@@ -42,6 +42,7 @@ def make_app(context: AppContext) -> Application:
         for module in (health,)
         for pattern, handler in module.routes
     ]
+    handlers += api.routes(context)  # /api/v1 (service.api)
     handlers += dashboard.routes(context)
     return Application(
         handlers,

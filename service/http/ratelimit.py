@@ -143,6 +143,15 @@ class RateLimits:
         count, oldest = self._windows.peek(f"ep:{endpoint_id}", per_minute)
         return Decision(True, per_minute, max(0, per_minute - count), self._reset(count, oldest))
 
+    def hit_key(self, key: str, per_minute: int) -> Decision:
+        """Count one request under any other key (e.g. the admin API's per-token
+        limit, ``api:<token id>``), if a slot is free."""
+        allowed, count, oldest = self._windows.hit(key, per_minute)
+        reset = self._reset(count, oldest)
+        if not allowed:
+            reset = max(1, reset)
+        return Decision(allowed, per_minute, max(0, per_minute - count), reset)
+
     def auth_throttled(self, ip: str) -> int:
         """Seconds the IP must wait before its secrets are checked again; 0 if not throttled."""
         count, oldest = self._windows.peek(f"auth:{ip}", AUTH_FAILURES_PER_MINUTE)

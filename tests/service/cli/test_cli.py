@@ -85,7 +85,7 @@ def scenario(logic: Logic, tmp_path: Path) -> None:
     assert logic("history", "1", sid, "--json") == {"records": []}
     assert logic("errors", "1", sid, "--as", "10", "--json") == {"errors": []}
     assert logic("stats", "1", sid, "--json")["total"] == 0
-    logic("history", "1", sid, "--as", "99", "--json", code=3)
+    logic("history", "1", sid, "--as", "99", "--json", code=2)          # stranger: not found
     logic("history", "1", "logic_" + "z" * 22, "--json", code=2)                 # not found
     logic("history", "2", sid, "--json", code=2)
 

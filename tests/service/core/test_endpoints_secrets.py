@@ -41,8 +41,9 @@ def test_enable_within_quota(db, plan, quota):
 def test_stranger_cannot_switch(db):
     gid = make_guild()
     sid = make_script(gid)
-    with pytest.raises(core.PermissionDeniedError):
+    with pytest.raises(core.NotFoundError) as err:      # a stranger learns nothing
         core.enable_endpoint(STRANGER, gid, sid)
+    assert err.value.code == "guild_not_found"
 
 
 def test_unknown_guild_and_script_are_not_found(db):
@@ -75,10 +76,13 @@ def test_downgrade_disables_newest_first_and_audits(db):
 def test_secret_owner_only(db):
     gid = make_guild()
     sid = make_script(gid)
-    for actor, code in ((OPERATOR, "owner_only"), (MANAGER, "forbidden"), (STRANGER, "forbidden")):
+    for actor in (OPERATOR, MANAGER):
         with pytest.raises(core.PermissionDeniedError) as err:
             core.regenerate_secret(actor, gid, sid)
-        assert err.value.code == code and err.value.status == 403
+        assert err.value.code == "owner_only" and err.value.status == 403
+    with pytest.raises(core.NotFoundError) as nf:
+        core.regenerate_secret(STRANGER, gid, sid)
+    assert nf.value.code == "guild_not_found" and nf.value.status == 404
     first = core.regenerate_secret(OWNER, gid, sid)
     assert first["secret"].startswith("lsk_") and len(first["secret"]) == 4 + 43
     assert first["hint"] == first["secret"][-4:]

@@ -35,8 +35,8 @@ def test_unknown_plan_is_refused(db):
 
 def test_managers_owner_and_operator_rights(db):
     gid = make_guild(manager=False)
-    with pytest.raises(core.PermissionDeniedError):
-        core.add_manager(MANAGER, gid, "200")           # not yet anyone
+    with pytest.raises(core.NotFoundError):
+        core.add_manager(MANAGER, gid, "200")           # not yet anyone: a stranger
     core.add_manager(OWNER, gid, "200")
     with pytest.raises(core.PermissionDeniedError):
         core.add_manager(MANAGER, gid, "201")           # managers cannot add managers
@@ -45,8 +45,9 @@ def test_managers_owner_and_operator_rights(db):
     core.remove_manager(OWNER, gid, "201")
     with pytest.raises(core.NotFoundError):
         core.remove_manager(OWNER, gid, "201")
-    with pytest.raises(core.PermissionDeniedError):
+    with pytest.raises(core.NotFoundError) as err:
         core.show_guild(STRANGER, gid)
+    assert err.value.code == "guild_not_found"
 
 
 def test_script_lifecycle_and_endpoint_created_disabled(db):
@@ -60,9 +61,9 @@ def test_script_lifecycle_and_endpoint_created_disabled(db):
     assert updated["version"] == 2 and updated["name"] == "renamed"
     assert core.show_script(OPERATOR, gid, sid)["source"].endswith("# v2\n")
     assert [s["logicScriptId"] for s in core.list_scripts(OWNER, gid)["scripts"]] == [sid]
-    with pytest.raises(core.PermissionDeniedError):
+    with pytest.raises(core.NotFoundError):
         core.show_script(STRANGER, gid, sid)
-    with pytest.raises(core.PermissionDeniedError):
+    with pytest.raises(core.NotFoundError):
         core.create_script(STRANGER, gid, "x", SOURCE)
 
 

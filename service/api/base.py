@@ -1,0 +1,238 @@
+"""`APIHandler`: authentication, limits, input checks and the thread pool of `/api/v1`.
+
+Every request, in this order, before any database work of its own:
+1. throttled address (more than 20 failed authentications in 60 s, shared
+   with the invoke path's wrong secrets) -> 429 `auth_throttled`;
+2. `Authorization: Bearer lat_...` -> the token's identity from the
+   `TokenCache` (no hash, no query), or on a miss one indexed query in the
+   thread pool; unknown, revoked or expired -> 401 `unauthorized` (and one
+   failure counted for the address);
+3. `X-Acting-User` (operator tokens only; a user token sending it -> 403);
+4. the token's own rate limit (`API_REQUESTS_PER_MINUTE`, `RateLimit-*` on
+   every authenticated answer) -> 429 `rate_limited`;
+5. the body within the route's cap -> 413 `payload_too_large`.
+
+Service-layer calls are synchronous database work: `call()` runs them in a
+bounded thread pool (`ApiState.executor`), never on the event loop, so a slow
+statistics query cannot delay an invocation; when too many calls wait, new
+ones get 503 `busy`.  Core errors become the JSON error envelope with the
+core's own code and status.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+from pydantic import BaseModel
+from pydantic import ValidationError as PydanticError
+
+from models.db import database, is_postgres
+from service.core.access import Actor, validate_user_id
+from service.core.errors import CoreError
+from service.core.tokencache import RevocationListener, TokenCache
+from service.core.tokens import TokenIdentity, touch_api_token
+from service.http.base import BaseHandler, error_body
+from service.http.errors import (AuthThrottledError, BusyError, PayloadTooLargeError,
+                                 RateLimitedError, ServiceError, UnauthorizedError)
+from service.http.event import client_ip
+
+if TYPE_CHECKING:
+    from service.http.context import AppContext
+
+log = logging.getLogger("logic.api")
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+API_REQUESTS_PER_MINUTE = 600
+API_THREADS = 4
+#: Calls waiting for a thread beyond this are refused (503 busy), not queued.
+MAX_PENDING = 256
+DEFAULT_BODY_CAP = 64 * 1024
+
+
+class ApiError(ServiceError):
+    """A service-layer error as the API answers it (status and code from the core)."""
+
+    def __init__(self, status: int, code: str, message: str,
+                 extra: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> None:
+        self.status = status
+        self.code = code
+        super().__init__(message, headers=headers)
+        self.extra = extra or {}
+
+
+class ApiState:
+    """What the API handlers share: the thread pool and the token cache."""
+
+    def __init__(self, context: AppContext) -> None:
+        self.context = context
+        self.executor = ThreadPoolExecutor(max_workers=API_THREADS, thread_name_prefix="logic-api")
+        self.tokens = TokenCache()
+        self.pending = 0
+        if is_postgres():
+            self.tokens.listener = RevocationListener(database.obj)
+            self.tokens.listener.start()
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` in the thread pool; raises `BusyError` when full."""
+        if self.pending >= MAX_PENDING:
+            raise BusyError("Too many admin API calls at once; retry shortly.",
+                            headers={"Retry-After": "1"})
+        self.pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self.executor, lambda: fn(*args, **kwargs))
+        finally:
+            self.pending -= 1
+
+
+def core_error(err: CoreError) -> ApiError:
+    """The API's answer for a service-layer error."""
+    extra = {k: v for k, v in err.to_dict().items() if k not in ("code", "message")}
+    return ApiError(err.status, err.code, err.message, extra)
+
+
+class APIHandler(BaseHandler):
+    """Base of every `/api/v1` handler (see the module docstring)."""
+
+    identity: TokenIdentity
+    actor: Actor
+    body_cap = DEFAULT_BODY_CAP
+    public = False
+
+    def initialize(self, context: AppContext, api: ApiState) -> None:  # type: ignore[override]
+        super().initialize(context)
+        self.api = api
+        self.sticky_headers = {}
+
+    @property
+    def plans(self) -> Any:
+        return self.context.settings.plans
+
+    @property
+    def base_url(self) -> str:
+        return self.context.settings.server.base_url
+
+    @property
+    def ip(self) -> str:
+        return client_ip(self.request.remote_ip or "", self.request.headers.get("X-Forwarded-For"),
+                         self.context.settings.server.trusted_proxies)
+
+    async def prepare(self) -> None:
+        if self.public:
+            return
+        limits = self.context.limits
+        ip = self.ip
+        wait = limits.auth_throttled(ip)
+        if wait:
+            raise AuthThrottledError("Too many failed authentications from your address; "
+                                     "retry later.", headers={"Retry-After": str(wait)})
+        auth = self.request.headers.get("Authorization", "")
+        scheme, _, token = auth.strip().partition(" ")
+        token = token.strip()
+        identity = None
+        if scheme.lower() == "bearer" and token:
+            identity = await self._identity(token)
+        if identity is None:
+            if token:
+                limits.auth_failed(ip)
+            raise UnauthorizedError("A valid API token is required (Authorization: Bearer lat_...).",
+                                    headers={"WWW-Authenticate": "Bearer"})
+        self.identity = identity
+        self.actor = identity.actor
+        acting = self.request.headers.get("X-Acting-User")
+        if acting is not None:
+            if not identity.actor.is_operator:
+                raise ApiError(403, "forbidden", "only operator tokens may send X-Acting-User")
+            try:
+                self.actor = Actor(validate_user_id(acting))
+            except CoreError as err:
+                raise core_error(err) from None
+        decision = limits.hit_key(f"api:{identity.token_id}", API_REQUESTS_PER_MINUTE)
+        self.sticky_headers = decision.headers()
+        for name, value in self.sticky_headers.items():
+            self.set_header(name, value)
+        if not decision.allowed:
+            raise RateLimitedError("Too many admin API calls for this token; retry later.",
+                                   headers={"Retry-After": str(decision.reset_seconds)})
+        if len(self.request.body or b"") > self.body_cap:
+            raise PayloadTooLargeError(f"The request body is larger than {self.body_cap} bytes.")
+
+    async def _identity(self, token: str) -> TokenIdentity | None:
+        cache = self.api.tokens
+        identity = cache.get(token)
+        if identity is None:
+            stamp = cache.stamp()
+            identity = await self.api.run(cache.lookup, token)
+            if identity is not None:
+                cache.put(token, identity, stamp)
+        else:
+            due = cache.due_touch(token)
+            if due is not None:   # lastUsedAt, at most once a minute, off the loop
+                self.api.executor.submit(self._touch, due)
+        return identity
+
+    @staticmethod
+    def _touch(token_id: int) -> None:
+        try:
+            touch_api_token(token_id)
+        except Exception:  # noqa: BLE001 - a lost lastUsedAt must not fail anything
+            log.warning("could not update lastUsedAt of token %d", token_id, exc_info=True)
+
+    # ---------------------------------------------------------------- input
+    def body(self, model: type[M]) -> M:
+        """The JSON body validated by `model`; raises 400 `invalid_body` / `invalid_input`."""
+        try:
+            data = json.loads(self.request.body or b"null")
+        except (ValueError, RecursionError):
+            raise ApiError(400, "invalid_body", "The request body is not valid JSON.") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "invalid_body", "The request body must be a JSON object.")
+        try:
+            return model.model_validate(data)
+        except PydanticError as err:
+            raise ApiError(400, "invalid_input", _describe(err)) from None
+
+    def query(self, model: type[M]) -> M:
+        """The query string validated by `model`; raises 400 `invalid_input`."""
+        raw = {name: values[-1].decode("utf-8", "replace")
+               for name, values in self.request.query_arguments.items()}
+        try:
+            return model.model_validate(raw)
+        except PydanticError as err:
+            raise ApiError(400, "invalid_input", _describe(err)) from None
+
+    # ---------------------------------------------------------------- calls
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A service-layer call in the thread pool; core errors become API errors."""
+        try:
+            return await self.api.run(fn, *args, **kwargs)
+        except CoreError as err:
+            raise core_error(err) from None
+
+    def reply(self, payload: Any, status: int = 200) -> None:
+        self.write_json(payload, status)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, ApiError) and exc.extra:
+            for name, value in {**self.sticky_headers, **exc.headers}.items():
+                self.set_header(name, value)
+            self.error_code = exc.code
+            envelope = json.loads(error_body(exc.code, exc.message, self.request_id))
+            envelope["error"].update(exc.extra)
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps(envelope, separators=(",", ":")))
+            return
+        super().write_error(status_code, **kwargs)
+
+
+def _describe(err: PydanticError) -> str:
+    parts = []
+    for e in err.errors()[:5]:
+        where = ".".join(str(p) for p in e.get("loc", ())) or "body"
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts)

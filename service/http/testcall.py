@@ -1,0 +1,176 @@
+"""`run_test_call`: one request through the invoke pipeline, authorised by the caller.
+
+The reusable entry point for every front that offers a test console (the
+admin API's `.../test` and `.../replay`, the dashboard's console).  The
+caller has already been authorised by the service layer
+(`service.core.testcalls.test_target` / `replay_request`): there is no
+secret check, no enabled check and no whitelist check.  Everything after the
+secret check of the invoke path (`service.http.invoke`) applies, in its order:
+
+6/8. the body within the plan's size            -> 413 `payload_too_large`
+7.   the endpoint's per-minute quota (counted once, the same window as live
+     requests)                                  -> 429 `rate_limited`, `Retry-After`
+9.   the body parses for its content type       -> 400 `invalid_body`
+10.  a sandbox worker within the queue timeout  -> 503 `busy`, `Retry-After`
+11.  the script runs.
+
+Refusals 6-10 raise the `ServiceError` the invoke path would answer (with
+the `RateLimit-*` headers in `TestCallResult.rate_headers` once counted).  A
+script failure does not raise: like the invoke path, it becomes the response
+an outside caller would have got (status, the error envelope), returned in
+`TestCallResult.response`.  Every outcome goes to the statistics, and from
+step 7 on to the history and the error log, marked `test`.
+
+Must be called on the event loop's thread (the pool and the rate limiter
+live there).  It does no database work itself: the records go through the
+batched writer like the invoke path's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from sandbox.errors import PoolBusyError, PoolClosedError
+from sandbox.pool import Limits, ScriptRef
+from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
+from service.http.base import error_body
+from service.http.errors import (OUTCOME_ERRORS, BusyError, PayloadTooLargeError,
+                                 RateLimitedError, ServiceError)
+from service.http.event import build_event, parse_query
+
+if TYPE_CHECKING:
+    from sandbox.pool import Outcome
+    from service.core.invoke_target import InvokeTarget
+    from service.core.testcalls import TestRequest
+    from service.http.context import AppContext
+
+#: Set by the service on every reply (as `service.http.invoke`).
+_SERVICE_SET = frozenset({"content-security-policy", "x-content-type-options", "content-type"})
+_REPLY_HEADERS = [("Content-Security-Policy", "sandbox"), ("X-Content-Type-Options", "nosniff")]
+
+
+@dataclass
+class TestCallResult:
+    """What the invoke path would have answered, and the quota state."""
+
+    request_id: str
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+    duration_ms: float
+    output: str = ""
+    error_code: str | None = None
+    replay_of: str | None = None
+    rate_headers: dict[str, str] = field(default_factory=dict)
+
+    def response(self) -> dict[str, Any]:
+        """The JSON shape the API answers (`TestCallResult` in the OpenAPI document)."""
+        try:
+            text, encoding = self.body.decode("utf-8"), "text"
+        except UnicodeDecodeError:
+            text, encoding = base64.b64encode(self.body).decode("ascii"), "base64"
+        return {"requestId": self.request_id, "test": True, "replayOf": self.replay_of,
+                "status": self.status, "headers": {k: v for k, v in self.headers},
+                "body": text, "bodyEncoding": encoding, "durationMs": round(self.duration_ms, 3),
+                "output": self.output, "error": self.error_code}
+
+
+async def run_test_call(context: AppContext, target: InvokeTarget, request: TestRequest, *,
+                        ip: str, request_id: str) -> TestCallResult:
+    """Run `request` on `target` (see the module docstring).  Raises
+    `PayloadTooLargeError`, `RateLimitedError`, `InvalidBodyError`, `BusyError`."""
+    started = time.time()
+    plan = target.plan
+    run = _Run(context, target, request, ip, request_id, started)
+    try:
+        if len(request.body) > plan.body_bytes:
+            raise PayloadTooLargeError()
+        decision = context.limits.hit_endpoint(target.endpoint_id, plan.requests_per_minute)
+        run.rate_headers = decision.headers()
+        if not decision.allowed:
+            raise RateLimitedError(headers={"Retry-After": str(decision.reset_seconds)})
+        run.accepted = True
+        event = build_event(request.method, request.query, request.headers, request.body, ip,
+                            started)
+        limits = Limits(time_ms=plan.time_limit_ms, memory_kb=plan.memory_kb)
+        ref = ScriptRef(key=target.script_id, version=target.script_version, source=target.source)
+        try:
+            future = context.pool.submit(ref, event, limits)
+            outcome = await asyncio.shield(future)
+        except (PoolBusyError, PoolClosedError):
+            raise BusyError(headers={"Retry-After": "1"}) from None
+        run.outcome = outcome
+        return run.finish(*_reply(outcome, request_id))
+    except ServiceError as err:
+        run.finish(err.status, [("Content-Type", "application/json")],
+                   error_body(err.code, err.message, request_id), err.code)
+        raise
+
+
+def _reply(outcome: Outcome, request_id: str) -> tuple[int, list[tuple[str, str]], bytes, str | None]:
+    """The invoke path's answer for `outcome`: (status, headers, body, error code)."""
+    if outcome.error_kind or not 200 <= outcome.status <= 599:
+        kind = outcome.error_kind or "invalid_reply"
+        err = OUTCOME_ERRORS.get(kind, OUTCOME_ERRORS["script_error"])()
+        return (err.status, [("Content-Type", "application/json")],
+                error_body(err.code, err.message, request_id), err.code)
+    headers = [pair for pair in outcome.headers if pair[0].lower() not in _SERVICE_SET]
+    headers += _REPLY_HEADERS
+    if outcome.status in (204, 304):
+        return outcome.status, headers, b"", None
+    headers.append(("Content-Type", outcome.content_type))
+    return outcome.status, headers, outcome.body, None
+
+
+class _Run:
+    """The state of one test call, turned into records once it is answered."""
+
+    def __init__(self, context: AppContext, target: InvokeTarget, request: TestRequest, ip: str,
+                 request_id: str, started: float) -> None:
+        self.context, self.target, self.request = context, target, request
+        self.ip, self.request_id, self.started = ip, request_id, started
+        self.accepted = False
+        self.outcome: Outcome | None = None
+        self.rate_headers: dict[str, str] = {}
+
+    def finish(self, status: int, headers: list[tuple[str, str]], body: bytes,
+               error_code: str | None) -> TestCallResult:
+        duration_ms = (time.time() - self.started) * 1000.0
+        result = TestCallResult(self.request_id, status, headers, body, duration_ms,
+                                self.outcome.output if self.outcome else "", error_code,
+                                self.request.replay_of, self.rate_headers)
+        for item in self._records(result):
+            self.context.records.put(item)
+        return result
+
+    def _records(self, result: TestCallResult) -> list[Any]:
+        target, request, outcome = self.target, self.request, self.outcome
+        when = datetime.fromtimestamp(self.started, tz=timezone.utc)
+        items: list[Any] = [StatHit(target.endpoint_id, when, result.status, result.duration_ms,
+                                    self.ip, test=True)]
+        if not self.accepted:
+            return items
+        error = None
+        if outcome is not None and outcome.error_kind:
+            error = f"{outcome.error_kind}: {outcome.error_message or ''}".strip()
+        elif result.error_code:
+            error = result.error_code
+        items.append(RequestRecordIn(
+            endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
+            method=request.method, query=parse_query(request.query) if request.query else {},
+            headers=request.headers, body=request.body, ip=self.ip,
+            user_agent=request.headers.get("user-agent", ""), status=result.status,
+            response_headers=dict(result.headers), response_body=result.body,
+            duration_ms=result.duration_ms, output=result.output, error=error,
+            keep=target.plan.history, test=True))
+        if outcome is not None and outcome.error_kind and target.plan.error_logs:
+            items.append(ErrorRecordIn(
+                endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
+                kind=outcome.error_kind, message=outcome.error_message or "",
+                line=outcome.error_line, traceback=outcome.traceback))
+        return items

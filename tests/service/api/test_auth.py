@@ -1,0 +1,115 @@
+"""Authentication of /api/v1 against a real server: tokens, revocation, expiry,
+acting users, throttling and the per-token rate limit."""
+from __future__ import annotations
+
+import subprocess
+from datetime import datetime, timedelta, timezone
+
+from tests.service.api.conftest import OWNER_ID, Api, assert_error
+from tests.service.http.harness import LOGIC, wait_until
+
+
+def test_no_or_bad_token_is_401_with_the_envelope(server, make_token, source_ip) -> None:
+    ip = source_ip()
+    for token in (None, "lat_nope", "lsk_not_an_api_token"):
+        resp = Api(server, token, ip=ip)("GET", "/me")
+        assert_error(resp, 401, "unauthorized")
+        assert resp.headers["www-authenticate"] == "Bearer"
+        assert "ratelimit-limit" not in resp.headers      # nothing counted before auth
+
+
+def test_user_and_operator_tokens_and_acting_user(server, make_token) -> None:
+    user = Api(server, make_token(OWNER_ID)["token"])
+    assert user("GET", "/me").json == {"userId": OWNER_ID, "operator": False,
+                                       "tokenId": user("GET", "/me").json["tokenId"],
+                                       "expiresAt": None}
+    op = Api(server, make_token(None)["token"])
+    me = op("GET", "/me")
+    assert me.status == 200 and me.json["userId"] is None and me.json["operator"] is True
+    assert me.headers["ratelimit-limit"] == "600"
+    assert int(me.headers["ratelimit-remaining"]) < 600
+    acting = op.as_user("777")("GET", "/me").json
+    assert acting["userId"] == "777" and acting["operator"] is True
+    # A user token may not act for anyone else.
+    assert_error(user.as_user("777")("GET", "/me"), 403, "forbidden")
+    assert_error(op.as_user("bad id!")("GET", "/me"), 400, "invalid_user_id")
+
+
+def test_revoked_token_stops_at_once_via_the_api(server, make_token) -> None:
+    op = Api(server, make_token(None)["token"])
+    victim = make_token(OWNER_ID)
+    user = Api(server, victim["token"])
+    assert user("GET", "/me").status == 200
+    assert user("GET", "/me").status == 200        # now served from the cache
+    resp = op("DELETE", f"/tokens/{victim['id']}")
+    assert resp.status == 200 and resp.json == {"id": victim["id"], "revoked": True}
+    assert_error(user("GET", "/me"), 401, "unauthorized")
+    assert_error(op("DELETE", f"/tokens/{victim['id']}"), 404, "token_not_found")
+
+
+def test_revoked_token_stops_at_once_when_revoked_elsewhere(server, make_token, http_env) -> None:
+    """Revoked by another process (the CLI): the server's cache must not keep it alive."""
+    victim = make_token(OWNER_ID)
+    user = Api(server, victim["token"])
+    assert user("GET", "/me").status == 200
+    assert user("GET", "/me").status == 200
+    subprocess.run([LOGIC, "--database-url", http_env.database_url, "token", "revoke",
+                    str(victim["id"])], check=True, capture_output=True)
+    if http_env.database_url.startswith("sqlite"):
+        assert_error(user("GET", "/me"), 401, "unauthorized")   # the very next call
+    else:
+        # PostgreSQL: the other node hears NOTIFY on commit; allow its delivery.
+        assert wait_until(lambda: user("GET", "/me").status == 401, timeout=5)
+
+
+def test_expired_token_is_refused_and_expiry_is_reported(server, make_token) -> None:
+    soon = datetime.now(timezone.utc) + timedelta(seconds=2)
+    made = make_token(OWNER_ID, expires_at=soon)
+    user = Api(server, made["token"])
+    me = user("GET", "/me")
+    assert me.status == 200 and me.json["expiresAt"] == made["expiresAt"]
+    assert wait_until(lambda: user("GET", "/me").status == 401, timeout=10)
+    op = Api(server, make_token(None)["token"])
+    past = (datetime.now(timezone.utc) - timedelta(minutes=1)).isoformat()
+    assert_error(op("POST", "/tokens", {"userId": "1", "expiresAt": past}), 400, "invalid_expiry")
+    future = (datetime.now(timezone.utc) + timedelta(days=1)).isoformat()
+    created = op("POST", "/tokens", {"userId": "1", "expiresAt": future})
+    assert created.status == 201 and created.json["expiresAt"].endswith("Z")
+    assert created.headers["cache-control"] == "no-store"
+    assert Api(server, created.json["token"])("GET", "/me").json["userId"] == "1"
+
+
+def test_last_used_is_recorded(server, make_token, bind) -> None:
+    from models import ApiToken
+    made = make_token(OWNER_ID)
+    assert Api(server, made["token"])("GET", "/me").status == 200
+    bind()
+    assert wait_until(lambda: ApiToken.get_by_id(made["id"]).last_used_at is not None)
+
+
+def test_failed_authentications_are_throttled_per_ip(server, make_token, source_ip) -> None:
+    ip = source_ip()
+    bad = Api(server, "lat_" + "x" * 43, ip=ip)
+    for _ in range(20):
+        assert bad("GET", "/me").status == 401
+    good = Api(server, make_token(OWNER_ID)["token"], ip=ip)
+    resp = good("GET", "/me")                      # even a good token waits: checked first
+    assert_error(resp, 429, "auth_throttled")
+    assert int(resp.headers["retry-after"]) >= 1
+    assert Api(server, good.token, ip=source_ip())("GET", "/me").status == 200
+
+
+def test_token_and_link_management_is_operator_only(server, make_token) -> None:
+    user = Api(server, make_token(OWNER_ID)["token"])
+    assert_error(user("POST", "/tokens", {"operator": True}), 403, "forbidden")
+    assert_error(user("POST", "/login-links", {"userId": "1"}), 403, "forbidden")
+    assert_error(user("DELETE", "/tokens/1"), 403, "forbidden")
+    op = Api(server, make_token(None)["token"])
+    assert_error(op("POST", "/tokens", {"userId": "1", "operator": True}), 400, "invalid_input")
+    assert_error(op("POST", "/tokens", {"nope": 1}), 400, "invalid_input")
+    link = op("POST", "/login-links", {"userId": "1"})
+    assert link.status == 201 and "/login/" in link.json["url"] and link.json["expiresAt"]
+    assert link.headers["cache-control"] == "no-store"
+    made = op("POST", "/tokens", {"operator": True})
+    assert made.status == 201 and made.json["kind"] == "operator"
+    assert made.json["token"].startswith("lat_")

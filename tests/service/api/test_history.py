@@ -1,0 +1,137 @@
+"""History pages, filters and records, test calls and replays, errors and stats."""
+from __future__ import annotations
+
+from typing import Any
+
+from tests.service.api.conftest import assert_error
+from tests.service.http.harness import wait_until
+
+FAILING = ('on endpoint(event):\n    if event.body and event.body.get("fail"):\n'
+           '        raise ValueError("boom")\n    event.status(event.body.get("status", 200) '
+           'if event.body else 200)\n    event.reply({"ok": True})\n')
+
+
+def _history(api: Any, path: str, query: str = "") -> list[dict[str, Any]]:
+    resp = api("GET", path + "/history" + query)
+    assert resp.status == 200, resp.body
+    return resp.json["items"]  # type: ignore[no-any-return]
+
+
+def _invoke(server: Any, w: Any, secret: str, body: dict[str, Any]) -> Any:
+    return server.request(f"/endpoints/{w.guild_id}/{w.script_id}", json_body=body, secret=secret)
+
+
+def test_pages_stay_stable_while_requests_arrive(world, server) -> None:
+    w = world()
+    path = w.script_path
+    w.owner("PATCH", path + "/endpoint", {"enabled": True})
+    secret = w.owner("POST", path + "/endpoint/secret").json["secret"]
+    for i in range(7):
+        assert _invoke(server, w, secret, {"n": i}).status == 200
+    assert wait_until(lambda: len(_history(w.manager, path)) == 7)
+    first = w.manager("GET", path + "/history?limit=3").json
+    assert [r["body"] for r in first["items"]] == ['{"n": 6}', '{"n": 5}', '{"n": 4}']
+    # New requests arrive between pages: they must not shift the pages after.
+    for i in range(7, 10):
+        assert _invoke(server, w, secret, {"n": i}).status == 200
+    assert wait_until(lambda: len(_history(w.manager, path)) == 10)
+    second = w.manager("GET", f"{path}/history?limit=3&cursor={first['nextCursor']}").json
+    assert [r["body"] for r in second["items"]] == ['{"n": 3}', '{"n": 2}', '{"n": 1}']
+    third = w.manager("GET", f"{path}/history?limit=3&cursor={second['nextCursor']}").json
+    assert [r["body"] for r in third["items"]] == ['{"n": 0}'] and third["nextCursor"] is None
+    assert all(r["test"] is False for r in first["items"] + second["items"])
+
+
+def test_filters_one_record_and_errors(world, server) -> None:
+    w = world()
+    path = w.script_path
+    w.owner("PUT", path, {"source": FAILING})
+    w.owner("PATCH", path + "/endpoint", {"enabled": True})
+    secret = w.owner("POST", path + "/endpoint/secret").json["secret"]
+    assert _invoke(server, w, secret, {"status": 201}).status == 201
+    assert _invoke(server, w, secret, {"status": 404}).status == 404
+    assert _invoke(server, w, secret, {"fail": True}).status == 500
+    assert wait_until(lambda: len(_history(w.manager, path)) == 3)
+    assert [r["status"] for r in _history(w.manager, path, "?status=4xx")] == [404]
+    assert [r["status"] for r in _history(w.manager, path, "?status=201")] == [201]
+    assert [r["status"] for r in _history(w.manager, path, "?status=5xx")] == [500]
+    assert _history(w.manager, path, "?since=2999-01-01T00:00:00Z") == []
+    assert len(_history(w.manager, path, "?since=2000-01-01T00:00:00Z")) == 3
+    assert_error(w.manager("GET", path + "/history?since=yesterday"), 400, "invalid_since")
+    assert_error(w.manager("GET", path + "/history?status=2x"), 400, "invalid_input")
+    newest = _history(w.manager, path)[0]
+    one = w.manager("GET", f"{path}/history/{newest['requestId']}")
+    assert one.status == 200 and one.json == newest
+    assert "authorization" not in one.json["headers"] and secret not in str(one.json)
+    assert_error(w.manager("GET", f"{path}/history/req_nope"), 404, "request_not_found")
+    assert_error(w.stranger("GET", f"{path}/history/{newest['requestId']}"), 404,
+                 "guild_not_found")
+    assert wait_until(lambda: w.manager("GET", path + "/errors").json["items"] != [])
+    error = w.manager("GET", path + "/errors").json["items"][0]
+    assert error["kind"] == "script_error" and error["requestId"] == newest["requestId"]
+    assert "boom" in error["message"]
+
+
+def test_test_call_runs_the_pipeline_and_is_marked(world) -> None:
+    w = world()
+    path = w.script_path
+    # A disabled endpoint without a secret can be tried: that is what the console is for.
+    resp = w.manager("POST", path + "/test", {"body": {"hi": 1}, "query": {"a": "b"},
+                                             "headers": {"X-Thing": "1",
+                                                         "Authorization": "Bearer lsk_x"}})
+    assert resp.status == 200, resp.body
+    result = resp.json
+    assert result["test"] is True and result["status"] == 200 and result["error"] is None
+    assert result["body"] == '{"echo":{"hi":1}}' and result["output"] == "got {'hi': 1}\n"
+    assert result["requestId"] == resp.headers["x-request-id"]
+    assert resp.headers["x-endpoint-ratelimit-limit"] == "120"
+    assert wait_until(lambda: len(_history(w.manager, path)) == 1)
+    record = _history(w.manager, path)[0]
+    assert record["test"] is True and record["requestId"] == result["requestId"]
+    assert record["query"] == {"a": "b"} and record["headers"]["x-thing"] == "1"
+    assert "authorization" not in record["headers"]
+    # Replayed: the same request again, a new record marked as a test call.
+    replay = w.owner("POST", f"{path}/history/{record['requestId']}/replay")
+    assert replay.status == 200 and replay.json["replayOf"] == record["requestId"]
+    assert replay.json["body"] == result["body"]
+    assert wait_until(lambda: len(_history(w.manager, path)) == 2)
+    assert wait_until(lambda: w.manager("GET", path + "/stats").json["testCalls"] == 2)
+    stats = w.manager("GET", path + "/stats").json
+    assert stats["total"] == 2 and stats["byStatus"] == {"200": 2}
+    assert_error(w.stranger("POST", path + "/test", {}), 404, "guild_not_found")
+    assert_error(w.manager("POST", path + "/test", {"method": "GET"}), 400, "invalid_method")
+    assert_error(w.manager("POST", f"{path}/history/req_nope/replay"), 404, "request_not_found")
+
+
+def test_test_call_script_failure_is_the_invoke_answer(world) -> None:
+    w = world()
+    w.owner("PUT", w.script_path, {"source": FAILING})
+    result = w.manager("POST", w.script_path + "/test", {"body": {"fail": True}}).json
+    assert result["status"] == 500 and result["error"] == "script_error"
+    assert '"script_error"' in result["body"] and result["requestId"] in result["body"]
+    assert wait_until(lambda: w.manager("GET", w.script_path + "/errors").json["items"] != [])
+
+
+def test_test_calls_count_once_against_the_quota(world, server) -> None:
+    """plus allows 30 requests a minute: test calls and live calls share them, each once."""
+    w = world("plus")
+    path = w.script_path
+    w.owner("PATCH", path + "/endpoint", {"enabled": True})
+    secret = w.owner("POST", path + "/endpoint/secret").json["secret"]
+    for _ in range(15):
+        assert w.manager("POST", path + "/test", {"body": {}}).status == 200
+    for _ in range(15):
+        assert _invoke(server, w, secret, {}).status == 200
+    assert_error(w.manager("POST", path + "/test", {"body": {}}), 429, "rate_limited")
+    assert _invoke(server, w, secret, {}).status == 429
+    assert wait_until(lambda: w.manager("GET", path + "/stats").json["total"] == 32)
+    assert w.manager("GET", path + "/stats").json["testCalls"] == 16
+    # Accepted calls are history (30, the 2 refused are statistics only).
+    assert wait_until(lambda: len(_history(w.manager, path, "?limit=200")) == 20)  # plus keeps 20
+
+
+def test_test_body_over_the_plan_is_413(world) -> None:
+    w = world("plus")
+    big = "x" * (131072 + 1)
+    assert_error(w.manager("POST", w.script_path + "/test", {"body": big}), 413,
+                 "payload_too_large")

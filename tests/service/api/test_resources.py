@@ -1,0 +1,160 @@
+"""Every resource of /api/v1 with its roles, codes and shapes, against a real server."""
+from __future__ import annotations
+
+import pytest
+
+from tests.service.api.conftest import ECHO, MANAGER_ID, OWNER_ID, STRANGER_ID, assert_error
+
+BROKEN = "on endpoint(event):\n    event.reply(1\n\non endpoint(event):\n    pass\n"
+
+
+def test_guilds_by_role(world) -> None:
+    w = world()
+    g = f"/guilds/{w.guild_id}"
+    shown = w.owner("GET", g)
+    assert shown.status == 200
+    assert shown.json["ownerId"] == OWNER_ID and shown.json["managers"] == [MANAGER_ID]
+    assert shown.json["endpointsAllowed"] == 9 and shown.json["endpointsEnabled"] == 0
+    assert w.manager("GET", g).json == shown.json
+    assert w.operator("GET", g).json == shown.json
+    # A stranger learns nothing: the same answer as a guild that does not exist.
+    stranger = assert_error(w.stranger("GET", g), 404, "guild_not_found")
+    missing = assert_error(w.owner("GET", "/guilds/1"), 404, "guild_not_found")
+    assert stranger["message"].replace(w.guild_id, "G") == missing["message"].replace("1", "G", 1)
+    assert w.guild_id in [x["guildId"] for x in w.owner("GET", "/guilds").json["items"]]
+    assert w.guild_id not in [x["guildId"] for x in w.stranger("GET", "/guilds").json["items"]]
+    # Only the operator creates guilds and changes plans.
+    assert_error(w.owner("POST", "/guilds", {"guildId": "77", "ownerId": "1"}), 403, "forbidden")
+    assert_error(w.owner("PATCH", g, {"plan": "plus"}), 403, "forbidden")
+    assert_error(w.operator("POST", "/guilds", {"guildId": w.guild_id, "ownerId": "1"}),
+                 409, "guild_exists")
+    assert_error(w.operator("POST", "/guilds", {"guildId": "x1", "ownerId": "1"}),
+                 400, "invalid_guild_id")
+    # The operator acting as a user has exactly that user's rights.
+    assert_error(w.operator.as_user(STRANGER_ID)("GET", g), 404, "guild_not_found")
+    assert w.operator.as_user(MANAGER_ID)("GET", g).status == 200
+
+
+def test_plan_change_dry_run_and_downgrade(world) -> None:
+    w = world()
+    g = f"/guilds/{w.guild_id}"
+    ids = [w.script_id] + [w.owner("POST", f"{g}/scripts", {"name": f"s{i}", "source": ECHO})
+                           .json["logicScriptId"] for i in range(4)]
+    for sid in ids:
+        assert w.owner("PATCH", f"{g}/scripts/{sid}/endpoint", {"enabled": True}).status == 200
+    dry = w.operator("PATCH", g + "?dryRun=true", {"plan": "plus"})
+    assert dry.status == 200 and dry.json["disabled"] == [ids[4], ids[3]] and dry.json["dryRun"]
+    assert w.owner("GET", g).json["plan"] == "pro"                 # nothing changed
+    assert w.owner("GET", g).json["endpointsEnabled"] == 5
+    done = w.operator("PATCH", g, {"plan": "plus"})
+    assert done.json["disabled"] == [ids[4], ids[3]] and done.json["plan"] == "plus"
+    assert_error(w.operator("PATCH", g, {"plan": "gold"}), 400, "unknown_plan")
+    actions = [a["action"] for a in w.manager("GET", f"{g}/audit").json["items"]]
+    assert actions[0] == "plan.changed" and "endpoint.disabled" in actions
+
+
+def test_managers_are_the_owners_to_change(world) -> None:
+    w = world()
+    m = f"/guilds/{w.guild_id}/managers"
+    assert_error(w.manager("PUT", f"{m}/999"), 403, "forbidden")
+    assert_error(w.stranger("PUT", f"{m}/999"), 404, "guild_not_found")
+    assert w.owner("PUT", f"{m}/999").json["managers"] == [MANAGER_ID, "999"]
+    assert w.owner("PUT", f"{m}/999").json["managers"] == [MANAGER_ID, "999"]   # idempotent
+    assert w.owner("DELETE", f"{m}/999").json["managers"] == [MANAGER_ID]
+    assert_error(w.owner("DELETE", f"{m}/999"), 404, "manager_not_found")
+
+
+def test_scripts_crud_compile_errors_and_versions(world) -> None:
+    w = world()
+    base = f"/guilds/{w.guild_id}/scripts"
+    err = assert_error(w.manager("POST", base, {"name": "bad", "source": BROKEN}), 422,
+                       "compile_error")
+    assert err["errors"] and all(set(e) == {"line", "column", "message"} for e in err["errors"])
+    assert {e["line"] for e in err["errors"]} >= {2}
+    assert_error(w.manager("POST", base, {"name": "x"}), 400, "invalid_input")
+    assert_error(w.manager("POST", base, {"name": "x", "source": "#" * 262145}), 400,
+                 "source_too_large")
+    assert_error(w.stranger("POST", base, {"name": "x", "source": ECHO}), 404, "guild_not_found")
+    shown = w.manager("GET", w.script_path)
+    assert shown.status == 200 and shown.json["source"] == ECHO and shown.json["version"] == 1
+    assert shown.headers["etag"] == '"1"'
+    # Two editors read version 1; the first save wins, the second gets 412.
+    first = w.owner("PUT", w.script_path, {"source": ECHO + "# a\n"}, headers={"If-Match": '"1"'})
+    assert first.status == 200 and first.json["version"] == 2 and first.headers["etag"] == '"2"'
+    second = w.manager("PUT", w.script_path, {"source": ECHO + "# b\n"},
+                       headers={"If-Match": '"1"'})
+    assert_error(second, 412, "version_mismatch")
+    assert w.owner("GET", w.script_path).json["source"] == ECHO + "# a\n"
+    assert w.manager("PUT", w.script_path, {"name": "renamed"}).json["name"] == "renamed"
+    assert_error(w.manager("PUT", w.script_path, {"source": BROKEN}), 422, "compile_error")
+    listed = w.manager("GET", base).json
+    assert [s["logicScriptId"] for s in listed["items"]] == [w.script_id]
+    assert listed["nextCursor"] is None
+    gone = w.manager("DELETE", w.script_path)
+    assert gone.json == {"logicScriptId": w.script_id, "guildId": w.guild_id, "deleted": True}
+    assert_error(w.manager("GET", w.script_path), 404, "script_not_found")
+
+
+def test_endpoint_switch_whitelist_and_plan_refusals(world) -> None:
+    w = world("plus")
+    ep = w.script_path + "/endpoint"
+    shown = w.manager("GET", ep).json
+    assert shown["enabled"] is False and shown["secret"] is None and shown["whitelist"] == []
+    assert shown["url"].endswith(f"/endpoints/{w.guild_id}/{w.script_id}")
+    assert w.manager("PATCH", ep, {"enabled": True}).json["enabled"] is True
+    # plus: no IP whitelist (the switch in the same PATCH is not applied either).
+    refused = assert_error(w.manager("PATCH", ep, {"enabled": False, "whitelist": ["10.0.0.0/8"]}),
+                           409, "plan_feature")
+    assert refused["message"]
+    assert w.manager("GET", ep).json["enabled"] is True
+    assert_error(w.manager("PATCH", ep, {}), 400, "invalid_input")
+    # plus allows 3 enabled endpoints: the 4th is refused with the numbers.
+    for i in range(3):
+        sid = w.owner("POST", f"/guilds/{w.guild_id}/scripts", {"name": f"s{i}", "source": ECHO}
+                      ).json["logicScriptId"]
+        resp = w.owner("PATCH", f"/guilds/{w.guild_id}/scripts/{sid}/endpoint", {"enabled": True})
+    quota = assert_error(resp, 409, "endpoint_quota")
+    assert "3" in quota["message"]
+    assert_error(w.stranger("PATCH", ep, {"enabled": False}), 404, "guild_not_found")
+
+
+def test_whitelist_on_pro(world) -> None:
+    w = world("pro")
+    ep = w.script_path + "/endpoint"
+    done = w.manager("PATCH", ep, {"enabled": True, "whitelist": ["10.0.0.0/8", "2001:DB8::/32"]})
+    assert done.json["whitelist"] == ["10.0.0.0/8", "2001:db8::/32"] and done.json["enabled"]
+    assert_error(w.manager("PATCH", ep, {"whitelist": ["10.0.0.1/8"]}), 400, "invalid_cidr")
+
+
+@pytest.mark.parametrize("who", ["manager", "operator", "stranger"])
+def test_secret_is_the_owners_alone(world, who) -> None:
+    w = world()
+    secret = w.script_path + "/endpoint/secret"
+    expected = (404, "guild_not_found") if who == "stranger" else (403, "owner_only")
+    assert_error(getattr(w, who)("POST", secret), *expected)
+    made = w.owner("POST", secret)
+    assert made.status == 201 and made.json["secret"].startswith("lsk_")
+    assert made.headers["cache-control"] == "no-store"
+    assert made.json["hint"] == made.json["secret"][-4:]
+    shown = w.manager("GET", w.script_path + "/endpoint").json
+    assert shown["secret"]["hint"] == made.json["hint"] and made.json["secret"] not in str(shown)
+    # The operator acting as the owner is the owner.
+    assert w.operator.as_user(OWNER_ID)("POST", secret).status == 201
+
+
+def test_errors_need_a_plan_with_error_logs(world) -> None:
+    w = world("free")
+    assert_error(w.manager("GET", w.script_path + "/errors"), 409, "plan_feature")
+    assert_error(w.manager("POST", w.script_path + "/test", {"body": {}}), 409, "plan_feature")
+    assert w.manager("GET", w.script_path + "/stats").json["advanced"] is False
+
+
+def test_unknown_paths_and_bodies(world) -> None:
+    w = world()
+    assert_error(w.owner("GET", "/nope"), 404, "not_found")
+    resp = w.owner.server.request("/api/v1/guilds", method="POST", secret=w.operator.token,
+                                  body=b"{not json", headers={"Content-Type": "application/json"})
+    assert_error(resp, 400, "invalid_body")
+    assert_error(w.owner("GET", f"/guilds/{w.guild_id}/scripts/logic_nope"), 404, "script_not_found")
+    assert_error(w.owner("GET", f"/guilds/{w.guild_id}/scripts?limit=0"), 400, "invalid_input")
+    assert_error(w.owner("GET", f"/guilds/{w.guild_id}/scripts?cursor=zzz"), 400, "invalid_cursor")
