@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.dashboard import auth, guilds, scripts
+from service.dashboard import auth, console, guilds, scripts
 from service.dashboard.base import STATIC, Dashboard, DashboardStaticHandler
 
 G = r"([0-9]{1,25})"
@@ -35,6 +35,8 @@ def routes(context: Any) -> list[tuple[str, Any, dict[str, Any]]]:
         (rf"/dashboard/{G}/scripts/{S}/endpoint", scripts.SwitchHandler),
         (rf"/dashboard/{G}/scripts/{S}/whitelist", scripts.WhitelistHandler),
         (rf"/dashboard/{G}/scripts/{S}/secret", scripts.SecretHandler),
+        (rf"/dashboard/{G}/scripts/{S}/test", console.ConsoleHandler),
+        (rf"/dashboard/{G}/scripts/{S}/replay", console.ReplayHandler),
     ]
     out: list[tuple[str, Any, dict[str, Any]]] = [
         (r"/dashboard/static/(.*)", DashboardStaticHandler, {"path": STATIC})]

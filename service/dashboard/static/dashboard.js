@@ -138,6 +138,7 @@
     copyButtons();
     secretFlow();
     whitelist();
-    if (window.LogicConsole) { window.LogicConsole(xsrf); }
+    var result = document.getElementById("console-result") || document.getElementById("console-error");
+    if (result) { result.setAttribute("tabindex", "-1"); result.focus(); }
   });
 })();
