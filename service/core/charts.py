@@ -27,7 +27,8 @@ def status_class(status: int) -> str:
 
 def _slots(endpoint_id: int, granularity: str, start: datetime, step: timedelta,
            count: int) -> list[dict[str, Any]]:
-    points = [{"time": iso(start + i * step), **{c: 0 for c in CLASSES}} for i in range(count)]
+    points: list[dict[str, Any]] = [{"time": iso(start + i * step), **{c: 0 for c in CLASSES}}
+                                    for i in range(count)]
     rows = cast(Iterable[tuple[datetime, int, int]], (
         StatBucket.select(StatBucket.start, StatBucket.status, StatBucket.count)
         .where((StatBucket.endpoint == endpoint_id) & (StatBucket.granularity == granularity)

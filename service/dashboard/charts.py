@@ -49,7 +49,7 @@ def bar_chart(points: Sequence[dict[str, Any]], *, title: str, label_every: int,
                'fill="#444">0</text>')
     for i, point in enumerate(points):
         x = PAD_LEFT + i * slot + (slot - bar_w) / 2
-        y = base_y
+        y = float(base_y)
         total = totals[i]
         if total:
             parts = ", ".join(f"{int(point.get(c, 0))} {c}" for c, _ in COLOURS if point.get(c))

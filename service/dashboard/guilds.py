@@ -62,7 +62,7 @@ class GuildHandler(DashboardHandler):
 class ManagersHandler(GuildHandler):
     """`POST /dashboard/G/managers`: the owner adds or removes a manager."""
 
-    async def post(self, guild_id: str) -> None:  # type: ignore[override]
+    async def post(self, guild_id: str) -> None:
         plans = self.dashboard.settings.plans
         guild = (await self.core(overview, self.actor, guild_id, plans))["guild"]
         if guild["ownerId"] != self.actor.user_id:
