@@ -81,10 +81,17 @@ class Watch:
         dialog.dismiss()
 
 
-def shot(page: Any, name: str, full_page: bool = True) -> None:
+def shot(page: Any, name: str, full_page: bool = True, element: str | None = None,
+         mask: str | None = None) -> None:
+    """Save a screenshot; `mask` covers a field (a secret never lands in an image)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=full_page)
+    masks = [page.locator(mask)] if mask else []
+    if element:
+        page.locator(element).screenshot(path=str(path), mask=masks, mask_color="#9e9e9e")
+    else:
+        page.screenshot(path=str(path), full_page=full_page, mask=masks,
+                        mask_color="#9e9e9e")
     if os.environ.get("LOGIC_DOC_SCREENSHOTS") == "1":
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, DOCS_IMG / f"dashboard-{name}.png")
@@ -150,7 +157,7 @@ def test_owner_journey(browser: Any, site: Site) -> None:
     page.click("#copy-secret")
     page.get_by_text("Copied to the clipboard.").wait_for()
     assert page.evaluate("navigator.clipboard.readText()") == secret
-    shot(page, "secret-dialog", full_page=False)
+    shot(page, "secret-dialog", full_page=False, mask="#new-secret")
     with page.expect_navigation():
         page.click("#secret-done")
     assert secret not in page.content() and f"…{secret[-4:]}" in page.inner_text("#secret")
@@ -182,7 +189,7 @@ def test_owner_journey(browser: Any, site: Site) -> None:
     assert page.inner_text("#console-status") == "200"
     assert '{"double":10}' in page.inner_text("#console-body-out")
     assert "score from" in page.inner_text("#console-output")
-    shot(page, "console")
+    shot(page, "console", element="#console")
     replayed = page.locator("ul.records details").last
     replayed.locator("summary").click()
     with page.expect_navigation():
@@ -230,7 +237,7 @@ def test_owner_journey(browser: Any, site: Site) -> None:
     assert re.search(r"Line [23], column \d+", page.inner_text("#compile-errors"))
     assert page.get_attribute("#source", "aria-invalid") == "true"
     assert page.locator("ol.code li.bad").count() >= 1
-    shot(page, "source")
+    shot(page, "source", element="main")
     assert site.invoke(gid, sid, new_secret, {"score": 2}).json == {"double": 4}
 
     # Logout from a private page; the back button then shows nothing private.
@@ -258,7 +265,7 @@ def test_readable_at_375px(browser: Any, site: Site) -> None:
         page.goto(path)
         width = page.evaluate("document.documentElement.scrollWidth")
         assert width <= 375, (path, width)
-    shot(page, "mobile")
+    shot(page, "mobile", full_page=False)
     assert watch.problems == []
     ctx.close()
 
