@@ -106,6 +106,11 @@ def context(browser: Any, site: Site, **kw: Any) -> Any:
     return ctx
 
 
+UNLABELLED = """() => [...document.querySelectorAll('input, textarea, select')]
+  .filter(e => e.type !== 'hidden' && !(e.labels && e.labels.length) && !e.getAttribute('aria-label'))
+  .map(e => e.id || e.name)"""
+
+
 def records_shown(page: Any, path: str, n: int) -> bool:
     """Load the script page afresh (a GET: never a resubmitted form) and count its records."""
     page.goto(path)
@@ -132,6 +137,7 @@ def test_owner_journey(browser: Any, site: Site) -> None:
     shot(page, "guild")
     page.get_by_role("link", name="scores").click()
     page.get_by_role("heading", name="Endpoint", exact=True).wait_for()
+    assert page.evaluate(UNLABELLED) == []              # every field has a label
     # Empty history says what to do next.
     assert f"/endpoints/{gid}/{sid}" in page.inner_text("pre.curl")
 

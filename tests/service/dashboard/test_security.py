@@ -236,3 +236,24 @@ def test_whitelist_is_refused_with_the_plan_named_on_plans_without_it(
     resp = client.post(f"{page}/whitelist", {"cidrs": "10.0.0.0/8", "_xsrf": client.xsrf()})
     assert resp.status == 409 and b"does not include an IP whitelist" in resp.body
 
+
+
+def test_quota_refusal_names_the_numbers_and_the_owner_removes_managers(
+        site: Site, client: Client) -> None:
+    gid = site.guild("plus")
+    sids = [site.script(gid, SOURCE, name=f"s{i}") for i in range(4)]
+    for sid in sids[:3]:
+        site.enable_with_secret(gid, sid)
+    client.login(site.link(OWNER))
+    page = f"/dashboard/{gid}/scripts/{sids[3]}"
+    resp = client.post(f"{page}/endpoint", {"enabled": "on", "_xsrf": client.xsrf()})
+    text = resp.body.decode()
+    assert resp.status == 409
+    assert f"plan plus allows 3 enabled endpoint(s) and guild {gid} has 3" in text
+    assert "Enable endpoint" in text                     # still off
+    assert client.post(f"/dashboard/{gid}/managers", {"action": "remove", "user_id": MANAGER,
+                                                     "_xsrf": client.xsrf()}).status == 303
+    assert f"user {MANAGER}" not in client.get(f"/dashboard/{gid}").body.decode()
+    resp = client.post(f"/dashboard/{gid}/managers", {"action": "remove", "user_id": MANAGER,
+                                                     "_xsrf": client.xsrf()})
+    assert resp.status == 400 and b"is not a manager" in resp.body
