@@ -68,3 +68,17 @@ def test_demo_prints_a_login_link_that_opens_the_dashboard(tmp_path: Path) -> No
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         proc.stdout.close()
+
+
+def test_every_template_and_static_file_is_package_data() -> None:
+    import configparser
+    import fnmatch
+
+    root = Path(__file__).resolve().parents[3]
+    config = configparser.ConfigParser()
+    config.read(root / "setup.cfg")
+    globs = [g.strip() for g in config["options.package_data"]["service.dashboard"].split(",")]
+    package = root / "service" / "dashboard"
+    files = [p.relative_to(package).as_posix() for sub in ("templates", "static")
+             for p in (package / sub).iterdir()]
+    assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), (files, globs)
