@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
@@ -69,7 +71,10 @@ class ApiState:
 
     def __init__(self, context: AppContext) -> None:
         self.context = context
-        self.executor = ThreadPoolExecutor(max_workers=API_THREADS, thread_name_prefix="logic-api")
+        # Below the event loop's priority, like the secret hashing threads: a
+        # busy admin client takes only CPU the invoke path does not want.
+        self.executor = ThreadPoolExecutor(max_workers=API_THREADS, thread_name_prefix="logic-api",
+                                           initializer=background_priority)
         self.tokens = TokenCache()
         self.pending = 0
         if is_postgres():
@@ -87,6 +92,14 @@ class ApiState:
                 self.executor, lambda: fn(*args, **kwargs))
         finally:
             self.pending -= 1
+
+
+def background_priority() -> None:
+    """Run this thread below the event loop's priority (Linux: per-thread nice)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):  # not Linux, or not permitted: best effort
+        pass
 
 
 def core_error(err: CoreError) -> ApiError:

@@ -12,8 +12,8 @@ from service.core.access import Actor
 from service.http.testcall import run_test_call
 from service.plans import Plan
 
-#: A test body may be as large as the biggest plan allows, plus its JSON wrapping.
-TEST_BODY_CAP = 4 * 1024 * 1024
+#: The JSON of a test call (its body is then checked against the plan).
+TEST_BODY_CAP = 1024 * 1024
 
 
 def patch_endpoint(actor: Actor, guild_id: str, script_id: str, enabled: bool | None,
@@ -66,7 +66,11 @@ class TestCallHandler(APIHandler):
 
     @operation("testCall", "Run a request through the whole pipeline without the secret "
                "(marked as a test call)", "owner, manager, operator", schemas.TestCallResult,
-               body=schemas.TestCall, errors=(409, 503))
+               body=schemas.TestCall, errors=(409, 503),
+               links={op: (op, {"guildId": "$request.path.guildId",
+                                "scriptId": "$request.path.scriptId",
+                                "requestId": "$response.body#/requestId"})
+                      for op in ("getHistoryRecord", "replay")})
     async def post(self, guildId: str, scriptId: str) -> None:
         b = self.body(schemas.TestCall)
         request = await self.call(testcalls.new_test_request, b.method, b.headers, b.body,

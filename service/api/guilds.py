@@ -30,7 +30,10 @@ class GuildsHandler(APIHandler):
                                    cursor=q.cursor, plans=self.plans))
 
     @operation("createGuild", "Register a guild", "operator", schemas.Guild, status=201,
-               body=schemas.GuildCreate, errors=(409,))
+               body=schemas.GuildCreate, errors=(409,),
+               links={"getGuild": ("getGuild", {"guildId": "$response.body#/guildId"}),
+                      "listScripts": ("listScripts", {"guildId": "$response.body#/guildId"}),
+                      "createScript": ("createScript", {"guildId": "$response.body#/guildId"})})
     async def post(self) -> None:
         b = self.body(schemas.GuildCreate)
         self.reply(await self.call(guilds.create_guild, self.actor, b.guildId, b.ownerId, b.plan,
@@ -62,12 +65,12 @@ def plan_preview(actor: Actor, guild_id: str, plan: str, *, plans: dict[str, Pla
 
 
 class ManagerHandler(APIHandler):
-    @operation("addManager", "Add a manager (idempotent)", "owner", schemas.Guild)
+    @operation("addManager", "Add a manager (idempotent)", "owner, operator", schemas.Guild)
     async def put(self, guildId: str, userId: str) -> None:
         self.reply(await self.call(guilds.add_manager, self.actor, guildId, userId,
                                    plans=self.plans))
 
-    @operation("removeManager", "Remove a manager", "owner", schemas.Guild)
+    @operation("removeManager", "Remove a manager", "owner, operator", schemas.Guild)
     async def delete(self, guildId: str, userId: str) -> None:
         self.reply(await self.call(guilds.remove_manager, self.actor, guildId, userId,
                                    plans=self.plans))

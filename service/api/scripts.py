@@ -9,7 +9,7 @@ from service.api.spec import operation
 from service.core import pages, scripts
 
 #: A script source is at most 256 KB; JSON escaping may grow it, the core checks the real size.
-SCRIPT_BODY_CAP = 2 * 1024 * 1024
+SCRIPT_BODY_CAP = 1024 * 1024
 _ETAG = re.compile(r'\s*(?:W/)?"?([0-9]{1,18})"?\s*')
 
 
@@ -36,7 +36,11 @@ class ScriptsHandler(APIHandler):
 
     @operation("createScript", "Create a script (its endpoint starts disabled)",
                "owner, manager, operator", schemas.Script, status=201, body=schemas.ScriptCreate,
-               errors=(422,))
+               errors=(422,), links={op: (op, {"guildId": "$response.body#/guildId",
+                                               "scriptId": "$response.body#/logicScriptId"})
+                                     for op in ("getScript", "updateScript", "getEndpoint",
+                                                "patchEndpoint", "testCall", "listHistory",
+                                                "getStats", "listErrors", "deleteScript")})
     async def post(self, guildId: str) -> None:
         b = self.body(schemas.ScriptCreate)
         created = await self.call(scripts.create_script, self.actor, guildId, b.name, b.source)

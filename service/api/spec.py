@@ -51,6 +51,17 @@ class Operation:
     request_headers: dict[str, str] = field(default_factory=dict)
     public: bool = False
     tag: str = "admin"
+    links: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
+
+
+#: Path parameters: the shapes the service accepts (anything else is 400 or 404).
+PATH_PARAMS: dict[str, dict[str, Any]] = {
+    "guildId": {"type": "string", "pattern": "^[0-9]{1,25}$"},
+    "scriptId": {"type": "string", "pattern": "^logic_[A-Za-z0-9_-]{22}$"},
+    "userId": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+    "tokenId": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+    "requestId": {"type": "string", "minLength": 1, "maxLength": 64},
+}
 
 
 def operation(operation_id: str, summary: str, who: str, response: type[BaseModel] | None, *,
@@ -58,10 +69,13 @@ def operation(operation_id: str, summary: str, who: str, response: type[BaseMode
               query: type[BaseModel] | None = None, errors: Sequence[int] = (),
               response_headers: dict[str, str] | None = None,
               request_headers: dict[str, str] | None = None, public: bool = False,
-              tag: str = "admin") -> Callable[[F], F]:
-    """Attach an `Operation` to a handler method."""
+              tag: str = "admin",
+              links: dict[str, tuple[str, dict[str, str]]] | None = None) -> Callable[[F], F]:
+    """Attach an `Operation` to a handler method.  `links`: OpenAPI links from
+    the success response, name -> (operationId, {parameter: runtime expression})."""
     op = Operation(operation_id, summary, who, response, status, body, query, tuple(errors),
-                   dict(response_headers or {}), dict(request_headers or {}), public, tag)
+                   dict(response_headers or {}), dict(request_headers or {}), public, tag,
+                   dict(links or {}))
 
     def mark(method: F) -> F:
         method.__operation__ = op  # type: ignore[attr-defined]
@@ -100,7 +114,8 @@ def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
 
 def _operation_object(template: str, op: Operation) -> dict[str, Any]:
     params: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        {"name": name, "in": "path", "required": True,
+         "schema": PATH_PARAMS.get(name, {"type": "string"})}
         for name in _PARAM.findall(template)]
     if not op.public:
         params.append({"name": "X-Acting-User", "in": "header", "required": False,
@@ -117,6 +132,9 @@ def _operation_object(template: str, op: Operation) -> dict[str, Any]:
     if op.response_headers:
         ok["headers"] = {name: {"description": text, "schema": {"type": "string"}}
                          for name, text in op.response_headers.items()}
+    if op.links:
+        ok["links"] = {name: {"operationId": target, "parameters": params_}
+                       for name, (target, params_) in op.links.items()}
     responses: dict[str, Any] = {str(op.status): ok}
     statuses = {} if op.public else dict(COMMON_ERRORS)
     for status in op.errors:

@@ -12,7 +12,8 @@ from service.core import tokens
 class TokensHandler(APIHandler):
     @operation("createToken", "Create an API token for a user or the operator; shown only now",
                "operator", schemas.NewToken, status=201, body=schemas.TokenCreate,
-               response_headers={"Cache-Control": "no-store"})
+               response_headers={"Cache-Control": "no-store"},
+               links={"revokeToken": ("revokeToken", {"tokenId": "$response.body#/id"})})
     async def post(self) -> None:
         b = self.body(schemas.TokenCreate)
         if b.operator == (b.userId is not None):

@@ -158,3 +158,15 @@ def test_unknown_paths_and_bodies(world) -> None:
     assert_error(w.owner("GET", f"/guilds/{w.guild_id}/scripts/logic_nope"), 404, "script_not_found")
     assert_error(w.owner("GET", f"/guilds/{w.guild_id}/scripts?limit=0"), 400, "invalid_input")
     assert_error(w.owner("GET", f"/guilds/{w.guild_id}/scripts?cursor=zzz"), 400, "invalid_cursor")
+
+
+def test_bodies_are_capped_per_route(world) -> None:
+    w = world()
+    big_guild = {"guildId": "1", "ownerId": "x" * (64 * 1024)}
+    assert_error(w.operator("POST", "/guilds", big_guild), 413, "payload_too_large")
+    # A script may carry up to 256 KB of source in a bigger body...
+    source = ECHO + "#" + "x" * 200_000 + "\n"
+    assert w.owner("PUT", w.script_path, {"source": source}).status == 200
+    # ...and no more.
+    assert_error(w.owner("PUT", w.script_path, {"source": ECHO + "#" * 262144}), 400,
+                 "source_too_large")
