@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from service.core import testcalls
-from service.core.errors import CoreError
+from service.core.errors import CoreError, NotFoundError, PermissionDeniedError
 from service.dashboard.base import PageError
 from service.dashboard.scripts import ScriptHandler
 from service.http.errors import ServiceError
@@ -93,14 +93,17 @@ class ReplayHandler(ConsoleHandler):
         request_id = self.get_body_argument("request_id", "")
         form = {"method": "POST", "headers": "", "body": "", "kind": "json", "query": ""}
         try:
-            target, request = await self.core(testcalls.replay_request, self.actor, guild_id,
-                                              script_id, request_id,
-                                              plans=self.dashboard.settings.plans)
+            target, request = await self.core_raw(testcalls.replay_request, self.actor, guild_id,
+                                                  script_id, request_id,
+                                                  plans=self.dashboard.settings.plans)
+        except (NotFoundError, PermissionDeniedError) as err:
+            if err.code not in ("request_not_found",):
+                raise PageError(404, "Not found.") from None    # a stranger learns nothing
+            await self.show_console(guild_id, script_id, form, error=f"Not replayed: {err.message}")
+            return
         except CoreError as err:
             await self.show_console(guild_id, script_id, form, error=f"Not replayed: {err.message}")
             return
-        except PageError:
-            raise
         form["headers"] = "\n".join(f"{k}: {v}" for k, v in request.headers.items())
         form["body"] = request.body.decode("utf-8", "replace")
         form["query"] = request.query

@@ -257,3 +257,44 @@ def test_quota_refusal_names_the_numbers_and_the_owner_removes_managers(
     resp = client.post(f"/dashboard/{gid}/managers", {"action": "remove", "user_id": MANAGER,
                                                      "_xsrf": client.xsrf()})
     assert resp.status == 400 and b"is not a manager" in resp.body
+
+
+def test_a_new_cookie_secret_ends_every_session(tmp_path: Path) -> None:
+    first = start_site(tmp_path, env={"LOGIC_SERVER_COOKIE_SECRET": "a" * 40})
+    user = Client(first.server)
+    try:
+        user.login(first.link(OWNER))
+        assert user.get("/dashboard").status == 200
+    finally:
+        first.server.stop()
+        first.db.close()
+    second = start_site(tmp_path, env={"LOGIC_SERVER_COOKIE_SECRET": "b" * 40})
+    try:
+        user.server = second.server
+        resp = user.get("/dashboard")
+        assert resp.status == 303 and resp.headers["location"] == "/login"
+    finally:
+        second.server.stop()
+        second.db.close()
+
+
+def test_console_refusals_are_explained_and_strangers_learn_nothing(site: Site, client: Client) -> None:
+    gid = site.guild("pro")
+    sid = site.script(gid, SOURCE)
+    free = site.guild("free")
+    free_sid = site.script(free, SOURCE)
+    client.login(site.link(OWNER))
+    page = f"/dashboard/{gid}/scripts/{sid}"
+    resp = client.post(f"{page}/replay", {"request_id": "req_nope", "_xsrf": client.xsrf()})
+    assert resp.status == 400 and b"Not replayed: request req_nope not found" in resp.body
+    resp = client.post(f"{page}/test", {"method": "GET", "body": "", "kind": "text",
+                                        "_xsrf": client.xsrf()})
+    assert resp.status == 400 and b"Not sent: the invoke path runs POST requests only" in resp.body
+    resp = client.post(f"/dashboard/{free}/scripts/{free_sid}/test",
+                       {"body": "{}", "kind": "json", "_xsrf": client.xsrf()})
+    assert resp.status == 400 and b"does not include endpoints" in resp.body
+    stranger = Client(site.server)
+    stranger.login(site.link(STRANGER))
+    for path in (f"{page}/replay", f"{page}/test"):
+        assert stranger.post(path, {"request_id": "req_nope", "body": "{}",
+                                    "_xsrf": stranger.xsrf()}).status == 404
