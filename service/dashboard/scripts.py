@@ -164,7 +164,13 @@ class SecretHandler(DashboardHandler):
 
     async def post(self, guild_id: str, script_id: str) -> None:
         plans = self.dashboard.settings.plans
-        await self.core(core.show_guild, self.actor, guild_id, plans=plans)  # strangers: 404
+        guild = await self.core(core.show_guild, self.actor, guild_id, plans=plans)  # strangers: 404
+        if guild["ownerId"] != self.actor.user_id:
+            raise PageError(403, "Only the guild owner creates or regenerates the secret.")
+        if self.get_body_argument("confirm", "") != "yes":
+            # The dialog (or, without script, a checkbox) confirms that the old
+            # secret dies at once: a bare POST, e.g. a resubmitted form, changes nothing.
+            raise PageError(400, "Confirm first: the current secret stops working at once.")
         made = await self.core(core.regenerate_secret, self.actor, guild_id, script_id,
                                deny=403)
         if self.request.headers.get("Accept", "").startswith("application/json"):

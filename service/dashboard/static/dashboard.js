@@ -67,6 +67,7 @@
     document.getElementById("confirm-yes").addEventListener("click", function () {
       var body = new URLSearchParams();
       body.set("_xsrf", xsrf());
+      body.set("confirm", "yes");   // confirmed in the dialog
       fetch(form.getAttribute("action"), {
         method: "POST", body: body, credentials: "same-origin",
         headers: { "Accept": "application/json" }

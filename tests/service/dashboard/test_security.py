@@ -139,7 +139,7 @@ def test_roles_manager_has_no_secret_button_and_a_stranger_gets_404(site: Site) 
     body = manager.get(page).body
     assert manager.last is not None and manager.last.status == 200
     assert b'id="secret-button"' not in body and f"user {OWNER}) can create".encode() in body
-    resp = manager.post(f"{page}/secret", {"_xsrf": manager.xsrf()},
+    resp = manager.post(f"{page}/secret", {"_xsrf": manager.xsrf(), "confirm": "yes"},
                         headers={"Accept": "application/json"})
     assert resp.status == 403
     # Managers may not add managers either; the owner may.
@@ -298,3 +298,23 @@ def test_console_refusals_are_explained_and_strangers_learn_nothing(site: Site, 
     for path in (f"{page}/replay", f"{page}/test"):
         assert stranger.post(path, {"request_id": "req_nope", "body": "{}",
                                     "_xsrf": stranger.xsrf()}).status == 404
+
+
+def test_a_secret_needs_confirmation_and_is_shown_once(site: Site, client: Client) -> None:
+    gid = site.guild("pro")
+    sid = site.script(gid, SOURCE)
+    first = site.enable_with_secret(gid, sid)
+    client.login(site.link(OWNER))
+    page = f"/dashboard/{gid}/scripts/{sid}"
+    # A bare POST (a resubmitted form, a click without the dialog) changes nothing.
+    resp = client.post(f"{page}/secret", {"_xsrf": client.xsrf()})
+    assert resp.status == 400 and b"Confirm first" in resp.body
+    assert site.invoke(gid, sid, first, {}).status == 200
+    # Without script: the checkbox confirms, and a page shows the secret once.
+    resp = client.post(f"{page}/secret", {"_xsrf": client.xsrf(), "confirm": "yes"})
+    assert resp.status == 201
+    secret = re.search(r'value="(lsk_[^"]+)"', resp.body.decode())
+    assert secret and site.invoke(gid, sid, secret.group(1), {}).status == 200
+    assert site.invoke(gid, sid, first, {}).status == 401
+    shown = client.get(page).body.decode()
+    assert secret.group(1) not in shown and f"…{secret.group(1)[-4:]}" in shown
