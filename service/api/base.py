@@ -231,6 +231,15 @@ class APIHandler(BaseHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        if status_code == 405 and not isinstance(exc, ServiceError):
+            # A method this path does not have: say which it has.
+            from service.api.spec import METHODS, operation_of
+            allowed = [m.upper() for m in METHODS if operation_of(type(self), m) is not None]
+            exc = ApiError(405, "method_not_allowed", f"{self.request.method} is not allowed here",
+                           {}, {"Allow": ", ".join(allowed)})
+            self.clear_header("Allow")
+            super().write_error(405, exc_info=(ApiError, exc, None))
+            return
         if isinstance(exc, ApiError) and exc.extra:
             for name, value in {**self.sticky_headers, **exc.headers}.items():
                 self.set_header(name, value)

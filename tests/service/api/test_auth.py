@@ -113,3 +113,17 @@ def test_token_and_link_management_is_operator_only(server, make_token) -> None:
     made = op("POST", "/tokens", {"operator": True})
     assert made.status == 201 and made.json["kind"] == "operator"
     assert made.json["token"].startswith("lat_")
+
+
+def test_revocation_reaches_every_node(make_server, make_token) -> None:
+    """Two servers on one database: a token revoked through one stops on the other."""
+    a, b = make_server(), make_server()
+    victim = make_token(OWNER_ID)
+    for node in (a, b):
+        assert Api(node, victim["token"])("GET", "/me").status == 200
+        assert Api(node, victim["token"])("GET", "/me").status == 200     # cached now
+    op = Api(a, make_token(None)["token"])
+    assert op("DELETE", f"/tokens/{victim['id']}").status == 200
+    assert_error(Api(a, victim["token"])("GET", "/me"), 401, "unauthorized")
+    # The other node: SQLite at once (data_version), PostgreSQL on NOTIFY delivery.
+    assert wait_until(lambda: Api(b, victim["token"])("GET", "/me").status == 401, timeout=5)

@@ -170,3 +170,45 @@ def test_bodies_are_capped_per_route(world) -> None:
     # ...and no more.
     assert_error(w.owner("PUT", w.script_path, {"source": ECHO + "#" * 262144}), 400,
                  "source_too_large")
+
+
+def test_a_method_a_path_lacks_is_405_naming_the_ones_it_has(world) -> None:
+    w = world()
+    resp = w.owner("DELETE", f"/guilds/{w.guild_id}/audit")
+    assert_error(resp, 405, "method_not_allowed")
+    assert resp.headers["allow"] == "GET"
+    resp = w.owner("POST", w.script_path)
+    assert_error(resp, 405, "method_not_allowed")
+    assert resp.headers["allow"] == "GET, PUT, DELETE"
+
+
+GUILD_SCOPED = [
+    ("GET", ""), ("GET", "/audit"), ("PUT", "/managers/1"), ("DELETE", "/managers/1"),
+    ("GET", "/scripts"), ("POST", "/scripts"), ("GET", "/scripts/S"), ("PUT", "/scripts/S"),
+    ("DELETE", "/scripts/S"), ("GET", "/scripts/S/endpoint"), ("PATCH", "/scripts/S/endpoint"),
+    ("POST", "/scripts/S/endpoint/secret"), ("GET", "/scripts/S/history"),
+    ("GET", "/scripts/S/history/req_x"), ("POST", "/scripts/S/history/req_x/replay"),
+    ("POST", "/scripts/S/test"), ("GET", "/scripts/S/errors"), ("GET", "/scripts/S/stats"),
+]
+BODIES = {"/scripts": {"name": "x", "source": ECHO}, "/scripts/S": {"name": "y"},
+          "/scripts/S/endpoint": {"enabled": False}, "/scripts/S/test": {}}
+
+
+def test_a_stranger_learns_nothing_from_any_guild_operation(world) -> None:
+    """Every guild-scoped operation answers a stranger exactly as for a missing guild."""
+    w = world()
+    for method, tail in GUILD_SCOPED:
+        path = tail.replace("S", w.script_id) if "/scripts/S" in tail else tail
+        body = BODIES.get(tail) if method in ("POST", "PUT", "PATCH") else None
+        seen = w.stranger(method, f"/guilds/{w.guild_id}{path}", body)
+        missing = w.stranger(method, f"/guilds/1{path}", body)
+        assert_error(seen, 404, "guild_not_found")
+        assert_error(missing, 404, "guild_not_found")
+        assert (seen.json["error"]["message"].replace(w.guild_id, "G")
+                == missing.json["error"]["message"].replace("guild 1 ", "guild G ")), (method, tail)
+    # The operator acting as the stranger is the stranger.
+    assert_error(w.operator.as_user(STRANGER_ID)("GET", w.script_path + "/stats"), 404,
+                 "guild_not_found")
+    # The same operations work for the operator and, except the secret, for a manager.
+    assert w.operator("GET", w.script_path + "/stats").status == 200
+    assert w.operator("GET", w.script_path + "/history").status == 200
