@@ -17,6 +17,9 @@ class LoginHandler(DashboardHandler):
     public = True
 
     async def get(self, token: str) -> None:
+        # The access log names the request path: never with the link's token in it.
+        self.request.path = "/login/…"
+        self.request.uri = "/login/…"
         try:
             session_token, _ = await self.core(login, token, absolute=self.dashboard.absolute)
         except NotFoundError:
