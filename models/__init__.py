@@ -4,13 +4,14 @@ from models.db import BaseModel, connect, database
 from models.guild import Guild, GuildManager
 from models.record import ErrorRecord, RequestRecord
 from models.script import Endpoint, Script
+from models.session import DashboardSession
 from models.stats import StatBucket, StatIp
 from models.token import ApiToken, LoginToken
 
 #: Every table, in creation order (parents first).
 ALL_MODELS = (Guild, GuildManager, Script, Endpoint, RequestRecord, ErrorRecord,
-              AuditRecord, StatBucket, StatIp, ApiToken, LoginToken)
+              AuditRecord, StatBucket, StatIp, ApiToken, LoginToken, DashboardSession)
 
-__all__ = ["ALL_MODELS", "ApiToken", "AuditRecord", "BaseModel", "Endpoint", "ErrorRecord",
-           "Guild", "GuildManager", "LoginToken", "RequestRecord", "Script", "StatBucket",
+__all__ = ["ALL_MODELS", "ApiToken", "AuditRecord", "BaseModel", "DashboardSession", "Endpoint",
+           "ErrorRecord", "Guild", "GuildManager", "LoginToken", "RequestRecord", "Script", "StatBucket",
            "StatIp", "connect", "database"]

@@ -32,6 +32,14 @@ class ServerSettings:
     port: int = 8080
     base_url: str = "http://127.0.0.1:8080"
     trusted_proxies: tuple[IPNetwork, ...] = ()
+    #: Signs dashboard session cookies; `logic serve` refuses to start without it.
+    cookie_secret: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    session_idle_minutes: int = 60       # a session unused this long ends
+    session_max_hours: int = 12          # and every session ends this long after login
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,7 @@ class Settings:
     ratelimit: RatelimitSettings = field(default_factory=RatelimitSettings)
     chat: ChatSettings = field(default_factory=ChatSettings)
     plans: Mapping[str, Plan] = field(default_factory=lambda: DEFAULT_PLANS)
+    dashboard: DashboardSettings = field(default_factory=DashboardSettings)
 
 
 # ---------------------------------------------------------------- parsers
@@ -120,6 +129,15 @@ def _http_url(value: Any) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ValueError("expected an http:// or https:// URL")
     return url.rstrip("/")
+
+
+def _cookie_secret(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    if value and len(value) < 32:
+        # Never echo the value: it is a secret.
+        raise ValueError("too short: use at least 32 random characters")
+    return value
 
 
 def _db_url(value: Any) -> str:
@@ -170,17 +188,20 @@ def _chat_path(value: Any) -> str:
 
 _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "server": {"host": _str, "port": _int(0, 65535), "base_url": _http_url,
-               "trusted_proxies": _networks},
+               "trusted_proxies": _networks, "cookie_secret": _cookie_secret},
     "database": {"url": _db_url},
     "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000)},
     "ratelimit": {"storage": _storage},
     "chat": {"public_key": _public_key, "path": _chat_path, "api_url": _http_url,
              "answer_within_ms": _int(0, 2500)},
+    "dashboard": {"session_idle_minutes": _int(1, 7 * 24 * 60),
+                  "session_max_hours": _int(1, 30 * 24)},
 }
 _SECTION_TYPES: dict[str, type] = {
     "server": ServerSettings, "database": DatabaseSettings,
     "sandbox": SandboxSettings, "ratelimit": RatelimitSettings,
     "chat": ChatSettings,
+    "dashboard": DashboardSettings,
 }
 _PLAN_PARSERS: dict[str, Callable[[Any], Any]] = {
     "endpoints": _int(0, 10_000), "memory_kb": _int(0, 16 * 1024 * 1024),

@@ -1,4 +1,5 @@
-"""`logic demo`: a demo guild on pro, a score-validating script, its endpoint enabled and a secret.
+"""`logic demo`: a demo guild on pro, a score-validating script, its endpoint enabled, a secret
+and a dashboard login link for the demo owner.
 
 Running it again on the same database reuses the guild and script and makes a
 new secret (the old one cannot be shown again: only its hash is stored).
@@ -6,6 +7,8 @@ new secret (the old one cannot be shown again: only its hash is stored).
 
 from __future__ import annotations
 
+import dataclasses
+import secrets as _random
 import shlex
 from dataclasses import dataclass
 
@@ -37,6 +40,7 @@ class Demo:
     secret: str
     guild_id: str
     script_id: str
+    login_url: str = ""
 
     @property
     def curl(self) -> str:
@@ -49,7 +53,7 @@ def setup_demo(settings: Settings) -> Demo:
     """Create (or reuse) the demo guild, script and endpoint; return a fresh secret."""
     from models.db import connect
     from models.migrate import Runner
-    from service.core import endpoints, guilds, scripts, secrets
+    from service.core import endpoints, guilds, scripts, secrets, tokens
     from service.core.access import Actor
     from service.core.errors import ConflictError
 
@@ -70,6 +74,17 @@ def setup_demo(settings: Settings) -> Demo:
                                           DEMO_SOURCE)["logicScriptId"]
     endpoints.enable_endpoint(owner, DEMO_GUILD_ID, script_id, plans=settings.plans)
     secret = secrets.regenerate_secret(owner, DEMO_GUILD_ID, script_id)["secret"]
+    login_url = tokens.create_login_link(operator, DEMO_OWNER_ID, settings.server.base_url)["url"]
     db.close()
     url = endpoints.endpoint_url(settings.server.base_url, DEMO_GUILD_ID, script_id)
-    return Demo(url=url, secret=secret, guild_id=DEMO_GUILD_ID, script_id=script_id)
+    return Demo(url=url, secret=secret, guild_id=DEMO_GUILD_ID, script_id=script_id,
+                login_url=login_url)
+
+
+def with_cookie_secret(settings: Settings) -> Settings:
+    """The demo's settings: a fresh random cookie secret unless one is configured
+    (sessions then last as long as this demo process)."""
+    if settings.server.cookie_secret:
+        return settings
+    server = dataclasses.replace(settings.server, cookie_secret=_random.token_urlsafe(32))
+    return dataclasses.replace(settings, server=server)

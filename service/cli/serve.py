@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
-from service.cli.base import EXIT_ERROR, CommandError, State, cli, pass_state
+from service.cli.base import EXIT_ERROR, EXIT_USAGE, CommandError, State, cli, pass_state
 
 
 def _configure_logging() -> None:
@@ -44,6 +44,10 @@ def serve(state: State, host: str | None, port: int | None, workers: int | None)
 
     _apply(state, host, port, workers)
     settings = state.settings
+    if not settings.server.cookie_secret:
+        raise CommandError("server.cookie_secret is not set: the dashboard signs its sessions "
+                           "with it; set it in the configuration file or LOGIC_SERVER_COOKIE_SECRET "
+                           "(at least 32 random characters)", EXIT_USAGE)
     state.open_database()  # refuses a database that is behind, with one line
     _configure_logging()
     try:
@@ -57,17 +61,18 @@ def serve(state: State, host: str | None, port: int | None, workers: int | None)
 @pass_state
 def demo(state: State, host: str | None, port: int | None, workers: int | None) -> None:
     """Create a demo guild, script and endpoint; print its URL, secret and a curl line; serve."""
-    from service.cli.demo import setup_demo
+    from service.cli.demo import setup_demo, with_cookie_secret
     from service.http.server import serve as run
 
     _apply(state, host, port, workers)
-    settings = state.settings
+    settings = with_cookie_secret(state.settings)
     state.open_database(check_schema=False)
     info = setup_demo(settings)
     click.echo(f"Demo endpoint: {info.url}")
     click.echo(f"Secret (shown once, keep it safe): {info.secret}")
     click.echo("Try it:")
     click.echo(f"  {info.curl}")
+    click.echo(f"Dashboard (one-time login link for the demo owner): {info.login_url}")
     click.echo("Stop with Ctrl-C.")
     _configure_logging()
     run(settings)

@@ -10,7 +10,7 @@ import logging
 
 from tornado.web import Application, RequestHandler
 
-from service import api
+from service import api, dashboard
 from service.chat import handler as chat
 from service.http import health
 from service.http.base import NotFoundHandler
@@ -45,6 +45,7 @@ def make_app(context: AppContext) -> Application:
     ]
     handlers += chat.routes(context)  # the interactions endpoint, when a public key is set
     handlers += api.routes(context)  # /api/v1 (service.api)
+    handlers += dashboard.routes(context)
     return Application(
         handlers,
         default_handler_class=NotFoundHandler,

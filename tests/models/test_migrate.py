@@ -28,9 +28,12 @@ def _seed(db, version: int) -> None:
     db.execute_sql(f"INSERT INTO endpoint (script_id, enabled, whitelist, created_at) "
                    f"VALUES ((SELECT id FROM script), {p}, {p}, {p})", (True, "[]", now))
     if version >= 2:
+        # From 0006 on, a bucket also counts its test calls (a NOT NULL column).
+        extra = (", test_count", ", 0") if version >= 6 else ("", "")
         db.execute_sql(f"INSERT INTO stat_bucket (endpoint_id, granularity, start, status, count, "
-                       f"duration_sum, h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11) VALUES "
-                       f"((SELECT id FROM endpoint), 'h', {p}, 200, 1, 1.0, 1,0,0,0,0,0,0,0,0,0,0,0)",
+                       f"duration_sum, h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11{extra[0]}) "
+                       f"VALUES ((SELECT id FROM endpoint), 'h', {p}, 200, 1, 1.0, "
+                       f"1,0,0,0,0,0,0,0,0,0,0,0{extra[1]})",
                        (now.replace(minute=0, second=0, microsecond=0),))
 
 

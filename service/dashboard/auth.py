@@ -1,0 +1,52 @@
+"""Logging in with a one-time link, the login help page, logging out.
+
+`GET /login/{token}` consumes the link (`service.core.sessions.login`), sets
+the session cookie and redirects to `/dashboard`: after it, neither the link
+nor the session appears in any URL.
+"""
+from __future__ import annotations
+
+from service.core.errors import NotFoundError
+from service.core.sessions import end_session, login
+from service.dashboard.base import DashboardHandler
+
+
+class LoginHandler(DashboardHandler):
+    """`GET /login/{token}`: the one-time link."""
+
+    public = True
+
+    async def get(self, token: str) -> None:
+        # The access log names the request path: never with the link's token in it.
+        self.request.path = "/login/…"
+        self.request.uri = "/login/…"
+        try:
+            session_token, _ = await self.core(login, token, absolute=self.dashboard.absolute)
+        except NotFoundError:
+            self.page("login.html", status=400, title="Login link refused", refused=True,
+                      logged_out=False)
+            return
+        old = self.cookie_token()
+        if old:
+            await self.core(end_session, old)
+        self.set_session_cookie(session_token)
+        self.redirect("/dashboard", status=303)
+
+
+class LoginHelpHandler(DashboardHandler):
+    """`GET /login`: where a visitor without a session lands."""
+
+    public = True
+
+    def get(self) -> None:
+        self.page("login.html", title="Log in", refused=False, logged_out=False)
+
+
+class LogoutHandler(DashboardHandler):
+    """`POST /logout` (XSRF-checked): end this session and forget the cookie."""
+
+    async def post(self) -> None:
+        await self.core(end_session, self.session_token)
+        self.clear_session_cookie()
+        self.session, self.session_token = None, ""
+        self.page("login.html", title="Logged out", refused=False, logged_out=True)

@@ -1,0 +1,236 @@
+"""`DashboardHandler`: sessions, XSRF, security headers and HTML errors for every page.
+
+- The session cookie `logic_session` holds a random token signed with
+  `server.cookie_secret` (Tornado's signed value), `HttpOnly`,
+  `SameSite=Lax`, `Secure` when `server.base_url` is https; the database keeps
+  only its hash (`service.core.sessions`).
+- Every state-changing request (any method but GET/HEAD) must carry the
+  session's XSRF token, in the form field `_xsrf` or the `X-XSRF-Token`
+  header; the token is an HMAC of the session token, so it is bound to it.
+- Every answer carries a strict Content-Security-Policy (scripts and styles
+  only from the dashboard's own static files, nothing inline, no frames),
+  `X-Frame-Options: DENY`, `Cache-Control: no-store` (so the back button
+  after logout shows nothing private), `Referrer-Policy: no-referrer` (a
+  login link never leaks through a Referer).
+- Service-layer calls run in a small thread pool (they do database I/O).
+"""
+from __future__ import annotations
+
+import html
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from tornado.ioloop import IOLoop
+from tornado.web import HTTPError, StaticFileHandler, create_signed_value, decode_signed_value
+
+from service.core.errors import CoreError, NotFoundError, PermissionDeniedError
+from service.core.sessions import Session, check_xsrf, resume, xsrf_token
+from service.http.base import BaseHandler
+from service.settings import Settings
+
+log = logging.getLogger("logic.dashboard")
+
+HERE = Path(__file__).resolve().parent
+TEMPLATES = str(HERE / "templates")
+STATIC = str(HERE / "static")
+COOKIE = "logic_session"
+SAFE_METHODS = ("GET", "HEAD")
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+
+T = TypeVar("T")
+
+
+@dataclass
+class Dashboard:
+    """What every dashboard handler shares: settings and the service-layer thread pool."""
+
+    settings: Settings
+    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        max_workers=2, thread_name_prefix="logic-dashboard"))
+
+    @property
+    def secure_cookies(self) -> bool:
+        return self.settings.server.base_url.startswith("https://")
+
+    @property
+    def idle(self) -> timedelta:
+        return timedelta(minutes=self.settings.dashboard.session_idle_minutes)
+
+    @property
+    def absolute(self) -> timedelta:
+        return timedelta(hours=self.settings.dashboard.session_max_hours)
+
+
+class PageError(HTTPError):
+    """An error page with a status and a message safe to show."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status)
+        self.status, self.message = status, message
+
+
+def static_url(name: str) -> str:
+    """The URL of a file under `static/`, with its modification time to bust caches."""
+    try:
+        version = int((HERE / "static" / name).stat().st_mtime)
+    except OSError:
+        version = 0
+    return f"/dashboard/static/{name}?v={version}"
+
+
+def time_html(value: str | None) -> str:
+    """A `<time>` the page's script shows in the viewer's time zone (UTC without script)."""
+    if not value:
+        return "—"
+    text = html.escape(value)
+    shown = html.escape(value.replace("T", " ").replace("Z", "")[:19] + " UTC")
+    return f'<time datetime="{text}">{shown}</time>'
+
+
+class DashboardHandler(BaseHandler):
+    """Base of every dashboard page: needs a live session unless `public`."""
+
+    public = False
+    session: Session | None = None
+    session_token: str = ""
+
+    def initialize(self, context: Any, dashboard: Dashboard) -> None:  # type: ignore[override]
+        super().initialize(context)
+        self.dashboard = dashboard
+
+    def set_default_headers(self) -> None:
+        super().set_default_headers()
+        for name, value in SECURITY_HEADERS.items():
+            self.set_header(name, value)
+        self.set_header("Cache-Control", "no-store")
+
+    def get_template_path(self) -> str:
+        return TEMPLATES
+
+    # ------------------------------------------------------------ sessions
+    def cookie_token(self) -> str:
+        raw = self.get_cookie(COOKIE)
+        if not raw:
+            return ""
+        max_days = self.dashboard.settings.dashboard.session_max_hours / 24
+        value = decode_signed_value(self.dashboard.settings.server.cookie_secret, COOKIE, raw,
+                                    max_age_days=max_days)
+        return value.decode("ascii", "replace") if value else ""
+
+    def set_session_cookie(self, token: str) -> None:
+        signed = create_signed_value(self.dashboard.settings.server.cookie_secret, COOKIE, token)
+        # No Expires: a browser session cookie; the server enforces both timeouts.
+        self.set_cookie(COOKIE, signed.decode("ascii"), path="/", httponly=True, samesite="Lax",
+                        secure=self.dashboard.secure_cookies)
+
+    def clear_session_cookie(self) -> None:
+        self.clear_cookie(COOKIE, path="/", httponly=True, samesite="Lax",
+                          secure=self.dashboard.secure_cookies)
+
+    async def prepare(self) -> None:
+        if self.public:
+            return
+        token = self.cookie_token()
+        session = await self.core(resume, token, idle=self.dashboard.idle) if token else None
+        if session is None:
+            if self.request.method in SAFE_METHODS:
+                self.redirect("/login", status=303)
+                return
+            raise PageError(403, "Your session has ended. Log in again with a new link.")
+        self.session, self.session_token = session, token
+        if self.request.method not in SAFE_METHODS:
+            presented = (self.get_body_argument("_xsrf", None)
+                         if self.request.headers.get("Content-Type", "").startswith(
+                             ("application/x-www-form-urlencoded", "multipart/form-data"))
+                         else None) or self.request.headers.get("X-XSRF-Token")
+            if not check_xsrf(self.dashboard.settings.server.cookie_secret, token, presented):
+                raise PageError(403, "The form was not sent from this dashboard session "
+                                     "(XSRF check failed). Reload the page and try again.")
+
+    @property
+    def actor(self) -> Any:
+        assert self.session is not None
+        return self.session.actor
+
+    @property
+    def xsrf(self) -> str:
+        return xsrf_token(self.dashboard.settings.server.cookie_secret, self.session_token)
+
+    # ------------------------------------------------------------ service layer
+    async def core_raw(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """Run a service-layer call off the loop; its errors come back as they are."""
+        return await IOLoop.current().run_in_executor(self.dashboard.executor,
+                                                      partial(fn, *args, **kw))
+
+    async def core(self, fn: Callable[..., T], *args: Any, deny: int = 404, **kw: Any) -> T:
+        """Run a service-layer call off the loop.  Not found, and refusals
+        when `deny` is 404, become a 404 page: a stranger learns nothing."""
+        try:
+            return await self.core_raw(fn, *args, **kw)
+        except NotFoundError as err:
+            if err.code == "invalid_login_token":
+                raise
+            raise PageError(404, "Not found.") from None
+        except PermissionDeniedError as err:
+            if deny == 404:
+                raise PageError(404, "Not found.") from None
+            raise PageError(deny, err.message) from None
+
+    # ------------------------------------------------------------ rendering
+    def get_template_namespace(self) -> dict[str, Any]:
+        namespace = super().get_template_namespace()
+        namespace.update(user_id=self.session.user_id if self.session else None,
+                         xsrf=self.xsrf if self.session else "", time_html=time_html,
+                         static=static_url)
+        return namespace
+
+    def page(self, template: str, status: int = 200, **kw: Any) -> None:
+        self.set_status(status)
+        self.render(template, **kw)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, PageError):
+            status, message = exc.status, exc.message
+        elif isinstance(exc, CoreError):
+            status, message = exc.status, exc.message
+        elif isinstance(exc, HTTPError) and status_code < 500:
+            status, message = status_code, "This request cannot be answered."
+        else:
+            status, message = status_code, "Something went wrong on our side."
+        self.set_status(status)
+        if self.request.headers.get("Accept", "").startswith("application/json"):
+            self.error_code = "dashboard_error"
+            self.write_json({"success": False, "error": {"code": f"http_{status}",
+                                                         "message": message,
+                                                         "requestId": self.request_id}}, status)
+            return
+        self.render("error.html", status=status, message=message, title=f"Error {status}")
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, (PageError, CoreError)):
+            return
+        super().log_exception(typ, value, tb)
+
+
+class DashboardStaticHandler(StaticFileHandler):
+    """The dashboard's own CSS and JavaScript, with the same security headers."""
+
+    def set_default_headers(self) -> None:
+        for name, value in SECURITY_HEADERS.items():
+            self.set_header(name, value)

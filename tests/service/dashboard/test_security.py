@@ -1,0 +1,320 @@
+"""The dashboard's security properties over real HTTP (no browser needed):
+session cookie flags, headers on every page, XSRF, one-time links, roles, and
+untrusted record content rendered inert."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+import pytest
+
+from tests.service.dashboard.conftest import (MANAGER, OWNER, STRANGER, Client, Site,
+                                              start_site)
+from tests.service.http.harness import wait_until
+
+SOURCE = '''\
+on endpoint(event):
+    print("got", event.body)
+    event.reply({"ok": True})
+'''
+HOSTILE = '''\
+on endpoint(event):
+    print("<script>window.pwned = 1</script>")
+    event.header("Content-Type", "text/html")
+    event.reply("<script>window.pwned = 2</script><img src=x onerror=alert(1)>")
+'''
+
+
+def csp_ok(headers: dict[str, str]) -> None:
+    csp = headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "script-src 'self'" in csp
+    assert "unsafe-inline" not in csp and "frame-ancestors 'none'" in csp
+    assert headers["x-frame-options"] == "DENY"
+    assert headers["x-content-type-options"] == "nosniff"
+
+
+def session_cookie(raw: list[tuple[str, str]]) -> str:
+    found = [v for k, v in raw if k.lower() == "set-cookie" and v.startswith("logic_session=")]
+    assert len(found) == 1, raw
+    return found[0]
+
+
+def test_login_sets_a_signed_httponly_lax_cookie_and_leaves_no_token_in_the_url(
+        site: Site, client: Client) -> None:
+    resp = client.login(site.link(OWNER))
+    cookie = session_cookie(resp.raw_headers)
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Path=/" in cookie
+    assert "Secure" not in cookie          # base_url is http here
+    assert "expires" not in cookie.lower()  # a browser-session cookie; the server times it out
+    assert resp.headers["location"] == "/dashboard"
+    assert resp.headers["referrer-policy"] == "no-referrer"
+    # The cookie is signed: changing one character of it is no session.
+    name, _, value = cookie.split(";", 1)[0].partition("=")
+    forged = Client(site.server, {name: value[:-3] + ("0" if value[-3] != "0" else "1") + value[-2:]})
+    assert forged.get("/dashboard").status == 303
+
+
+def test_cookie_is_secure_when_the_base_url_is_https(tmp_path: Path) -> None:
+    s = start_site(tmp_path, env={"LOGIC_SERVER_BASE_URL": "https://logic.example.com"})
+    try:
+        resp = Client(s.server).get(s.link(OWNER))
+        assert resp.status == 303
+        assert "Secure" in session_cookie(resp.raw_headers)
+    finally:
+        s.server.stop()
+        s.db.close()
+
+
+def test_every_dashboard_page_carries_the_security_headers(site: Site, client: Client) -> None:
+    gid = site.guild()
+    sid = site.script(gid, SOURCE)
+    anonymous = Client(site.server)
+    pages: list[tuple[Client, str, int]] = [
+        (anonymous, "/login", 200), (anonymous, "/login/not-a-real-token", 400),
+        (anonymous, "/dashboard", 303), (anonymous, "/dashboard/static/dashboard.js", 200),
+        (anonymous, "/dashboard/static/dashboard.css", 200),
+    ]
+    for c, path, status in pages:
+        resp = c.get(path)
+        assert resp.status == status, path
+        csp_ok(resp.headers)
+    client.login(site.link(OWNER))
+    for path, status in [("/dashboard", 200), (f"/dashboard/{gid}", 200),
+                         (f"/dashboard/{gid}/scripts/{sid}", 200),
+                         (f"/dashboard/{gid}/scripts/{sid}?tab=source", 200),
+                         ("/dashboard/99999999", 404)]:
+        resp = client.get(path)
+        assert resp.status == status, path
+        csp_ok(resp.headers)
+        assert resp.headers["cache-control"] == "no-store"
+        # No inline script anywhere: every <script> has a src on our origin.
+        text = resp.body.decode()
+        assert all(re.search(r'src="/dashboard/static/', tag) for tag in re.findall(r"<script[^>]*>", text))
+        assert re.findall(r"<[a-z]+ [^>]*\son[a-z]+=", text) == []      # no inline handlers
+    resp = client.post(f"/dashboard/{gid}/scripts/{sid}/endpoint", {"enabled": "on", "_xsrf": "x"})
+    assert resp.status == 403
+    csp_ok(resp.headers)
+
+
+def test_a_used_or_expired_link_is_refused(site: Site) -> None:
+    from datetime import timedelta
+    link = site.link(OWNER)
+    Client(site.server).login(link)
+    again = Client(site.server).get(link)
+    assert again.status == 400 and b"invalid, already used or expired" in again.body
+    assert not any(k.lower() == "set-cookie" for k, _ in again.raw_headers)
+    expired = Client(site.server).get(site.link(OWNER, ttl=timedelta(seconds=-1)))
+    assert expired.status == 400
+
+
+def test_state_changes_need_the_session_bound_xsrf_token(site: Site, client: Client) -> None:
+    gid = site.guild()
+    sid = site.script(gid, SOURCE)
+    page = f"/dashboard/{gid}/scripts/{sid}"
+    client.login(site.link(OWNER))
+    other = Client(site.server)
+    other.login(site.link(OWNER))
+    theirs = other.xsrf()
+    for token in (None, "", "forged", theirs):
+        form = {"enabled": "on"} if token is None else {"enabled": "on", "_xsrf": token}
+        resp = client.post(f"{page}/endpoint", form)
+        assert resp.status == 403 and b"XSRF" in resp.body, token
+    assert b"Enable endpoint" in client.get(page).body          # still off
+    mine = client.xsrf()
+    assert client.post(f"{page}/endpoint", {"enabled": "on", "_xsrf": mine}).status == 303
+    assert b"Disable endpoint" in client.get(page).body
+    # Logout needs it too; without a session a POST is refused outright.
+    assert client.post("/logout", {"_xsrf": "forged"}).status == 403
+    assert Client(site.server).post("/logout", {"_xsrf": mine}).status == 403
+
+
+def test_roles_manager_has_no_secret_button_and_a_stranger_gets_404(site: Site) -> None:
+    gid = site.guild()
+    sid = site.script(gid, SOURCE)
+    page = f"/dashboard/{gid}/scripts/{sid}"
+    owner, manager, stranger = Client(site.server), Client(site.server), Client(site.server)
+    owner.login(site.link(OWNER))
+    manager.login(site.link(MANAGER))
+    stranger.login(site.link(STRANGER))
+    assert b'id="secret-button"' in owner.get(page).body
+    body = manager.get(page).body
+    assert manager.last is not None and manager.last.status == 200
+    assert b'id="secret-button"' not in body and f"user {OWNER}) can create".encode() in body
+    resp = manager.post(f"{page}/secret", {"_xsrf": manager.xsrf(), "confirm": "yes"},
+                        headers={"Accept": "application/json"})
+    assert resp.status == 403
+    # Managers may not add managers either; the owner may.
+    assert manager.post(f"/dashboard/{gid}/managers", {"action": "add", "user_id": "77",
+                                                      "_xsrf": manager.xsrf()}).status == 403
+    assert owner.post(f"/dashboard/{gid}/managers", {"action": "add", "user_id": "77",
+                                                    "_xsrf": owner.xsrf()}).status == 303
+    assert b"user 77" in owner.get(f"/dashboard/{gid}").body
+    # A stranger learns nothing: the same 404 as for a guild that does not exist.
+    missing = stranger.get("/dashboard/123456789")
+    for path in (f"/dashboard/{gid}", page, f"{page}?tab=source"):
+        resp = stranger.get(path)
+        assert resp.status == 404 and resp.body == missing.body.replace(
+            missing.headers["x-request-id"].encode(), resp.headers["x-request-id"].encode())
+    token = stranger.xsrf()
+    for path, form in ((f"{page}/secret", {}), (f"{page}/endpoint", {"enabled": "on"}),
+                       (f"{page}/whitelist", {"cidrs": ""}), (f"{page}/source", {"source": SOURCE}),
+                       (f"/dashboard/{gid}/managers", {"action": "add", "user_id": "1"})):
+        assert stranger.post(path, {**form, "_xsrf": token}).status == 404, path
+    assert b"Guild " + gid.encode() not in stranger.get("/dashboard").body
+
+
+def test_script_replies_and_output_render_as_text(site: Site, client: Client) -> None:
+    gid = site.guild()
+    sid = site.script(gid, HOSTILE)
+    secret = site.enable_with_secret(gid, sid)
+    resp = site.invoke(gid, sid, secret, {"a": "<script>window.pwned = 3</script>"})
+    assert resp.status == 200 and resp.body.startswith(b"<script>")
+    client.login(site.link(OWNER))
+    page = f"/dashboard/{gid}/scripts/{sid}"
+    assert wait_until(lambda: b"record-" in client.get(page).body, timeout=15)
+    text = client.get(page).body.decode()
+    assert "<script>window.pwned" not in text and "<img src=x" not in text
+    assert "&lt;script&gt;window.pwned = 2&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;" in text
+    assert "&lt;script&gt;window.pwned = 1&lt;/script&gt;" in text      # print output
+    assert "window.pwned = 3" in text and "<script>window.pwned = 3" not in text   # request body
+
+
+def test_a_huge_body_renders_cut_and_fast(site: Site, client: Client) -> None:
+    source = "on endpoint(event):\n    event.reply(event.rawBody)\n"
+    gid = site.guild()
+    sid = site.script(gid, source)
+    secret = site.enable_with_secret(gid, sid)
+    big = "<b>" + "x" * 900_000
+    resp = site.server.request(f"/endpoints/{gid}/{sid}", secret=secret, body=big,
+                               headers={"Content-Type": "text/plain"})
+    assert resp.status == 200
+    client.login(site.link(OWNER))
+    page = f"/dashboard/{gid}/scripts/{sid}"
+    assert wait_until(lambda: b"record-" in client.get(page).body, timeout=15)
+    text = client.get(page).body.decode()
+    assert "<b>xxx" not in text and "&lt;b&gt;xxx" in text
+    # Each body is shown cut to 64 KiB with a note; the page stays small.
+    assert "showing the first 65536" in text or "truncated when stored" in text
+    assert len(text) < 400_000
+
+
+def test_logout_ends_the_session_and_the_operator_can_end_them_all(site: Site) -> None:
+    import subprocess
+
+    from tests.service.http.harness import LOGIC
+    a, b, c = Client(site.server), Client(site.server), Client(site.server)
+    user = "9191"      # a user of its own: other tests' sessions do not count here
+    for x in (a, b, c):
+        x.login(site.link(user if x is not c else MANAGER))
+    old_cookie = dict(a.cookies)
+    resp = a.post("/logout", {"_xsrf": a.xsrf()})
+    assert resp.status == 200 and b"You are logged out" in resp.body
+    assert "logic_session" not in a.cookies
+    # The old cookie is dead on the server too, not only forgotten by the browser.
+    assert Client(site.server, old_cookie).get("/dashboard").status == 303
+    assert b.get("/dashboard").status == 200
+    out = subprocess.run([LOGIC, "--database-url", site.server.database_url, "session", "end",
+                          user], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"ended 1 session(s) of user {user}"
+    resp = b.get("/dashboard")
+    assert resp.status == 303 and resp.headers["location"] == "/login"
+    assert c.get("/dashboard").status == 200       # another user's session lives on
+    bad = subprocess.run([LOGIC, "--database-url", site.server.database_url, "session", "end",
+                          "bad id"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("plan", ["plus"])
+def test_whitelist_is_refused_with_the_plan_named_on_plans_without_it(
+        site: Site, client: Client, plan: str) -> None:
+    gid = site.guild(plan)
+    sid = site.script(gid, SOURCE)
+    client.login(site.link(OWNER))
+    page = f"/dashboard/{gid}/scripts/{sid}"
+    text = client.get(page).body.decode()
+    assert "The IP whitelist is part of the pro plan; this guild is on plus." in text
+    assert re.search(r'<textarea id="cidrs"[^>]*disabled', text, re.S)
+    resp = client.post(f"{page}/whitelist", {"cidrs": "10.0.0.0/8", "_xsrf": client.xsrf()})
+    assert resp.status == 409 and b"does not include an IP whitelist" in resp.body
+
+
+
+def test_quota_refusal_names_the_numbers_and_the_owner_removes_managers(
+        site: Site, client: Client) -> None:
+    gid = site.guild("plus")
+    sids = [site.script(gid, SOURCE, name=f"s{i}") for i in range(4)]
+    for sid in sids[:3]:
+        site.enable_with_secret(gid, sid)
+    client.login(site.link(OWNER))
+    page = f"/dashboard/{gid}/scripts/{sids[3]}"
+    resp = client.post(f"{page}/endpoint", {"enabled": "on", "_xsrf": client.xsrf()})
+    text = resp.body.decode()
+    assert resp.status == 409
+    assert f"plan plus allows 3 enabled endpoint(s) and guild {gid} has 3" in text
+    assert "Enable endpoint" in text                     # still off
+    assert client.post(f"/dashboard/{gid}/managers", {"action": "remove", "user_id": MANAGER,
+                                                     "_xsrf": client.xsrf()}).status == 303
+    assert f"user {MANAGER}" not in client.get(f"/dashboard/{gid}").body.decode()
+    resp = client.post(f"/dashboard/{gid}/managers", {"action": "remove", "user_id": MANAGER,
+                                                     "_xsrf": client.xsrf()})
+    assert resp.status == 400 and b"is not a manager" in resp.body
+
+
+def test_a_new_cookie_secret_ends_every_session(tmp_path: Path) -> None:
+    first = start_site(tmp_path, env={"LOGIC_SERVER_COOKIE_SECRET": "a" * 40})
+    user = Client(first.server)
+    try:
+        user.login(first.link(OWNER))
+        assert user.get("/dashboard").status == 200
+    finally:
+        first.server.stop()
+        first.db.close()
+    second = start_site(tmp_path, env={"LOGIC_SERVER_COOKIE_SECRET": "b" * 40})
+    try:
+        user.server = second.server
+        resp = user.get("/dashboard")
+        assert resp.status == 303 and resp.headers["location"] == "/login"
+    finally:
+        second.server.stop()
+        second.db.close()
+
+
+def test_console_refusals_are_explained_and_strangers_learn_nothing(site: Site, client: Client) -> None:
+    gid = site.guild("pro")
+    sid = site.script(gid, SOURCE)
+    free = site.guild("free")
+    free_sid = site.script(free, SOURCE)
+    client.login(site.link(OWNER))
+    page = f"/dashboard/{gid}/scripts/{sid}"
+    resp = client.post(f"{page}/replay", {"request_id": "req_nope", "_xsrf": client.xsrf()})
+    assert resp.status == 400 and b"Not replayed: request req_nope not found" in resp.body
+    resp = client.post(f"{page}/test", {"method": "GET", "body": "", "kind": "text",
+                                        "_xsrf": client.xsrf()})
+    assert resp.status == 400 and b"Not sent: the invoke path runs POST requests only" in resp.body
+    resp = client.post(f"/dashboard/{free}/scripts/{free_sid}/test",
+                       {"body": "{}", "kind": "json", "_xsrf": client.xsrf()})
+    assert resp.status == 400 and b"does not include endpoints" in resp.body
+    stranger = Client(site.server)
+    stranger.login(site.link(STRANGER))
+    for path in (f"{page}/replay", f"{page}/test"):
+        assert stranger.post(path, {"request_id": "req_nope", "body": "{}",
+                                    "_xsrf": stranger.xsrf()}).status == 404
+
+
+def test_a_secret_needs_confirmation_and_is_shown_once(site: Site, client: Client) -> None:
+    gid = site.guild("pro")
+    sid = site.script(gid, SOURCE)
+    first = site.enable_with_secret(gid, sid)
+    client.login(site.link(OWNER))
+    page = f"/dashboard/{gid}/scripts/{sid}"
+    # A bare POST (a resubmitted form, a click without the dialog) changes nothing.
+    resp = client.post(f"{page}/secret", {"_xsrf": client.xsrf()})
+    assert resp.status == 400 and b"Confirm first" in resp.body
+    assert site.invoke(gid, sid, first, {}).status == 200
+    # Without script: the checkbox confirms, and a page shows the secret once.
+    resp = client.post(f"{page}/secret", {"_xsrf": client.xsrf(), "confirm": "yes"})
+    assert resp.status == 201
+    secret = re.search(r'value="(lsk_[^"]+)"', resp.body.decode())
+    assert secret and site.invoke(gid, sid, secret.group(1), {}).status == 200
+    assert site.invoke(gid, sid, first, {}).status == 401
+    shown = client.get(page).body.decode()
+    assert secret.group(1) not in shown and f"…{secret.group(1)[-4:]}" in shown
