@@ -40,6 +40,10 @@ class Outcome:
     traceback: str | None
     duration_ms: float
     peak_memory_bytes: int
+    #: The request waited in the pool's queue for a run slot.
+    waited: bool = False
+    #: It waited while its guild was over its worker-time budget (served last).
+    deprioritised: bool = False
 
     @property
     def ok(self) -> bool:
