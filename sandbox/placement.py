@@ -58,6 +58,7 @@ class Placement:
     _crashes: dict[QuarantineKey, deque[float]]
     _quarantine: dict[QuarantineKey, tuple[float, str, int]]
     _next_slot: int
+    _unready: int
     _c: dict[str, int]
 
     if TYPE_CHECKING:  # provided by Pool / Supervisor (after this class in the MRO)
@@ -156,7 +157,8 @@ class Placement:
 
     def _top_up(self) -> None:
         """Fork (or make room for) spares: ``spares`` ready plus one per homeless request."""
-        want = self.spares + len(self._homeless) - len(self._idle) - len(self._spawning)
+        want = (self.spares + len(self._homeless) - len(self._idle) - len(self._spawning)
+                - self._unready)
         while want > 0 and self._state in ("starting", "running"):
             if len(self._workers) < self.max_workers:
                 slot = self._next_slot

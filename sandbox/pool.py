@@ -155,6 +155,7 @@ class Pool(Placement, Supervisor):
         self._state = "new"
         self._next_id = 0
         self._busy = 0
+        self._unready = 0  # registered workers that have not said "ready" yet
         self._c = dict.fromkeys(("invocations", "timeouts", "memory_kills", "crashes",
                                  "restarts", "busy_rejections", "queued", "deprioritised",
                                  "quarantined", "retired"), 0)
@@ -397,6 +398,7 @@ class Pool(Placement, Supervisor):
             if w.ready:
                 raise ProtocolError("second ready message")
             w.ready = True
+            self._unready -= 1
             self._merge_hardening(msg["hard"], msg["notes"])
             if self._loop is not None:
                 self._loop.call_later(1.0, self._clear_failures, w)

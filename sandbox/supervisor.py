@@ -63,6 +63,7 @@ class Supervisor:
     _zygote_alive: bool
     _state: str
     _busy: int
+    _unready: int
     _c: dict[str, int]
 
     # provided by Pool
@@ -91,6 +92,9 @@ class Supervisor:
         raise NotImplementedError
 
     def _retire_idle(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _top_up(self) -> None:
         raise NotImplementedError
 
     # --- zygote control channel -------------------------------------------
@@ -148,6 +152,7 @@ class Supervisor:
             w.close(None)
             return
         self._workers[slot] = w
+        self._unready += 1
         if self._loop is not None:
             self._loop.add_reader(w.fd, self._on_readable, w)
             self._ensure_tick()  # watches the spawn timeout
@@ -188,6 +193,8 @@ class Supervisor:
     def _kill(self, w: WorkerHandle) -> None:
         """SIGKILL the worker and drop its channel at once."""
         w.signal(signal.SIGKILL)
+        if not w.ready and w.alive:
+            self._unready -= 1
         w.close(self._loop)
         if w.req is None:
             self._unpark(w)
@@ -207,9 +214,15 @@ class Supervisor:
             if self._loop is not None:
                 self._end(req, self._loop.time() - req.t0)
             req.resolve(outcome or failure("crash", "sandbox worker was replaced", 0.0))
-        # The slot gets a fresh spare at once: a crashing script is held back
-        # by its quarantine, never by emptying the pool (issue: crash back-off).
-        self._schedule_spawn(w.slot, backoff)
+        if backoff:
+            # Died before it was ready: the host's fault, retried with back-off.
+            self._schedule_spawn(w.slot, backoff)
+        else:
+            # Spares are topped up at once: a crashing script is held back by
+            # its quarantine, never by a slot left empty (the crash back-off
+            # that once emptied the pool).
+            self._workers.pop(w.slot, None)
+            self._top_up()
         if self._loop is not None:
             self._pump()
 
@@ -247,7 +260,8 @@ class Supervisor:
             if w is not None and (w.req is not None or w.outbuf is not None):
                 w.req = None  # its future belongs to the closed loop
                 self._kill(w)
-                self._schedule_spawn(w.slot, backoff=False)
+                self._workers.pop(w.slot, None)
+        self._top_up()
         self._busy = 0
 
     # --- start-up reporting ----------------------------------------------
