@@ -28,7 +28,7 @@ class RequestState:
 
     __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker",
                  "ships_source", "asked_source", "guild", "queued", "deprioritised", "waited",
-                 "seated")
+                 "seated", "excess")
 
     def __init__(self, future: "asyncio.Future[Any]", kind: str, ref: Any,
                  event: dict[str, Any], limits: "Limits", guild: str = "") -> None:
@@ -38,6 +38,7 @@ class RequestState:
         self.waited = False       # was queued at some point
         self.deprioritised = False  # queued while its guild was over its budget
         self.seated = False       # holds one of the scheduler's run slots
+        self.excess = False       # ... beyond its guild's fair share (sandbox.scheduler)
         self.kind = kind  # "job", or "exec" for the test hook
         self.ref = ref
         self.event = event

@@ -54,6 +54,7 @@ class Placement:
     _guild_idle: dict[str, list[WorkerHandle]]
     _lru: OrderedDict[WorkerHandle, None]
     _homeless: deque[RequestState]
+    _queued: dict[Any, RequestState]
     _sched: Scheduler
     _crashes: dict[QuarantineKey, deque[float]]
     _quarantine: dict[QuarantineKey, tuple[float, str, int]]
@@ -72,11 +73,12 @@ class Placement:
     def _pump(self) -> None:
         """Give free run slots to queued requests (round robin, see the scheduler)."""
         sched = self._sched
-        while sched.waiting and sched.running < sched.size:
+        while sched.waiting:
             req: Any = sched.pop()
             if req is None:
                 return
             req.seated = True
+            self._queued.pop(req.future, None)
             if req.future.done():   # cancelled; its done-callback has not run yet
                 self._end(req, 0.0)
                 continue
@@ -87,7 +89,7 @@ class Placement:
         if not req.seated:
             return
         req.seated = False
-        if self._sched.finish(req.guild, cost_s):
+        if self._sched.finish(req.guild, cost_s, req.excess):
             log.warning("sandbox: guild %s is over its worker-time budget (last: script %s); "
                         "its requests are served only when no other guild waits",
                         req.guild or "-", getattr(req.ref, "key", "-"))

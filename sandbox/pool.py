@@ -140,6 +140,7 @@ class Pool(Placement, Supervisor):
         self._homeless: deque[RequestState] = deque()
         self._sched = Scheduler(self.size, guild_share, guild_budget_s)
         self._timeouts: deque[RequestState] = deque()
+        self._queued: dict[asyncio.Future[Outcome], RequestState] = {}  # waiting, by future
         self._crashes: dict[QuarantineKey, deque[float]] = {}
         self._quarantine: dict[QuarantineKey, tuple[float, str, int]] = {}
         self._next_slot = 0
@@ -305,16 +306,23 @@ class Pool(Placement, Supervisor):
                 req.future.set_result(answer)
                 return req.future
         sched = self._sched
-        if sched.can_start_now():
-            sched.start(guild)
-            req.seated = True
-            self._seat(req)
-            return req.future
+        if not sched.waiting:
+            excess = sched.start(guild)
+            if excess >= 0:
+                req.excess = excess == 1
+                req.seated = True
+                self._seat(req)
+                return req.future
         if sched.waiting >= self.max_queue:
             self._c["busy_rejections"] += 1
             raise PoolBusyError("sandbox queue is full")
         req.deadline = loop.time() + self.queue_timeout
         sched.push(req)
+        self._queued[req.future] = req
+        if sched.waiting > 1:
+            self._pump()  # a fair request may run beside other guilds' waiting excess
+            if not req.queued:
+                return req.future
         req.waited = True
         self._c["queued"] += 1
         if req.deprioritised:
@@ -324,10 +332,20 @@ class Pool(Placement, Supervisor):
         self._ensure_tick()
         return req.future
 
+    def withdraw(self, future: asyncio.Future[Outcome]) -> bool:
+        """Take a request that still waits in the queue out of it (its client left):
+        True if it never reached a worker, and then its future is cancelled.  A
+        request already running is left to finish (False)."""
+        req = self._queued.pop(future, None)
+        if req is None or not self._sched.cancel(req):
+            return False
+        future.cancel()
+        return True
+
     def _dequeue(self, req: RequestState) -> None:
-        """The future of a queued request is done (its caller cancelled it): drop it."""
-        if self._sched.cancel(req):
-            self._pump()  # pragma: no cover - a cancel frees no slot; kept for symmetry
+        """The future of a request that was queued is done: forget it (if cancelled, at once)."""
+        self._queued.pop(req.future, None)
+        self._sched.cancel(req)
 
     def _dispatch(self, w: WorkerHandle, req: RequestState) -> None:
         assert self._loop is not None

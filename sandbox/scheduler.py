@@ -3,10 +3,13 @@
 Pure bookkeeping, no I/O (the pool owns workers, timers and futures); every
 operation is O(1).  Rules (docs/security.md, "Tenancy"):
 
-* ``size`` run slots in all.  A guild may hold at most ``cap`` of them
-  (``max(1, floor(size * share))``) while another guild has a request
-  waiting; when nobody else waits it may use every free slot (the pool
-  stays work-conserving), and it gives the excess back as those jobs end.
+* ``size`` run slots.  A job is *fair* when its guild had fewer than ``cap``
+  (``max(1, floor(size * share))``) jobs running and is in good standing,
+  else *excess*.  Excess jobs start only in a free slot while nobody else
+  waits (the pool stays work-conserving for a lone guild).  Fair jobs do not
+  count excess jobs against the ``size`` slots: a guild within its share
+  never waits behind another guild's excess, it runs beside it, so at most
+  ``2 * size`` scripts run at once (``size`` fair plus what was excess).
 * Waiting guilds are served in turn (round robin), each guild's requests
   in arrival order (FIFO).
 * Cost: each guild has a budget of worker-seconds, refilled continuously
@@ -36,6 +39,7 @@ class Queued(Protocol):
     guild: str
     queued: bool
     deprioritised: bool
+    excess: bool
 
 
 class GuildState:
@@ -68,28 +72,38 @@ class Scheduler:
         self.rate = budget_s / window_s
         self.clock = clock
         self.running = 0
+        self.excess = 0
         self.waiting = 0
         self.guilds: dict[str, GuildState] = {}
         self._rings: tuple[OrderedDict[GuildState, None], ...] = (
             OrderedDict(), OrderedDict(), OrderedDict())
 
     # --- the hot path ---------------------------------------------------------
-    def can_start_now(self) -> bool:
-        """True when a request may skip the queue: nobody waits and a slot is free."""
-        return not self.waiting and self.running < self.size
-
-    def start(self, guild: str) -> None:
-        """Take a run slot for ``guild`` without queueing (after ``can_start_now``)."""
+    def start(self, guild: str) -> int:
+        """Start a job of ``guild`` now if it may (call only when nobody waits):
+        -1 when it must queue, else 0 (fair) or 1 (excess; pass it to ``finish``)."""
         g = self.guilds.get(guild)
         if g is None:
             g = self.guilds[guild] = GuildState(guild, self.budget, self.clock())
+        if g.running < self.cap and g.tokens >= 0:
+            if self.running - self.excess >= self.size:
+                return -1
+            excess = 0
+        else:
+            if self.running >= self.size:
+                return -1
+            excess = 1
+            self.excess += 1
         g.running += 1
         self.running += 1
+        return excess
 
-    def finish(self, guild: str, cost_s: float) -> bool:
+    def finish(self, guild: str, cost_s: float, excess: bool = False) -> bool:
         """Give back ``guild``'s slot and charge ``cost_s``; True when the guild
         has just fallen into debt for the first time (the pool logs it)."""
         self.running -= 1
+        if excess:
+            self.excess -= 1
         g = self.guilds.get(guild)
         if g is None:
             return False
@@ -118,8 +132,8 @@ class Scheduler:
             self._place(g)
 
     def pop(self) -> Queued | None:
-        """The next request to run (its slot taken), or None when none may run."""
-        if not self.waiting or self.running >= self.size:
+        """The next request to run (its slot taken, ``req.excess`` set), or None."""
+        if not self.waiting or self.running - self.excess >= self.size:
             return None
         rings = self._rings
         low = rings[LOW]
@@ -132,14 +146,18 @@ class Scheduler:
                 self._place(g, rotate=True)
             else:
                 low.move_to_end(g)
-        for ring in rings:
-            if ring:
-                g = next(iter(ring))
-                break
-        else:  # pragma: no cover - waiting > 0 means some guild is in a ring
-            return None
+        if rings[READY]:
+            g = next(iter(rings[READY]))
+            excess = False
+        elif self.running < self.size:
+            g = next(iter(rings[OVER] or low))
+            excess = True
+            self.excess += 1
+        else:
+            return None  # only excess jobs wait, and no slot is free
         req, _ = g.queue.popitem(last=False)
         req.queued = False
+        req.excess = excess
         self.waiting -= 1
         g.running += 1
         self.running += 1

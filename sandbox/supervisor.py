@@ -48,6 +48,7 @@ class Supervisor:
     _idle: deque[WorkerHandle]
     _timeouts: deque[RequestState]
     _homeless: deque[RequestState]
+    _queued: dict[Any, RequestState]
     _lru: OrderedDict[WorkerHandle, None]
     _sched: Scheduler
     queue_timeout: float
@@ -255,6 +256,7 @@ class Supervisor:
         self._tick_handle = self._house_handle = None
         self._timeouts.clear()
         self._homeless.clear()
+        self._queued.clear()
         self._sched = _fresh(self._sched)
         for w in list(self._workers.values()):
             if w is not None and (w.req is not None or w.outbuf is not None):
@@ -308,6 +310,7 @@ class Supervisor:
         while waiting and (not waiting[0].queued or now >= waiting[0].deadline):
             req = waiting.popleft()
             if self._sched.cancel(req) and not req.future.done():
+                self._queued.pop(req.future, None)
                 self._c["busy_rejections"] += 1
                 req.future.set_exception(PoolBusyError("no sandbox worker became free in time"))
         if pending or waiting or self._homeless:
@@ -352,6 +355,7 @@ class Supervisor:
                 req.future.set_exception(PoolClosedError("pool stopped"))
         self._timeouts.clear()
         self._homeless.clear()
+        self._queued.clear()
         end = time.monotonic() + timeout
         while self._busy > 0 and time.monotonic() < end:
             await asyncio.sleep(0.005)

@@ -43,6 +43,9 @@ class DatabaseSettings:
 class SandboxSettings:
     workers: int | None = None          # None: one per CPU
     queue_timeout_ms: int = 2000
+    max_workers: int = 0                # worker processes (one guild each); 0: from memory
+    guild_share: float = 0.5            # of the workers, one guild at most while others wait
+    guild_budget_s: int = 60            # worker-seconds per minute per guild; 0: off
 
     @property
     def worker_count(self) -> int:
@@ -97,6 +100,18 @@ def _bool(value: Any) -> bool:
     raise ValueError("expected true or false")
 
 
+def _share(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number")
+    try:
+        share = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number") from None
+    if not 0.0 < share <= 1.0:
+        raise ValueError("expected a fraction above 0 and at most 1")
+    return share
+
+
 def _workers(value: Any) -> int | None:
     if value is None or (isinstance(value, str) and value.lower() in ("", "auto")):
         return None
@@ -143,7 +158,9 @@ _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "server": {"host": _str, "port": _int(0, 65535), "base_url": _http_url,
                "trusted_proxies": _networks},
     "database": {"url": _db_url},
-    "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000)},
+    "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000),
+                "max_workers": _int(0, 4096), "guild_share": _share,
+                "guild_budget_s": _int(0, 3600)},
     "ratelimit": {"storage": _storage},
 }
 _SECTION_TYPES: dict[str, type] = {

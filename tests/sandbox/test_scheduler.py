@@ -16,6 +16,7 @@ class Req:
         self.n = n
         self.queued = False
         self.deprioritised = False
+        self.excess = False
 
     def __repr__(self) -> str:
         return f"{self.guild}{self.n}"
@@ -29,78 +30,99 @@ class Clock:
         return self.now
 
 
-def fill(s: Scheduler, guild: str, n: int) -> list[Req]:
-    """Start ``n`` of ``guild``'s requests, queueing those that cannot start now."""
-    out = []
-    for i in range(n):
-        r = Req(guild, i)
-        if s.can_start_now():
-            s.start(guild)
-        else:
-            s.push(r)
-        out.append(r)
-    return out
+class Sim:
+    """The pool's use of the scheduler, with jobs that end when told to."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+        self.running: list[tuple[str, bool]] = []   # (guild, excess), oldest first
+        self.served: list[str] = []
+        self.n = 0
+
+    def submit(self, guild: str) -> Req:
+        self.n += 1
+        r = Req(guild, self.n)
+        if not self.s.waiting:
+            kind = self.s.start(guild)
+            if kind >= 0:
+                self.running.append((guild, kind == 1))
+                return r
+        self.s.push(r)
+        self.pump()
+        return r
+
+    def pump(self) -> None:
+        while True:
+            r = self.s.pop()
+            if r is None:
+                return
+            self.running.append((r.guild, r.excess))
+            self.served.append(r.guild)
+
+    def end(self, guild: str | None = None, cost: float = 0.0) -> bool:
+        i = 0 if guild is None else next(i for i, (g, _) in enumerate(self.running) if g == guild)
+        g, excess = self.running.pop(i)
+        fell = self.s.finish(g, cost, excess)
+        self.pump()
+        return fell
+
+    def count(self, guild: str) -> int:
+        return sum(1 for g, _ in self.running if g == guild)
 
 
 @pytest.mark.parametrize("size,cap", [(1, 1), (2, 1), (8, 4)])
 def test_share_cap(size: int, cap: int) -> None:
-    s = Scheduler(size, share=0.5, budget_s=0)
-    assert s.cap == cap
-    running = [r.guild for r in fill(s, "A", size)]   # alone, A took every slot
-    assert s.running == size
-    for i in range(50):
-        s.push(Req("A", 100 + i))
-        s.push(Req("B", i))
-    served = {"A": 0, "B": 0}
-    for step in range(60):
-        s.finish(running.pop(0), 0.0)          # the oldest job ends
-        r = s.pop()
-        assert r is not None
-        running.append(r.guild)
-        served[r.guild] += 1
-        if step >= size:                       # A's excess has been given back
-            assert s.guilds["A"].running <= cap and s.guilds["B"].running <= cap
-    assert abs(served["A"] - served["B"]) <= size
+    sim = Sim(Scheduler(size, share=0.5, budget_s=0))
+    assert sim.s.cap == cap
+    for _ in range(size + 50):
+        sim.submit("A")                          # alone, A takes every slot, queues the rest
+    assert sim.count("A") == size and sim.s.waiting == 50
+    for _ in range(50):
+        sim.submit("B")
+    # B runs at once beside A's excess (A had size - cap of it), up to its own share.
+    assert sim.count("B") == min(cap, size - cap)
+    for _ in range(80):
+        sim.end()                                # the oldest job ends
+        assert sim.count("A") <= size and sim.count("B") <= cap
+    # From here on each guild holds its share only.
+    assert sim.count("A") <= cap and sim.count("B") <= cap
+    assert sim.s.running <= 2 * size
+    assert abs(sim.served.count("A") - sim.served.count("B")) <= size
 
 
 def test_round_robin_between_guilds_fifo_within() -> None:
-    s = Scheduler(1, share=0.5, budget_s=0)
-    s.start("X")  # the only slot is busy
-    for g in "ABC":
-        for i in range(3):
-            s.push(Req(g, i))
+    s = Scheduler(2, share=0.5, budget_s=0)
+    sim = Sim(s)
+    sim.submit("X")
+    sim.submit("X")                              # both slots busy with X (1 fair, 1 excess)
+    reqs = [s.push(r) or r for r in (Req(g, i) for i in range(3) for g in "ABC")]
+    assert s.waiting == 9 and all(r.queued for r in reqs)
     order = []
     for _ in range(9):
-        s.finish(order[-1][0] if order else "X", 0.0)
-        r = s.pop()
-        assert r is not None
-        order.append(repr(r))
-    assert order == ["A0", "B0", "C0", "A1", "B1", "C1", "A2", "B2", "C2"]
+        sim.end()
+        while sim.served:
+            order.append(sim.served.pop(0))
+    # One slot at a time (the fair room): A, B, C in turn, each guild's in order.
+    assert "".join(order) == "ABCABCABC"
 
 
 def test_a_lone_guild_uses_every_slot_and_gives_the_excess_back() -> None:
-    # Stated policy: a guild alone may use more than its share (nobody waits);
-    # once another guild waits, the alone guild gets no new slot until it is
-    # back under its cap.
-    s = Scheduler(8, share=0.5, budget_s=0)
-    fill(s, "A", 8)
-    assert s.guilds["A"].running == 8 and s.waiting == 0
-    a_more = [Req("A", 100 + i) for i in range(10)]
-    for r in a_more:
-        s.push(r)
-    b = [Req("B", i) for i in range(4)]
-    for r in b:
-        s.push(r)
-    got = []
+    # Stated policy: a guild alone may use every slot (nobody waits). Once
+    # another guild has work, the newcomer runs within its share beside the
+    # excess at once, and the lone guild gets no new slot beyond its share.
+    sim = Sim(Scheduler(8, share=0.5, budget_s=0))
+    for _ in range(18):
+        sim.submit("A")
+    assert sim.count("A") == 8 and sim.s.excess == 4 and sim.s.waiting == 10
     for _ in range(4):
-        s.finish("A", 0.0)
-        r = s.pop()
-        assert r is not None
-        got.append(r.guild)
-    assert got == ["B", "B", "B", "B"]          # A is at 4 running = its cap
-    s.finish("A", 0.0)
-    r = s.pop()
-    assert r is not None and r.guild == "A"     # nobody else waits: A again
+        sim.submit("B")
+    assert sim.count("B") == 4 and sim.s.running == 12   # beside A's excess
+    for _ in range(4):
+        sim.end("A")
+    assert sim.count("A") == 4                            # back at its share ...
+    for _ in range(4):
+        sim.end("B")
+    assert sim.count("A") == 8                            # ... and alone again: all slots
 
 
 def test_cancel_takes_a_request_out_at_once() -> None:
