@@ -276,15 +276,15 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
             conn = self.conn
             if conn is not None:
                 conn.set_close_callback(self._client_left)
+                conn.eof_callback = self._client_left
         future.add_done_callback(self._on_outcome)
 
     def _client_left(self) -> None:
         """The connection closed while the request waited for (or ran in) a worker.
 
-        A request still in the pool's queue leaves it at once (answered, for the
-        records, 503 busy: no script ran); one already running finishes and is
-        recorded as usual, its quota slot spent."""
-        self.conn = None
+        A request still in the pool's queue leaves it at once (answered 503
+        busy, which the records keep: no script ran, the quota slot is given
+        back); one already running finishes and is answered as usual."""
         future, self.pending = self.pending, None
         if future is not None:
             self.context.pool.withdraw(future)
