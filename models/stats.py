@@ -41,6 +41,10 @@ class StatBucket(BaseModel):
     h9 = IntegerField(default=0)
     h10 = IntegerField(default=0)
     h11 = IntegerField(default=0)
+    #: Of `count`: requests that waited in the sandbox queue for a worker, and
+    #: those that waited while their guild was over its worker-time budget.
+    queued = IntegerField(default=0)
+    deprioritised = IntegerField(default=0)
 
     class Meta:
         indexes = ((("endpoint", "granularity", "start", "status"), True),)

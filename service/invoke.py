@@ -93,7 +93,7 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
     __slots__ = ("context", "conn", "peer", "request_id", "started", "method", "path", "query",
                  "headers", "ip", "target", "accepted", "chunks", "received", "rate_headers", "answered", "status",
                  "response_headers", "response_body", "error_code", "outcome", "event",
-                 "raw_body", "finished", "_counted", "pending")
+                 "raw_body", "finished", "_counted", "pending", "waited")
 
     def __init__(self, context: AppContext, conn: Exchange) -> None:
         self.context = context
@@ -122,6 +122,7 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         self.finished = 0.0
         self._counted = False
         self.pending: asyncio.Future[Outcome] | None = None
+        self.waited = False  # waited in the pool's queue, then refused busy or withdrawn
 
     # --- header phase: checks 1-7 ----------------------------------------------
     def headers_received(self, start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
@@ -305,9 +306,11 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
     def _outcome_of(self, future: asyncio.Future[Outcome]) -> Outcome:
         self.pending = None
         if future.cancelled():
+            self.waited = True
             raise self._busy()
         error = future.exception()
         if isinstance(error, (PoolBusyError, PoolClosedError)):
+            self.waited = True
             raise self._busy()
         if error is not None:
             raise error
@@ -405,7 +408,13 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         duration_ms = (self.finished - self.started) * 1000.0
         status = self.status
         ip = self.ip or self.peer
-        items: list[Any] = [StatHit(target.endpoint_id, when, status, duration_ms, ip)]
+        outcome = self.outcome
+        if outcome is not None:
+            hit = StatHit(target.endpoint_id, when, status, duration_ms, ip, outcome.waited,
+                          outcome.deprioritised)
+        else:
+            hit = StatHit(target.endpoint_id, when, status, duration_ms, ip, self.waited)
+        items: list[Any] = [hit]
         if not self.accepted:
             return items
         outcome = self.outcome

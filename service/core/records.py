@@ -91,6 +91,8 @@ class StatHit:
     status: int
     duration_ms: float
     ip: str
+    queued: bool = False          # waited in the sandbox queue
+    deprioritised: bool = False   # ... while its guild was over its worker-time budget
 
 
 Item = Union[RequestRecordIn, ErrorRecordIn, StatHit]
@@ -185,7 +187,8 @@ _REQUEST_COLUMNS = (
     "response_body_encoding", "response_body_truncated", "duration_ms", "output", "error")
 _ERROR_COLUMNS = ("endpoint", "request_id", "time", "kind", "message", "line", "traceback")
 _BUCKET_KEY = ("endpoint", "granularity", "start", "status")
-_BUCKET_ADD = ("count", "duration_sum") + tuple(f"h{i}" for i in range(len(LATENCY_BOUNDS_MS) + 1))
+_BUCKET_ADD = (("count", "duration_sum") + tuple(f"h{i}" for i in range(len(LATENCY_BOUNDS_MS) + 1))
+               + ("queued", "deprioritised"))
 
 
 def _request_row(item: RequestRecordIn) -> tuple[Any, ...]:
@@ -237,10 +240,14 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
             key = (hit.endpoint_id, gran, start, status)
             acc = buckets.get(key)
             if acc is None:
-                acc = buckets[key] = [0.0] * (2 + bins)
+                acc = buckets[key] = [0.0] * (4 + bins)
             acc[0] += 1
             acc[1] += ms
             acc[latency] += 1
+            if hit.queued:
+                acc[2 + bins] += 1
+                if hit.deprioritised:
+                    acc[3 + bins] += 1
         ips[(hit.endpoint_id, pair[1], _short(hit.ip, 45))] += 1
     rows = [(endpoint_id, gran, start, status, int(acc[0]), acc[1], *(int(n) for n in acc[2:]))
             for (endpoint_id, gran, start, status), acc in sorted(buckets.items())]
