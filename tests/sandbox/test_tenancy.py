@@ -273,3 +273,28 @@ def test_a_guild_within_its_share_runs_beside_another_guilds_excess() -> None:
         await asyncio.gather(*a)
 
     run_with_pool(scenario, size=2, queue_timeout_ms=5000)
+
+
+def test_a_guild_over_its_budget_is_logged_once_and_served_last(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(pool: Pool) -> None:
+        spin = ref(SPIN, key="logic_spender")
+        out = await pool.run(spin, event({"s": 0.3}), LIMITS, guild="A")  # 0.3 s > 0.2 s budget
+        assert out.error_kind is None
+        assert pool.scheduler.standing("A") < 0
+        await pool.run(spin, event({"s": 0.05}), LIMITS, guild="A")
+        # A holds the slot; then A and B both wait: B, in good standing, goes first.
+        held = asyncio.ensure_future(pool.run(spin, event({"s": 0.3}), LIMITS, guild="C"))
+        await asyncio.sleep(0.05)
+        a = asyncio.ensure_future(pool.run(ref(ECHO), event(), LIMITS, guild="A"))
+        await asyncio.sleep(0.01)
+        b = asyncio.ensure_future(pool.run(ref(ECHO), event(), LIMITS, guild="B"))
+        first = (await asyncio.wait([a, b], return_when=asyncio.FIRST_COMPLETED))[0].pop()
+        assert first is b
+        assert (await a).deprioritised and not (await b).deprioritised
+        await held
+
+    with caplog.at_level("WARNING", logger="sandbox.pool"):
+        run_with_pool(scenario, size=1, guild_budget_s=0.2)
+    lines = [r.getMessage() for r in caplog.records if "guild A is over" in r.getMessage()]
+    assert len(lines) == 1 and "logic_spender" in lines[0], lines  # once, though A ran again

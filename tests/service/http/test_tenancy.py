@@ -140,6 +140,19 @@ def test_busy_answer_gives_the_quota_slot_back(
     assert h1["ratelimit-remaining"] == "29"
     assert hb["ratelimit-remaining"] == "29"     # the 503 took no slot
     assert h2["ratelimit-remaining"] == "28"     # the retry is the second counted
+    # The operator sees it in the endpoint's statistics (logic stats --json).
+    from service import core
+    from service.core.access import Actor
+
+    def scheduling() -> dict[str, int]:
+        bind()
+        return dict(core.stats(Actor.user(OWNER), ep.guild_id, ep.script_id,
+                               plans=http_env.plans)["scheduling"])
+
+    deadline = time.monotonic() + 10
+    while scheduling()["busy"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert scheduling() == {"queued": 1, "busy": 1, "deprioritised": 0}
 
 
 def test_client_leaving_while_queued_takes_its_request_out(
