@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import pwd
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +37,26 @@ from sandbox.scheduler import Scheduler
 log = logging.getLogger("sandbox.pool")
 
 QuarantineKey = tuple[str, str, int]
+
+
+def sandbox_user(name: str) -> tuple[int, int]:
+    """uid and gid of ``name`` (``nobody``'s numbers when it does not exist)."""
+    try:
+        entry = pwd.getpwnam(name)
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        return 65534, 65534
+
+
+def derived_max_workers(size: int) -> int:
+    """Default ``max_workers``: a quarter of the machine's memory at ~24 MiB a
+    worker (mostly pages shared with the fork server), at least ``2 * size``,
+    at most 1024."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = 4 << 30
+    return max(2 * size, min(1024, memory // 4 // (24 << 20)))
 
 
 class Placement:
@@ -68,6 +90,21 @@ class Placement:
         def _request_spawn(self, slot: int) -> None: ...
 
         def _kill(self, w: WorkerHandle) -> None: ...
+
+    def withdraw(self, future: "asyncio.Future[Outcome]") -> bool:
+        """Take a request that still waits in the queue out of it (its client left):
+        True if it never reached a worker, and then its future is cancelled.  A
+        request already running is left to finish (False)."""
+        req = self._queued.pop(future, None)
+        if req is None or not self._sched.cancel(req):
+            return False
+        future.cancel()
+        return True
+
+    def _dequeue(self, req: RequestState) -> None:
+        """The future of a request that was queued is done: forget it (if cancelled, at once)."""
+        self._queued.pop(req.future, None)
+        self._sched.cancel(req)
 
     # --- run slots --------------------------------------------------------------
     def _pump(self) -> None:

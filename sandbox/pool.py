@@ -5,17 +5,19 @@ is still single-threaded and waits until every worker reported ready; from
 then on workers are forked by the zygote, never by the service.  The event
 loop side is lazily attached by the first ``await pool.run(...)``.
 
-Hot path (PERFORMANCE.md): ``run`` takes an idle worker from a deque, writes
-one frame and awaits a plain future; the channel's reader callback decodes the
-reply and resolves that future directly.  No queue object, task or
-``wait_for`` per request: one ticker (every ``TICK_S`` while anything is in
-flight) enforces run deadlines and queue deadlines.
+Hot path (PERFORMANCE.md): ``submit`` asks the fair queue
+(``sandbox.scheduler``) for a run slot, takes an idle worker of the request's
+guild (``sandbox.placement``: one guild per worker, warm spares, LRU
+retirement, crash quarantine), writes one frame and returns a plain future;
+the channel's reader callback decodes the reply and resolves that future
+directly.  No task or ``wait_for`` per request: one ticker (every ``TICK_S``
+while anything is in flight) enforces run deadlines and queue deadlines.
 
 Supervision, after gunicorn's arbiter: a worker past its deadline is
 SIGKILLed (through a pidfd, immune to pid reuse) and its channel closed at once
 so a late reply can never be read as another request's answer; dead workers
-are replaced at once, with exponential back-off when they die right after
-being spawned (a crash loop); workers are recycled after ``max_jobs`` (plus
+are replaced at once by spares (exponential back-off only for workers that
+die before they are ready: no script ran there); workers are recycled after ``max_jobs`` (plus
 jitter) or when their RSS passes ``max_rss_mb``.  There is no separate
 heartbeat: a worker is only ever asked to do something under a deadline,
 and an idle worker that dies is seen at once as EOF on its channel.
@@ -25,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import pwd
 import select
 import threading
 import time
@@ -39,7 +40,7 @@ from sandbox.errors import PoolBusyError, PoolClosedError, ProtocolError, SpawnE
 from sandbox.hardening import HardeningConfig
 from sandbox.limits import COMPILE_BUDGET_MS, Limits, current_address_space
 from sandbox.outcome import Outcome, failure, from_result
-from sandbox.placement import Placement, QuarantineKey
+from sandbox.placement import Placement, QuarantineKey, derived_max_workers, sandbox_user
 from sandbox.scheduler import Scheduler
 from sandbox.supervisor import HOUSEKEEPING_S, TICK_S, Supervisor
 from sandbox.worker import WorkerConfig
@@ -63,25 +64,6 @@ class ScriptRef:
         # and never a protocol error that costs a worker.
         if type(self.key) is not str or type(self.version) is not int or type(self.source) is not str:
             raise TypeError("ScriptRef needs key: str, version: int, source: str")
-
-
-def _sandbox_user(name: str) -> tuple[int, int]:
-    try:
-        entry = pwd.getpwnam(name)
-        return entry.pw_uid, entry.pw_gid
-    except KeyError:
-        return 65534, 65534
-
-
-def derived_max_workers(size: int) -> int:
-    """Default ``max_workers``: a quarter of the machine's memory at ~24 MiB a
-    worker (mostly pages shared with the fork server), at least ``2 * size``,
-    at most 1024."""
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        memory = 4 << 30
-    return max(2 * size, min(1024, memory // 4 // (24 << 20)))
 
 
 class Pool(Placement, Supervisor):
@@ -124,7 +106,7 @@ class Pool(Placement, Supervisor):
         self.kill_grace = kill_grace_ms / 1000.0
         self.spawn_timeout = spawn_timeout_s
         self._address_space_mb = address_space_mb
-        uid, gid = _sandbox_user(user)
+        uid, gid = sandbox_user(user)
         self._hcfg = HardeningConfig(address_space=0, network_namespace=network_namespace,
                                      drop_user=drop_user, uid=uid, gid=gid, seccomp=seccomp)
         self._compile_cache = compile_cache
@@ -331,21 +313,6 @@ class Pool(Placement, Supervisor):
         req.future.add_done_callback(lambda _f: self._dequeue(req))
         self._ensure_tick()
         return req.future
-
-    def withdraw(self, future: asyncio.Future[Outcome]) -> bool:
-        """Take a request that still waits in the queue out of it (its client left):
-        True if it never reached a worker, and then its future is cancelled.  A
-        request already running is left to finish (False)."""
-        req = self._queued.pop(future, None)
-        if req is None or not self._sched.cancel(req):
-            return False
-        future.cancel()
-        return True
-
-    def _dequeue(self, req: RequestState) -> None:
-        """The future of a request that was queued is done: forget it (if cancelled, at once)."""
-        self._queued.pop(req.future, None)
-        self._sched.cancel(req)
 
     def _dispatch(self, w: WorkerHandle, req: RequestState) -> None:
         assert self._loop is not None
