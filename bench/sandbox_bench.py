@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import os
+import subprocess
 import statistics
 import sys
 import time
 import tracemalloc
 from typing import Any, Callable
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+if "--plain" not in sys.argv:  # --baseline's child imports the sandbox from PYTHONPATH
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from sandbox.compiler import compile_script  # noqa: E402
 from sandbox.limits import MEMGUARD_AVAILABLE, GuardAccountant  # noqa: E402
@@ -124,18 +127,39 @@ async def bench_guilds(pool: Pool, n: int, concurrency: int, guilds: int) -> flo
     event = make_event(BODY)
     refs = [ScriptRef(f"logic_bench_{g:05d}", 1, VALIDATE) for g in range(guilds)]
     for g in range(min(guilds, 256)):  # warm: every guild ran once (as far as workers go)
-        assert (await pool.run(refs[g], event, limits, str(g))).status == 200
+        args = (str(g),) if "guild" in inspect.signature(Pool.run).parameters else ()
+        assert (await pool.run(refs[g], event, limits, *args)).status == 200
     counter = iter(range(n))
+    # A pool from before the guild was part of the submission (--baseline).
+    has_guild = "guild" in inspect.signature(Pool.run).parameters
 
     async def client() -> None:
         for i in counter:
             g = i % guilds
-            out = await pool.run(refs[g], event, limits, str(g))
+            if has_guild:
+                out = await pool.run(refs[g], event, limits, str(g))
+            else:
+                out = await pool.run(refs[g], event, limits)
             assert out.status == 200, out
 
     t0 = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     return n / (time.perf_counter() - t0)
+
+
+def run_plain(counts: list[int], n: int, concurrency: int, workers: int) -> None:
+    """The tenancy rows for whatever ``sandbox`` is on the path (--baseline's child)."""
+    for g in counts:
+        pool = Pool(size=workers)
+        pool.start()
+
+        async def go(pool: Pool = pool, g: int = g) -> float:
+            try:
+                return await bench_guilds(pool, n, concurrency, g)
+            finally:
+                await pool.stop()
+
+        print(f"  {g:6d}  {asyncio.run(go()):9,.0f} inv/s", flush=True)
 
 
 def run_tenancy(counts: list[int], n: int, concurrency: int, workers: int) -> None:
@@ -208,9 +232,22 @@ def main() -> None:
     parser.add_argument("--guilds", default="1,10,100,1000",
                         help="guild counts for the tenancy table ('' to skip it)")
     parser.add_argument("--tenancy-only", action="store_true")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="also run the tenancy rows with the sandbox package found in DIR "
+                             "(e.g. `git archive main sandbox | tar -x -C DIR` plus the built "
+                             "_memguard module), first, in a child process")
+    parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     n = 3000 if args.quick else args.n
     counts = [int(c) for c in args.guilds.split(",") if c.strip()]
+    if args.plain:
+        run_plain(counts, n, args.concurrency, args.workers)
+        return
+    if args.baseline:
+        print(f"tenancy with the sandbox package of {args.baseline} (baseline):", flush=True)
+        subprocess.run([sys.executable, __file__, "--plain", "--guilds", args.guilds, "--n", str(n),
+                        "--concurrency", str(args.concurrency), "--workers", str(args.workers)],
+                       env={**os.environ, "PYTHONPATH": args.baseline}, check=True)
     if args.tenancy_only:
         run_tenancy(counts, n, args.concurrency, args.workers)
         return

@@ -101,11 +101,6 @@ class Placement:
         future.cancel()
         return True
 
-    def _dequeue(self, req: RequestState) -> None:
-        """The future of a request that was queued is done: forget it (if cancelled, at once)."""
-        self._queued.pop(req.future, None)
-        self._sched.cancel(req)
-
     # --- run slots --------------------------------------------------------------
     def _pump(self) -> None:
         """Give free run slots to queued requests (round robin, see the scheduler)."""

@@ -270,7 +270,8 @@ class Pool(Placement, Supervisor):
         on the event loop's thread. Raises PoolBusyError when the wait queue is
         full, PoolClosedError when the pool is not running; the future fails
         with PoolBusyError when no worker frees within the queue timeout.
-        Cancelling the future takes a queued request out of the queue at once.
+        ``withdraw(future)`` takes a queued request out of the queue at once
+        (a cancelled future is skipped when its turn comes).
         """
         loop = self._loop
         if loop is None:
@@ -310,7 +311,6 @@ class Pool(Placement, Supervisor):
         if req.deprioritised:
             self._c["deprioritised"] += 1
         self._timeouts.append(req)
-        req.future.add_done_callback(lambda _f: self._dequeue(req))
         self._ensure_tick()
         return req.future
 

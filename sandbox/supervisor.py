@@ -237,7 +237,7 @@ class Supervisor:
             self._c["crashes"] += 1
             log.warning("sandbox worker %d died during an invocation", w.pid)
             self._note_crash(w.req, reason, now)
-        elif not w.ready:
+        elif not w.ready and self._state in ("starting", "running"):
             log.error("sandbox worker %d died before it was ready", w.pid)
         # Only a worker that never became ready counts towards the spawn
         # back-off: no script has run in it, so the fault is the host's.

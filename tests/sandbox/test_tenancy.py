@@ -226,6 +226,11 @@ def test_quarantine_is_per_guild_and_script_version() -> None:
     run_with_pool(scenario, size=1, crash_limit=2)
 
 
+def slow_future(pool: Pool) -> "asyncio.Future[Any]":
+    """The future of the request running now (not queued)."""
+    return next(w.req.future for w in pool._workers.values() if w is not None and w.req)
+
+
 SPIN = block('''
 import time
 end = time.monotonic() + event.body["s"]
@@ -241,10 +246,10 @@ def test_queue_timeout_and_cancellation_of_queued_requests() -> None:
         await asyncio.sleep(0.1)
         waiting = [pool.submit(ref(ECHO), event(), LIMITS, guild="B") for _ in range(3)]
         assert pool.counters["queue_depth"] == 3
-        waiting[0].cancel()                          # the client went away
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        assert pool.withdraw(waiting[0])             # the client went away
+        assert waiting[0].cancelled()
         assert pool.counters["queue_depth"] == 2     # out of the queue at once
+        assert not pool.withdraw(slow_future(pool)) # a running request is left to finish
         t0 = time.monotonic()
         with pytest.raises(PoolBusyError):
             await waiting[1]
