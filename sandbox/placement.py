@@ -91,6 +91,8 @@ class Placement:
 
         def _kill(self, w: WorkerHandle) -> None: ...
 
+        def _ensure_tick(self) -> None: ...
+
     def withdraw(self, future: "asyncio.Future[Outcome]") -> bool:
         """Take a request that still waits in the queue out of it (its client left):
         True if it never reached a worker, and then its future is cancelled.  A
@@ -144,6 +146,7 @@ class Placement:
         else:
             self._homeless.append(req)
             self._top_up()
+            self._ensure_tick()
 
     # --- idle workers -----------------------------------------------------------
     def _park(self, w: WorkerHandle, now: float) -> None:

@@ -313,6 +313,13 @@ class Supervisor:
                 self._queued.pop(req.future, None)
                 self._c["busy_rejections"] += 1
                 req.future.set_exception(PoolBusyError("no sandbox worker became free in time"))
+        if self._homeless and not self._zygote_alive:
+            # No spare can come any more (the fork server died; logged as critical).
+            while self._homeless:
+                req = self._homeless.popleft()
+                self._end(req, 0.0)
+                if not req.future.done():
+                    req.future.set_exception(PoolBusyError("no sandbox worker can be started"))
         if pending or waiting or self._homeless:
             self._ensure_tick()
 
