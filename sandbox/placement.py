@@ -161,6 +161,16 @@ class Placement:
             idle.append(w)
         self._lru[w] = None
         w.idle_since = now
+        if self._homeless:
+            # Requests wait for a worker while every process was busy: the
+            # one of this guild takes it, else it makes room for a spare.
+            for req in self._homeless:
+                if req.guild == w.guild and not req.future.done():
+                    self._homeless.remove(req)
+                    self._unpark(w)
+                    self._dispatch(w, req)
+                    return
+            self._top_up()
 
     def _unpark(self, w: WorkerHandle) -> None:
         """Take ``w`` out of whichever idle structure holds it."""

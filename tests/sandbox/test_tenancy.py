@@ -303,3 +303,19 @@ def test_a_guild_over_its_budget_is_logged_once_and_served_last(
         run_with_pool(scenario, size=1, guild_budget_s=0.2)
     lines = [r.getMessage() for r in caplog.records if "guild A is over" in r.getMessage()]
     assert len(lines) == 1 and "logic_spender" in lines[0], lines  # once, though A ran again
+
+
+def test_requests_waiting_for_a_worker_get_one_when_every_process_was_busy() -> None:
+    # Two processes in all, both busy with guild A (alone, it used both run
+    # slots); B's request may run beside A's excess but no process is free:
+    # it gets a worker as soon as one of A's is idle (retired to make room).
+    async def scenario(pool: Pool) -> None:
+        a = [asyncio.ensure_future(pool.run(ref(SPIN), event({"s": 0.3}), LIMITS, guild="A"))
+             for _ in range(2)]
+        await asyncio.sleep(0.1)
+        b = asyncio.ensure_future(pool.run(ref(ECHO), event(), LIMITS, guild="B"))
+        outs = await asyncio.wait_for(asyncio.gather(*a, b), 10)
+        assert all(o.error_kind is None for o in outs), [o.error_message for o in outs]
+        assert pool.counters["workers"] <= 2
+
+    run_with_pool(scenario, size=2, max_workers=2, spares=1)
