@@ -43,9 +43,9 @@ def scenario(logic: Logic, tmp_path: Path) -> None:
     src = tmp_path / "s.py"
     src.write_text(SOURCE)
     behind = logic("guild", "create", "1", "--owner", "10", "--json", code=1)
-    assert behind.endswith('database schema is at version 0, this release needs 3: run "logic db upgrade"')
-    assert logic("db", "upgrade", "--json")["applied"] == [1, 2, 3]
-    assert logic("db", "upgrade", "--json") == {"applied": [], "from": 3, "to": 3}
+    assert behind.endswith('database schema is at version 0, this release needs 4: run "logic db upgrade"')
+    assert logic("db", "upgrade", "--json")["applied"] == [1, 2, 3, 4]
+    assert logic("db", "upgrade", "--json") == {"applied": [], "from": 4, "to": 4}
 
     assert logic("guild", "create", "1", "--owner", "10", "--json")["plan"] == "free"
     logic("guild", "create", "1", "--owner", "10", "--json", code=2)            # exists
@@ -112,7 +112,7 @@ def test_env_config_file_and_text_output(tmp_path):
     config.write_text(f'[database]\nurl = "sqlite:///{tmp_path}/c.db"\n'
                       '[server]\nbase_url = "https://logic.example"\n')
     logic = Logic("", tmp_path, env={"LOGIC_CONFIG": str(config)})
-    assert "upgraded from version 0 to 3" in logic("db", "upgrade", url=False)
+    assert "upgraded from version 0 to 4" in logic("db", "upgrade", url=False)
     assert logic("login-link", "5", url=False).startswith("https://logic.example/login/")
     bad = Logic("", tmp_path, env={"LOGIC_SERVER_HOTS": "x"})
     assert bad("db", "upgrade", url=False, code=2) == "logic: error: env: unknown variable LOGIC_SERVER_HOTS"
@@ -130,7 +130,7 @@ def test_commands_refuse_a_partly_migrated_database(tmp_path):
     database.initialize(None)
     logic = Logic(url, tmp_path)
     assert logic("script", "list", "1", "--json", code=1) == (
-        'logic: error: database schema is at version 2, this release needs 3: run "logic db upgrade"')
-    assert logic("db", "upgrade", "--json") == {"applied": [3], "from": 2, "to": 3}
-    assert logic("db", "version", "--json") == {"current": 3, "latest": 3}
+        'logic: error: database schema is at version 2, this release needs 4: run "logic db upgrade"')
+    assert logic("db", "upgrade", "--json") == {"applied": [3, 4], "from": 2, "to": 4}
+    assert logic("db", "version", "--json") == {"current": 4, "latest": 4}
     assert "secret regenerate" not in logic("--help") and "Commands:" in logic("--help")
