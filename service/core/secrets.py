@@ -30,7 +30,7 @@ HINT_CHARS = 4
 # argon2id with OWASP's baseline parameters (m=19 MiB, t=2, p=1): ~20-30 ms of
 # one core per hash. The secret has 256 bits of entropy, so the stretching is
 # not what protects it; the cost matters because unknown secrets are hashed
-# on the request path (at most 20 per IP per minute, see service.ratelimit).
+# on the request path (at most 20 per IP per minute, see service.http.ratelimit).
 # argon2-cffi's default (t=3, m=64 MiB, p=4) costs ~200 ms here and lets a few
 # wrong-secret floods from distinct IPs eat the CPU. Hashes made with other
 # parameters still verify: the parameters are stored in each hash.

@@ -10,7 +10,7 @@ This is a streaming Tornado `HTTPMessageDelegate` — the interface
 `@stream_request_body` handlers are built on — rather than a `RequestHandler`:
 the invoke path is the service's hot path, and `Application` routing plus
 `RequestHandler`'s per-request set-up cost about 75 µs of the ~225 µs a request
-may take (docs/performance.md). The HTTP connection (`service.http1`) sends
+may take (docs/performance.md). The HTTP connection (`service.http.connection`) sends
 every request under ``/endpoints/`` here; every other path goes to the Tornado
 `Application`.
 """
@@ -29,10 +29,10 @@ from tornado import httputil
 
 from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, ScriptRef
-from service.auth import presented_secret
-from service.base import error_body, new_request_id
+from service.http.auth import presented_secret
+from service.http.base import error_body, new_request_id
 from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
-from service.errors import (
+from service.http.errors import (
     OUTCOME_ERRORS,
     AuthThrottledError,
     BusyError,
@@ -46,15 +46,15 @@ from service.errors import (
     ServiceError,
     UnauthorizedError,
 )
-from service.event import build_event, client_ip, ip_allowed, parse_query, visible_headers
+from service.http.event import build_event, client_ip, ip_allowed, parse_query, visible_headers
 
 if TYPE_CHECKING:
     import asyncio
 
     from sandbox.pool import Outcome
-    from service.context import AppContext
+    from service.http.context import AppContext
     from service.core.invoke_target import InvokeTarget
-    from service.http1 import Exchange
+    from service.http.connection import Exchange
 
 _T = TypeVar("_T")
 
@@ -76,7 +76,7 @@ _SERVICE_SET = frozenset({"content-security-policy", "x-content-type-options", "
 class InvokeEndpoint(httputil.HTTPServerConnectionDelegate):
     """Starts one `InvokeRequest` per request; the HTTP connection routes ``/endpoints/`` here."""
 
-    #: Headers as a dict with lower-case names (service.http1), not HTTPHeaders.
+    #: Headers as a dict with lower-case names (service.http.connection), not HTTPHeaders.
     plain_headers = True
 
     def __init__(self, context: AppContext) -> None:
@@ -389,7 +389,7 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
             event = self.event
             if event is not None:  # history needs only these of it: free the body
                 self.event = {"query": event["query"], "headers": event["headers"]}
-            # Converted to records later, in the writer's thread (service.records).
+            # Converted to records later, in the writer's thread (service.http.records).
             self.context.records.put(self)
 
     # --- records (called in the record writer's thread, once answered) ----------------

@@ -1,4 +1,4 @@
-"""The batched record writer (`service.records`): what its users rely on.
+"""The batched record writer (`service.http.records`): what its users rely on.
 
 Real threads throughout. The only stand-in is the writer's injected
 dependency, `write_batch` (in the service: `service.core.records.write_batch`,
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from service.records import RecordWriter, expand
+from service.http.records import RecordWriter, expand
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 2.0) -> bool:

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from service.ratelimit import AUTH_FAILURES_PER_MINUTE, RateLimits
+from service.http.ratelimit import AUTH_FAILURES_PER_MINUTE, RateLimits
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""`service.http1`: a real `HTTP1Server` on loopback, driven with raw sockets.
+"""`service.http.connection`: a real `HTTP1Server` on loopback, driven with raw sockets.
 
 Each test starts the server (serving a small Tornado `Application`) in a
 thread that runs its own asyncio loop, then talks to it with blocking sockets,
@@ -28,7 +28,7 @@ import tornado.web
 from tornado import httputil
 from tornado.netutil import bind_sockets
 
-from service.http1 import ErrorRenderer, Exchange, HTTP1Server, ServerLimits
+from service.http.connection import ErrorRenderer, Exchange, HTTP1Server, ServerLimits
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """HTTP-facing service errors: each has a status and a stable code (DESIGN section 4).
 
-Handlers raise these; only `service.base.BaseHandler.write_error` turns them into
+Handlers raise these; only `service.http.base.BaseHandler.write_error` turns them into
 the JSON error envelope. The `message` is what the client sees; `log_message`, if
 any, is for the operator's log only and must never contain a secret.
 """

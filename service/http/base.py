@@ -17,10 +17,10 @@ from http import HTTPStatus
 
 from tornado.web import HTTPError, RequestHandler
 
-from service.errors import STATUS_CODES, NotFoundError, ServiceError
+from service.http.errors import STATUS_CODES, NotFoundError, ServiceError
 
 if TYPE_CHECKING:
-    from service.context import AppContext
+    from service.http.context import AppContext
 
 log = logging.getLogger("logic.http")
 

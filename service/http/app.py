@@ -1,7 +1,7 @@
 """`make_app(context)`: the Tornado `Application` built from each module's `routes`.
 
-The invoke endpoint is not among them: `service.http1` routes ``/endpoints/``
-straight to `service.invoke.InvokeEndpoint`.
+The invoke endpoint is not among them: `service.http.connection` routes ``/endpoints/``
+straight to `service.http.invoke.InvokeEndpoint`.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import logging
 
 from tornado.web import Application, RequestHandler
 
-from service import health
-from service.base import NotFoundHandler
-from service.context import AppContext
+from service.chat import handler as chat
+from service.http import health
+from service.http.base import NotFoundHandler
+from service.http.context import AppContext
 
 
 access_log = logging.getLogger("logic.access")
@@ -41,11 +42,12 @@ def make_app(context: AppContext) -> Application:
         for module in (health,)
         for pattern, handler in module.routes
     ]
+    handlers += chat.routes(context)  # the interactions endpoint, when a public key is set
     return Application(
         handlers,
         default_handler_class=NotFoundHandler,
         default_handler_args={"context": context},
-        xheaders=False,  # client IPs come from service.event.client_ip, never blindly
+        xheaders=False,  # client IPs come from service.http.event.client_ip, never blindly
         compress_response=False,
         log_function=log_request,
     )

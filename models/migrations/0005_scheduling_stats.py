@@ -1,4 +1,4 @@
-"""0004: per-bucket counts of requests that waited in the sandbox queue and of
+"""0005: per-bucket counts of requests that waited in the sandbox queue and of
 those that waited while their guild was deprioritised (over its worker-time
 budget).  Requests refused busy are the 503 rows already counted."""
 from __future__ import annotations

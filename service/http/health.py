@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from service.base import BaseHandler
-from service.errors import NotReadyError
+from service.http.base import BaseHandler
+from service.http.errors import NotReadyError
 
 
 READY_DB_TIMEOUT_S = 2.0

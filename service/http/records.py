@@ -28,7 +28,7 @@ log = logging.getLogger("logic.records")
 
 
 class Recordable(Protocol):
-    """A finished request that knows its records (see `service.invoke.InvokeRequest`)."""
+    """A finished request that knows its records (see `service.http.invoke.InvokeRequest`)."""
 
     def history_slot(self) -> tuple[int, int] | None:
         """(endpoint id, history size of its plan) if it goes to history, else None."""

@@ -1,4 +1,4 @@
-"""`logic serve` and `logic demo`: run the HTTP service (thin; see `service.server`)."""
+"""`logic serve` and `logic demo`: run the HTTP service (thin; see `service.http.server`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
-from service.cli import EXIT_ERROR, CommandError, State, cli, pass_state
+from service.cli.base import EXIT_ERROR, CommandError, State, cli, pass_state
 
 
 def _configure_logging() -> None:
@@ -16,7 +16,7 @@ def _configure_logging() -> None:
     root.setLevel(logging.INFO)
     for handler in root.handlers:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    # Per-request lines go to "logic.access" at DEBUG (see service.app.log_request):
+    # Per-request lines go to "logic.access" at DEBUG (see service.http.app.log_request):
     # not shown at INFO, so a flood of bad requests cannot fill the disk.
 
 
@@ -40,7 +40,7 @@ def _apply(state: State, host: str | None, port: int | None, workers: int | None
 @pass_state
 def serve(state: State, host: str | None, port: int | None, workers: int | None) -> None:
     """Serve the invoke endpoint and health checks until SIGTERM/SIGINT."""
-    from service.server import serve as run
+    from service.http.server import serve as run
 
     _apply(state, host, port, workers)
     settings = state.settings
@@ -57,8 +57,8 @@ def serve(state: State, host: str | None, port: int | None, workers: int | None)
 @pass_state
 def demo(state: State, host: str | None, port: int | None, workers: int | None) -> None:
     """Create a demo guild, script and endpoint; print its URL, secret and a curl line; serve."""
-    from service.demo import setup_demo
-    from service.server import serve as run
+    from service.cli.demo import setup_demo
+    from service.http.server import serve as run
 
     _apply(state, host, port, workers)
     settings = state.settings

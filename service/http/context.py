@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from service.auth import SecretVerifier
-from service.ratelimit import RateLimits
-from service.records import RecordWriter
+from service.http.auth import SecretVerifier
+from service.http.ratelimit import RateLimits
+from service.http.records import RecordWriter
 
 if TYPE_CHECKING:
     from sandbox.pool import Pool
@@ -48,7 +48,7 @@ class RecentTargets:
 
 @dataclass
 class AppContext:
-    """What handlers need, built once by `service.server` and never global."""
+    """What handlers need, built once by `service.http.server` and never global."""
 
     settings: Settings
     pool: Pool

@@ -1,11 +1,13 @@
-"""The `logic` command (DESIGN section 9): parses arguments, builds the
-`Settings`, calls the service layer and prints.  No rules of its own.
+"""The `logic` group and what its commands share: `State`, options, `emit`, `main`.
+
+A command parses arguments, builds the `Settings`, calls the service layer and
+prints.  No rules of its own.
 
 Output: human-readable lines, or with `--json` exactly one JSON object on
 stdout.  Errors: one line on stderr, exit 2 (usage, bad input, not found),
 3 (permission refused), 4 (quota or plan refused), 1 (anything else, e.g. a
-database that is behind).  Add a command with `@cli.command()` or to a group
-(`guild`, `script`, ...); `serve` and `demo` plug in the same way:
+database that is behind).  A command module attaches to `cli` (and is listed
+in `service/cli/__init__.py`), e.g.:
 
     @cli.command()
     @click.option("--port", type=int, default=None)
@@ -124,11 +126,6 @@ def cli(ctx: click.Context, database_url: str | None, config: str | None) -> Non
     # Env and file precedence is handled by load_settings, so these options
     # have no click-level default that would override the config file.
     ctx.obj = State(database_url=database_url, config=config)
-
-
-# Register the command groups (their modules attach to `cli`).
-from service import cli_commands  # noqa: E402,F401  (import for side effects)
-from service import cli_serve  # noqa: E402,F401  (serve, demo)
 
 
 def _exit_code(err: CoreError) -> int:

@@ -19,7 +19,7 @@ from tornado.httputil import HTTPHeaders
 
 from models.clock import iso
 from service.core.records import SECRET_HEADERS
-from service.errors import InvalidBodyError
+from service.http.errors import InvalidBodyError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -59,7 +59,7 @@ def visible_headers(headers: HTTPHeaders | dict[str, str]) -> dict[str, str]:
     """Lower-case request headers without the ones that carry credentials.
 
     `headers`: Tornado's `HTTPHeaders`, or a dict that already has lower-case
-    names and repeated names joined (`service.http1`'s plain headers).
+    names and repeated names joined (`service.http.connection`'s plain headers).
     """
     if not isinstance(headers, HTTPHeaders):
         return {name: value for name, value in headers.items() if name not in HIDDEN_HEADERS}

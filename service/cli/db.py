@@ -1,0 +1,42 @@
+"""`logic db`: the database schema (upgrade, version)."""
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from service import core
+from service.cli.base import State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
+
+
+@cli.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+@json_option
+@pass_state
+def db_upgrade(state: State, as_json: bool) -> None:
+    """Bring the database to this release's schema (idempotent)."""
+    from models.db import database
+    from models.migrate import Runner
+    state.open_database(check_schema=False)
+    runner = Runner(database.obj)
+    before = runner.current_version()
+    applied = runner.upgrade()
+    data = {"from": before, "to": runner.current_version(), "applied": applied}
+    emit(data, as_json, lambda d: (f"database schema upgraded from version {d['from']} to {d['to']}"
+                                   if d["applied"] else f"database schema is current (version {d['to']})"))
+
+
+@db.command("version")
+@json_option
+@pass_state
+def db_version(state: State, as_json: bool) -> None:
+    """Show the schema version of the database and of this release."""
+    from models.db import database
+    from models.migrate import Runner
+    state.open_database(check_schema=False)
+    runner = Runner(database.obj)
+    emit({"current": runner.current_version(), "latest": runner.latest}, as_json)
