@@ -133,9 +133,7 @@ class Placement:
         guild = req.guild
         idle = self._guild_idle.get(guild)
         if idle:
-            w = idle.pop()
-            if not idle:
-                del self._guild_idle[guild]
+            w = idle.pop()   # an emptied list stays (no churn on the hot path)
             del self._lru[w]
             self._dispatch(w, req)
         elif self._idle:
@@ -179,8 +177,6 @@ class Placement:
             idle = self._guild_idle.get(w.guild or "")
             if idle is not None and w in idle:
                 idle.remove(w)
-                if not idle:
-                    del self._guild_idle[w.guild or ""]
             return
         try:
             self._idle.remove(w)
@@ -232,6 +228,8 @@ class Placement:
             self._kill(w)
             self._workers.pop(w.slot, None)
         self._sched.sweep()
+        for guild in [g for g, idle in self._guild_idle.items() if not idle]:
+            del self._guild_idle[guild]
         stale = [k for k, times in self._crashes.items()
                  if not times or now - times[-1] > self.crash_window_s]
         for k in stale:

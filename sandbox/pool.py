@@ -31,7 +31,7 @@ import select
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from sandbox import protocol, zygote
@@ -300,9 +300,8 @@ class Pool(Placement, Supervisor):
             self._c["busy_rejections"] += 1
             raise PoolBusyError("sandbox queue is full")
         req.deadline = loop.time() + self.queue_timeout
-        sched.push(req)
         self._queued[req.future] = req
-        if sched.waiting > 1:
+        if sched.push(req):
             self._pump()  # a fair request may run beside other guilds' waiting excess
             if not req.queued:
                 return req.future
@@ -427,10 +426,8 @@ class Pool(Placement, Supervisor):
             return
         if msg["over"]:
             self._c["memory_kills"] += 1
-        outcome = from_result(msg["r"], msg["dur"], msg["peak"])
-        if req.waited:
-            outcome = replace(outcome, waited=True, deprioritised=req.deprioritised)
-        req.resolve(outcome)
+        req.resolve(from_result(msg["r"], msg["dur"], msg["peak"], req.waited,
+                                req.deprioritised))
         if msg["exit"] or msg["over"] or w.jobs >= w.max_jobs:
             self._replace(w, None, backoff=False)
         else:

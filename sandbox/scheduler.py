@@ -119,8 +119,9 @@ class Scheduler:
         return fell
 
     # --- the queue -------------------------------------------------------------
-    def push(self, req: Queued) -> None:
-        """Queue ``req`` behind its guild's earlier requests."""
+    def push(self, req: Queued) -> bool:
+        """Queue ``req`` behind its guild's earlier requests; True when a request
+        of its guild could start at once (fair, with fair room: call ``pop``)."""
         g = self.guilds.get(req.guild)
         if g is None:
             g = self.guilds[req.guild] = GuildState(req.guild, self.budget, self.clock())
@@ -130,6 +131,7 @@ class Scheduler:
         self.waiting += 1
         if g.ring < 0:
             self._place(g)
+        return g.ring == READY and self.running - self.excess < self.size
 
     def pop(self) -> Queued | None:
         """The next request to run (its slot taken, ``req.excess`` set), or None."""
@@ -210,7 +212,9 @@ class Scheduler:
             ring = OVER
         else:
             ring = READY
-        if ring == g.ring and not rotate:
+        if ring == g.ring:
+            if rotate and ring >= 0:
+                self._rings[ring].move_to_end(g)
             return
         if g.ring >= 0:
             del self._rings[g.ring][g]

@@ -95,7 +95,9 @@ def test_round_robin_between_guilds_fifo_within() -> None:
     sim = Sim(s)
     sim.submit("X")
     sim.submit("X")                              # both slots busy with X (1 fair, 1 excess)
-    reqs = [s.push(r) or r for r in (Req(g, i) for i in range(3) for g in "ABC")]
+    reqs = [Req(g, i) for i in range(3) for g in "ABC"]
+    for r in reqs:
+        s.push(r)
     assert s.waiting == 9 and all(r.queued for r in reqs)
     order = []
     for _ in range(9):
