@@ -9,19 +9,28 @@ Run: ``python bench/sandbox_bench.py`` (``--quick`` for a short run).
    overhead per invocation (pool p50 minus in-process p50).
 3. Memory accounting: an allocation-heavy script run in-process with no
    accounting, with ``_memguard`` armed, and with tracemalloc.
+4. Tenancy: invocations/s with the requests of 1, 10, 100 and 1,000 guilds
+   interleaved round robin (each guild its own script), through a pool that
+   shares workers between guilds (``guild_workers=False``, the behaviour
+   before per-guild workers) and through the default pool (a worker never
+   serves two guilds), in the same run; plus the forks and retirements the
+   default pool needed (``--guilds`` picks the counts).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import os
+import subprocess
 import statistics
 import sys
 import time
 import tracemalloc
 from typing import Any, Callable
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+if "--plain" not in sys.argv:  # --baseline's child imports the sandbox from PYTHONPATH
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from sandbox.compiler import compile_script  # noqa: E402
 from sandbox.limits import MEMGUARD_AVAILABLE, GuardAccountant  # noqa: E402
@@ -112,6 +121,79 @@ async def bench_pool(pool: Pool, n: int, concurrency: int) -> tuple[float, float
     return rate, cpu_us, latencies
 
 
+async def bench_guilds(pool: Pool, n: int, concurrency: int, guilds: int) -> float:
+    """Invocations/s with ``guilds`` guilds' requests interleaved round robin."""
+    limits = Limits(time_ms=1000, memory_kb=512)
+    event = make_event(BODY)
+    refs = [ScriptRef(f"logic_bench_{g:05d}", 1, VALIDATE) for g in range(guilds)]
+    for g in range(min(guilds, 256)):  # warm: every guild ran once (as far as workers go)
+        args = (str(g),) if "guild" in inspect.signature(Pool.run).parameters else ()
+        assert (await pool.run(refs[g], event, limits, *args)).status == 200
+    counter = iter(range(n))
+    # A pool from before the guild was part of the submission (--baseline).
+    has_guild = "guild" in inspect.signature(Pool.run).parameters
+
+    async def client() -> None:
+        for i in counter:
+            g = i % guilds
+            if has_guild:
+                out = await pool.run(refs[g], event, limits, str(g))
+            else:
+                out = await pool.run(refs[g], event, limits)
+            assert out.status == 200, out
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return n / (time.perf_counter() - t0)
+
+
+def run_plain(counts: list[int], n: int, concurrency: int, workers: int) -> None:
+    """The tenancy rows for whatever ``sandbox`` is on the path (--baseline's child)."""
+    for g in counts:
+        pool = Pool(size=workers)
+        pool.start()
+
+        async def go(pool: Pool = pool, g: int = g) -> float:
+            try:
+                return await bench_guilds(pool, n, concurrency, g)
+            finally:
+                await pool.stop()
+
+        print(f"  {g:6d}  {asyncio.run(go()):9,.0f} inv/s", flush=True)
+
+
+def run_tenancy(counts: list[int], n: int, concurrency: int, workers: int) -> None:
+    """Section 4: the before/after table."""
+    print(f"tenancy: {n} invocations per cell, {concurrency} in flight, {workers} run slots")
+    rows: dict[int, list[str]] = {g: [] for g in counts}
+    base: dict[str, float] = {}
+    for label, options in (("shared workers (before)", {"guild_workers": False}),
+                           ("per-guild workers", {})):
+        for g in counts:
+            pool = Pool(size=workers, **options)  # type: ignore[arg-type]
+            pool.start()
+
+            async def go(pool: Pool = pool, g: int = g) -> tuple[float, dict[str, int]]:
+                try:
+                    rate = await bench_guilds(pool, n, concurrency, g)
+                    return rate, pool.counters
+                finally:
+                    await pool.stop()
+
+            rate, counters = asyncio.run(go())
+            base.setdefault(label, rate)
+            rows[g].append(f"{rate:9,.0f} inv/s ({rate / base[label]:4.2f} of 1 guild)")
+            if options == {}:
+                rows[g].append(f"workers {counters['workers']:4d}, retired {counters['retired']:6d}, "
+                               f"max {pool.max_workers}")
+    print(f"  {'guilds':>6}  {'shared workers (before)':32}  {'per-guild workers (after)':32}")
+    for g in counts:
+        print(f"  {g:6d}  " + "  ".join(f"{c:32}" for c in rows[g]))
+    first = counts[0]
+    print(f"  after/before at {first} guild(s): see the two rates above "
+          f"(target: within 10 %)")
+
+
 def bench_memory(n_rows: int, reps: int) -> dict[str, float]:
     script = compile_script(ALLOCATE).script
     assert script is not None
@@ -147,8 +229,28 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--spin-us", type=int, default=0, help="Pool(worker_spin_us=...)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--guilds", default="1,10,100,1000",
+                        help="guild counts for the tenancy table ('' to skip it)")
+    parser.add_argument("--tenancy-only", action="store_true")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="also run the tenancy rows with the sandbox package found in DIR "
+                             "(e.g. `git archive main sandbox | tar -x -C DIR` plus the built "
+                             "_memguard module), first, in a child process")
+    parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     n = 3000 if args.quick else args.n
+    counts = [int(c) for c in args.guilds.split(",") if c.strip()]
+    if args.plain:
+        run_plain(counts, n, args.concurrency, args.workers)
+        return
+    if args.baseline:
+        print(f"tenancy with the sandbox package of {args.baseline} (baseline):", flush=True)
+        subprocess.run([sys.executable, __file__, "--plain", "--guilds", args.guilds, "--n", str(n),
+                        "--concurrency", str(args.concurrency), "--workers", str(args.workers)],
+                       env={**os.environ, "PYTHONPATH": args.baseline}, check=True)
+    if args.tenancy_only:
+        run_tenancy(counts, n, args.concurrency, args.workers)
+        return
 
     pool = Pool(size=args.workers, worker_spin_us=args.spin_us)  # before any loop or thread, as the service does
     pool.start()
@@ -172,6 +274,9 @@ def main() -> None:
     print(f"p50 overhead per invocation: {p50 - inproc_p50:.1f} us (latency, one at a time)")
     print(f"added cost per invocation at saturation: "
           f"{1e6 / pool_rate - 1e6 / inproc_rate:.1f} us (from the two rates)")
+
+    if counts:
+        run_tenancy(counts, n, args.concurrency, args.workers)
 
     mem = bench_memory(2000 if args.quick else 20000, 5 if args.quick else 15)
     base = mem["none"]

@@ -42,6 +42,10 @@ class StatBucket(BaseModel):
     h10 = IntegerField(default=0)
     h11 = IntegerField(default=0)
     test_count = IntegerField(default=0)           # how many of `count` were test calls
+    #: Of `count`: requests that waited in the sandbox queue for a worker, and
+    #: those that waited while their guild was over its worker-time budget.
+    queued = IntegerField(default=0)
+    deprioritised = IntegerField(default=0)
 
     class Meta:
         indexes = ((("endpoint", "granularity", "start", "status"), True),)

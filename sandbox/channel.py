@@ -27,11 +27,18 @@ class RequestState:
     """One ``pool.run`` call: its future, what to run and its deadline."""
 
     __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker",
-                 "ships_source", "asked_source")
+                 "ships_source", "asked_source", "guild", "queued", "deprioritised", "waited",
+                 "seated", "excess")
 
     def __init__(self, future: "asyncio.Future[Any]", kind: str, ref: Any,
-                 event: dict[str, Any], limits: "Limits") -> None:
+                 event: dict[str, Any], limits: "Limits", guild: str = "") -> None:
         self.future = future
+        self.guild = guild        # the tenant: only workers bound to it may run this
+        self.queued = False       # in the scheduler's queue now
+        self.waited = False       # was queued at some point
+        self.deprioritised = False  # queued while its guild was over its budget
+        self.seated = False       # holds one of the scheduler's run slots
+        self.excess = False       # ... beyond its guild's fair share (sandbox.scheduler)
         self.kind = kind  # "job", or "exec" for the test hook
         self.ref = ref
         self.event = event
@@ -55,7 +62,8 @@ class WorkerHandle:
     """The service's view of one worker process."""
 
     __slots__ = ("slot", "pid", "pidfd", "sock", "fd", "reader", "known", "cache_size", "jobs",
-                 "max_jobs", "spawned_at", "ready", "req", "alive", "outbuf", "_proc")
+                 "max_jobs", "spawned_at", "ready", "req", "alive", "outbuf", "_proc", "guild",
+                 "idle_since")
 
     def __init__(self, slot: int, pid: int, channel_fd: int, pidfd: int, *, cache_size: int,
                  max_jobs: int, now: float) -> None:
@@ -76,6 +84,10 @@ class WorkerHandle:
         self.alive = True
         self.outbuf: bytearray | None = None
         self._proc: psutil.Process | None = None
+        # None: a spare that has run nobody's code; else the one guild it may
+        # ever serve (bound at its first job, until it exits).
+        self.guild: str | None = None
+        self.idle_since = now
 
     def job_frame(self, req: RequestState) -> bytes:
         """Encode ``req`` for this worker; the source goes along only if it lacks it.

@@ -40,6 +40,10 @@ class Outcome:
     traceback: str | None
     duration_ms: float
     peak_memory_bytes: int
+    #: The request waited in the pool's queue for a run slot.
+    waited: bool = False
+    #: It waited while its guild was over its worker-time budget (served last).
+    deprioritised: bool = False
 
     @property
     def ok(self) -> bool:
@@ -47,7 +51,8 @@ class Outcome:
         return self.error_kind is None
 
 
-def from_result(r: dict[str, Any], duration_ms: float, peak: int) -> Outcome:
+def from_result(r: dict[str, Any], duration_ms: float, peak: int, waited: bool = False,
+                deprioritised: bool = False) -> Outcome:
     """Map a validated ``run_endpoint`` result (see ``protocol.check_result``)."""
     error = r["error"]
     if error is not None:
@@ -57,18 +62,20 @@ def from_result(r: dict[str, Any], duration_ms: float, peak: int) -> Outcome:
             replied=False, output=r["output"], error_kind=kind,
             error_message=error["message"], error_line=error["line"],
             traceback=error["traceback"], duration_ms=duration_ms, peak_memory_bytes=peak,
+            waited=waited, deprioritised=deprioritised,
         )
     if not r["replied"]:
         return Outcome(
             status=200, headers=[], body=NO_REPLY_BODY, content_type=JSON_TYPE,
             replied=False, output=r["output"], error_kind=None, error_message=None,
             error_line=None, traceback=None, duration_ms=duration_ms, peak_memory_bytes=peak,
+            waited=waited, deprioritised=deprioritised,
         )
     return Outcome(
         status=r["status"], headers=[(n, v) for n, v in r["headers"]], body=r["body"],
         content_type=r["contentType"], replied=True, output=r["output"], error_kind=None,
         error_message=None, error_line=None, traceback=None, duration_ms=duration_ms,
-        peak_memory_bytes=peak,
+        peak_memory_bytes=peak, waited=waited, deprioritised=deprioritised,
     )
 
 

@@ -5,17 +5,19 @@ is still single-threaded and waits until every worker reported ready; from
 then on workers are forked by the zygote, never by the service.  The event
 loop side is lazily attached by the first ``await pool.run(...)``.
 
-Hot path (PERFORMANCE.md): ``run`` takes an idle worker from a deque, writes
-one frame and awaits a plain future; the channel's reader callback decodes the
-reply and resolves that future directly.  No queue object, task or
-``wait_for`` per request: one ticker (every ``TICK_S`` while anything is in
-flight) enforces run deadlines and queue deadlines.
+Hot path (PERFORMANCE.md): ``submit`` asks the fair queue
+(``sandbox.scheduler``) for a run slot, takes an idle worker of the request's
+guild (``sandbox.placement``: one guild per worker, warm spares, LRU
+retirement, crash quarantine), writes one frame and returns a plain future;
+the channel's reader callback decodes the reply and resolves that future
+directly.  No task or ``wait_for`` per request: one ticker (every ``TICK_S``
+while anything is in flight) enforces run deadlines and queue deadlines.
 
 Supervision, after gunicorn's arbiter: a worker past its deadline is
 SIGKILLed (through a pidfd, immune to pid reuse) and its channel closed at once
 so a late reply can never be read as another request's answer; dead workers
-are replaced at once, with exponential back-off when they die right after
-being spawned (a crash loop); workers are recycled after ``max_jobs`` (plus
+are replaced at once by spares (exponential back-off only for workers that
+die before they are ready: no script ran there); workers are recycled after ``max_jobs`` (plus
 jitter) or when their RSS passes ``max_rss_mb``.  There is no separate
 heartbeat: a worker is only ever asked to do something under a deadline,
 and an idle worker that dies is seen at once as EOF on its channel.
@@ -25,11 +27,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import pwd
 import select
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,8 @@ from sandbox.errors import PoolBusyError, PoolClosedError, ProtocolError, SpawnE
 from sandbox.hardening import HardeningConfig
 from sandbox.limits import COMPILE_BUDGET_MS, Limits, current_address_space
 from sandbox.outcome import Outcome, failure, from_result
+from sandbox.placement import Placement, QuarantineKey, derived_max_workers, sandbox_user
+from sandbox.scheduler import Scheduler
 from sandbox.supervisor import HOUSEKEEPING_S, TICK_S, Supervisor
 from sandbox.worker import WorkerConfig
 
@@ -63,16 +66,8 @@ class ScriptRef:
             raise TypeError("ScriptRef needs key: str, version: int, source: str")
 
 
-def _sandbox_user(name: str) -> tuple[int, int]:
-    try:
-        entry = pwd.getpwnam(name)
-        return entry.pw_uid, entry.pw_gid
-    except KeyError:
-        return 65534, 65534
-
-
-class Pool(Supervisor):
-    """N hardened workers behind an asyncio API.  See docs/architecture.md."""
+class Pool(Placement, Supervisor):
+    """Hardened workers, one guild per worker, behind an asyncio API.  See docs/architecture.md."""
 
     def __init__(self, size: int | None = None, *, queue_timeout_ms: int = 2000,
                  max_queue: int | None = None, max_jobs: int = 10_000, max_jobs_jitter: int = 1000,
@@ -80,7 +75,11 @@ class Pool(Supervisor):
                  address_space_mb: int = 768, compile_cache: int = 64, user: str = "nobody",
                  network_namespace: bool = True, drop_user: bool = True, seccomp: bool = True,
                  prefer_memguard: bool = True, worker_spin_us: int = 0,
-                 fresh_interpreter: bool = True,
+                 fresh_interpreter: bool = True, max_workers: int | None = None,
+                 spares: int | None = None, guild_share: float = 0.5,
+                 guild_budget_s: float = 60.0, idle_retire_s: float = 60.0,
+                 crash_limit: int = 3, crash_window_s: float = 60.0, quarantine_s: float = 60.0,
+                 guild_workers: bool = True,
                  _unsafe_test_hooks: bool = False) -> None:
         # Builds configuration only: nothing here changes the process.
         if size is not None and size < 1:
@@ -88,6 +87,17 @@ class Pool(Supervisor):
         if queue_timeout_ms < 0 or max_jobs < 1 or max_jobs_jitter < 0:
             raise ValueError("queue_timeout_ms, max_jobs and max_jobs_jitter must be positive")
         self.size = size or os.cpu_count() or 1
+        #: Worker processes at most (spares and bound workers); 0/None: derived.
+        self.max_workers = max(self.size, max_workers or derived_max_workers(self.size))
+        self.spares = spares if spares is not None else self.size
+        self.spares = max(1, min(self.spares, self.max_workers))
+        self.idle_retire_s = idle_retire_s
+        self.crash_limit = crash_limit
+        self.crash_window_s = crash_window_s
+        self.quarantine_s = quarantine_s
+        # False: every request counts as one guild ("" ), as before per-guild
+        # workers (kept for the benchmark's baseline).
+        self.guild_workers = guild_workers
         self.queue_timeout = queue_timeout_ms / 1000.0
         self.max_queue = max_queue if max_queue is not None else 256 * self.size
         self.max_jobs = max_jobs
@@ -96,7 +106,7 @@ class Pool(Supervisor):
         self.kill_grace = kill_grace_ms / 1000.0
         self.spawn_timeout = spawn_timeout_s
         self._address_space_mb = address_space_mb
-        uid, gid = _sandbox_user(user)
+        uid, gid = sandbox_user(user)
         self._hcfg = HardeningConfig(address_space=0, network_namespace=network_namespace,
                                      drop_user=drop_user, uid=uid, gid=gid, seccomp=seccomp)
         self._compile_cache = compile_cache
@@ -106,8 +116,16 @@ class Pool(Supervisor):
         # The zygote execs a new interpreter: no service memory in workers (R9).
         self._fresh_interpreter = fresh_interpreter
         self._workers: dict[int, WorkerHandle | None] = {}
-        self._idle: deque[WorkerHandle] = deque()
-        self._waiters: deque[RequestState] = deque()
+        self._idle: deque[WorkerHandle] = deque()           # spares
+        self._guild_idle: dict[str, list[WorkerHandle]] = {}
+        self._lru: OrderedDict[WorkerHandle, None] = OrderedDict()
+        self._homeless: deque[RequestState] = deque()
+        self._sched = Scheduler(self.size, guild_share, guild_budget_s)
+        self._timeouts: deque[RequestState] = deque()
+        self._queued: dict[asyncio.Future[Outcome], RequestState] = {}  # waiting, by future
+        self._crashes: dict[QuarantineKey, deque[float]] = {}
+        self._quarantine: dict[QuarantineKey, tuple[float, str, int]] = {}
+        self._next_slot = 0
         self._failures: dict[int, int] = {}
         self._spawning: dict[int, float] = {}
         self._zygote_alive = True
@@ -120,14 +138,26 @@ class Pool(Supervisor):
         self._state = "new"
         self._next_id = 0
         self._busy = 0
+        self._unready = 0  # registered workers that have not said "ready" yet
         self._c = dict.fromkeys(("invocations", "timeouts", "memory_kills", "crashes",
-                                 "restarts", "busy_rejections"), 0)
+                                 "restarts", "busy_rejections", "queued", "deprioritised",
+                                 "quarantined", "retired"), 0)
 
     # --- public properties ------------------------------------------------
     @property
     def counters(self) -> dict[str, int]:
-        """invocations, timeouts, memory_kills, crashes, restarts, queue_depth, busy_rejections."""
-        return {**self._c, "queue_depth": len(self._waiters)}
+        """invocations, timeouts, memory_kills, crashes, restarts, busy_rejections, queued,
+        deprioritised, quarantined, retired; queue_depth, workers (processes), guilds
+        (with a bound worker)."""
+        return {**self._c, "queue_depth": self._sched.waiting,
+                "workers": sum(1 for w in self._workers.values() if w is not None),
+                "guilds": len({w.guild for w in self._workers.values()
+                               if w is not None and w.guild is not None})}
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The fair queue (read-only use: standing of guilds, for operators and tests)."""
+        return self._sched
 
     @property
     def hardening(self) -> dict[str, bool]:
@@ -170,11 +200,12 @@ class Pool(Supervisor):
                            self._test_hooks, self._spin_us)
         self._zygote_pid, self._ctl = zygote.start(cfg, self._fresh_interpreter)
         self._ctl.setblocking(False)
-        for slot in range(self.size):
+        for slot in range(self.spares):
             self._workers[slot] = None
             self._request_spawn(slot)
+        self._next_slot = self.spares
         deadline = time.monotonic() + self.spawn_timeout
-        while self.live_workers < self.size:
+        while self.live_workers < self.spares:
             left = deadline - time.monotonic()
             if left <= 0 or self._state != "starting" or not self._zygote_alive:
                 self._abort_start()
@@ -221,22 +252,26 @@ class Pool(Supervisor):
         return loop
 
     # --- the hot path ------------------------------------------------------
-    async def run(self, ref: ScriptRef, event: dict[str, Any], limits: Limits) -> Outcome:
-        """Run the script's endpoint block for one event.
+    async def run(self, ref: ScriptRef, event: dict[str, Any], limits: Limits,
+                  guild: str = "") -> Outcome:
+        """Run the script's endpoint block for one event, on a worker of ``guild``.
 
         Raises PoolBusyError when no worker frees within the queue timeout or
         the wait queue is full, PoolClosedError when the pool is not running.
         """
-        return await self.submit(ref, event, limits)
+        return await self.submit(ref, event, limits, guild)
 
-    def submit(self, ref: ScriptRef, event: dict[str, Any], limits: Limits
+    def submit(self, ref: ScriptRef, event: dict[str, Any], limits: Limits, guild: str = ""
                ) -> asyncio.Future[Outcome]:
         """`run` without a coroutine: the future of the outcome (callers add a callback).
 
-        Must be called on the event loop's thread. Raises PoolBusyError when the
-        wait queue is full, PoolClosedError when the pool is not running; the
-        future fails with PoolBusyError when no worker frees within the queue
-        timeout.
+        ``guild`` is the tenant: the request runs only on a worker bound to it
+        and is scheduled fairly against other guilds' requests.  Must be called
+        on the event loop's thread. Raises PoolBusyError when the wait queue is
+        full, PoolClosedError when the pool is not running; the future fails
+        with PoolBusyError when no worker frees within the queue timeout.
+        ``withdraw(future)`` takes a queued request out of the queue at once
+        (a cancelled future is skipped when its turn comes).
         """
         loop = self._loop
         if loop is None:
@@ -245,16 +280,37 @@ class Pool(Supervisor):
             raise PoolClosedError("pool is stopping")
         elif asyncio.get_running_loop() is not loop:
             loop = self._attach()
-        req = RequestState(loop.create_future(), "job", ref, event, limits)
-        if self._idle:
-            self._dispatch(self._idle.pop(), req)
-        else:
-            if len(self._waiters) >= self.max_queue:
-                self._c["busy_rejections"] += 1
-                raise PoolBusyError("sandbox queue is full")
-            req.deadline = loop.time() + self.queue_timeout
-            self._waiters.append(req)
-            self._ensure_tick()
+        if not self.guild_workers:
+            guild = ""
+        req = RequestState(loop.create_future(), "job", ref, event, limits, guild)
+        if self._quarantine:
+            answer = self._quarantined(req, loop.time())
+            if answer is not None:
+                req.future.set_result(answer)
+                return req.future
+        sched = self._sched
+        if not sched.waiting:
+            excess = sched.start(guild)
+            if excess >= 0:
+                req.excess = excess == 1
+                req.seated = True
+                self._seat(req)
+                return req.future
+        if sched.waiting >= self.max_queue:
+            self._c["busy_rejections"] += 1
+            raise PoolBusyError("sandbox queue is full")
+        req.deadline = loop.time() + self.queue_timeout
+        self._queued[req.future] = req
+        if sched.push(req):
+            self._pump()  # a fair request may run beside other guilds' waiting excess
+            if not req.queued:
+                return req.future
+        req.waited = True
+        self._c["queued"] += 1
+        if req.deprioritised:
+            self._c["deprioritised"] += 1
+        self._timeouts.append(req)
+        self._ensure_tick()
         return req.future
 
     def _dispatch(self, w: WorkerHandle, req: RequestState) -> None:
@@ -264,8 +320,10 @@ class Pool(Supervisor):
         try:
             frame = w.job_frame(req)
         except ProtocolError as exc:
-            self._release(w)
+            self._park(w, self._loop.time())
+            self._end(req, 0.0)
             req.resolve(failure("script_error", f"invocation cannot be sent: {exc.message}", 0.0))
+            self._pump()
             return
         now = self._loop.time()
         req.t0 = now
@@ -282,26 +340,13 @@ class Pool(Supervisor):
         self._ensure_tick()
         if not w.send(frame, self._loop, self._on_writable):
             # The worker died before it could take the job (its EOF is not
-            # processed yet): replace it and give the request to another one.
+            # processed yet): replace it and give the request another worker.
             w.req = None
             self._busy -= 1
             if req.kind == "job":
                 self._c["invocations"] -= 1
             self._worker_lost(w)
-            if self._idle:
-                self._dispatch(self._idle.pop(), req)
-            else:
-                req.deadline = now + self.queue_timeout
-                self._waiters.appendleft(req)
-
-    def _release(self, w: WorkerHandle) -> None:
-        waiters = self._waiters
-        while waiters:
-            req = waiters.popleft()
-            if not req.future.done():
-                self._dispatch(w, req)
-                return
-        self._idle.append(w)
+            self._seat(req)
 
     def _on_writable(self, w: WorkerHandle) -> None:
         if not w.flush(self._loop):
@@ -325,6 +370,8 @@ class Pool(Supervisor):
         except ProtocolError as exc:
             log.error("sandbox worker %d sent an invalid frame (%s); killing it", w.pid, exc.message)
             self._c["crashes"] += 1
+            if w.req is not None and self._loop is not None:
+                self._note_crash(w.req, "sandbox worker sent an invalid reply", self._loop.time())
             self._replace(w, failure("crash", "sandbox worker sent an invalid reply",
                                      self._elapsed(w)), backoff=False)
 
@@ -335,10 +382,11 @@ class Pool(Supervisor):
             if w.ready:
                 raise ProtocolError("second ready message")
             w.ready = True
+            self._unready -= 1
             self._merge_hardening(msg["hard"], msg["notes"])
             if self._loop is not None:
                 self._loop.call_later(1.0, self._clear_failures, w)
-            self._release(w)
+            self._on_spare(w)
             return
         if req is None or msg["id"] != req.id:
             raise ProtocolError(f"unexpected {t!r} message")
@@ -368,17 +416,23 @@ class Pool(Supervisor):
         w.req = None
         self._busy -= 1
         w.jobs += 1
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        self._end(req, now - req.t0)
         if t == "xres":
             req.resolve((msg["ok"], msg.get("value")))
             self._replace(w, None, backoff=False)  # hooks may have changed it
             return
         if msg["over"]:
             self._c["memory_kills"] += 1
-        req.resolve(from_result(msg["r"], msg["dur"], msg["peak"]))
+        req.resolve(from_result(msg["r"], msg["dur"], msg["peak"], req.waited,
+                                req.deprioritised))
         if msg["exit"] or msg["over"] or w.jobs >= w.max_jobs:
             self._replace(w, None, backoff=False)
         else:
-            self._release(w)
+            self._park(w, now)
+            self._pump()
 
     # --- deadlines and housekeeping ---------------------------------------
     def _ensure_tick(self) -> None:

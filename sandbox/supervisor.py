@@ -15,7 +15,7 @@ import random
 import signal
 import socket
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
@@ -24,12 +24,12 @@ from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import PoolBusyError, PoolClosedError, SandboxError
 from sandbox.limits import MEMGUARD_AVAILABLE
 from sandbox.outcome import Outcome, failure
+from sandbox.scheduler import Scheduler
 
 log = logging.getLogger("sandbox.pool")
 
 TICK_S = 0.005           # deadline ticker period while work is in flight
 HOUSEKEEPING_S = 1.0     # RSS checks and spawn retries
-MIN_UPTIME_S = 1.0       # a worker dying sooner counts towards the crash loop
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 10.0
 
@@ -46,7 +46,12 @@ class Supervisor:
     _test_hooks: bool
     _workers: dict[int, WorkerHandle | None]
     _idle: deque[WorkerHandle]
-    _waiters: deque[RequestState]
+    _timeouts: deque[RequestState]
+    _homeless: deque[RequestState]
+    _queued: dict[Any, RequestState]
+    _lru: OrderedDict[WorkerHandle, None]
+    _sched: Scheduler
+    queue_timeout: float
     _spawning: dict[int, float]
     _failures: dict[int, int]
     _hardening: dict[str, bool]
@@ -59,6 +64,7 @@ class Supervisor:
     _zygote_alive: bool
     _state: str
     _busy: int
+    _unready: int
     _c: dict[str, int]
 
     # provided by Pool
@@ -72,6 +78,24 @@ class Supervisor:
         raise NotImplementedError
 
     def _attach(self) -> asyncio.AbstractEventLoop:
+        raise NotImplementedError
+
+    def _unpark(self, w: WorkerHandle) -> None:
+        raise NotImplementedError
+
+    def _end(self, req: RequestState, cost_s: float) -> None:
+        raise NotImplementedError
+
+    def _pump(self) -> None:
+        raise NotImplementedError
+
+    def _note_crash(self, req: RequestState, reason: str, now: float) -> None:
+        raise NotImplementedError
+
+    def _retire_idle(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _top_up(self) -> None:
         raise NotImplementedError
 
     # --- zygote control channel -------------------------------------------
@@ -129,8 +153,7 @@ class Supervisor:
             w.close(None)
             return
         self._workers[slot] = w
-        if self._state == "running":
-            self._c["restarts"] += 1
+        self._unready += 1
         if self._loop is not None:
             self._loop.add_reader(w.fd, self._on_readable, w)
             self._ensure_tick()  # watches the spawn timeout
@@ -171,11 +194,11 @@ class Supervisor:
     def _kill(self, w: WorkerHandle) -> None:
         """SIGKILL the worker and drop its channel at once."""
         w.signal(signal.SIGKILL)
+        if not w.ready and w.alive:
+            self._unready -= 1
         w.close(self._loop)
-        try:
-            self._idle.remove(w)
-        except ValueError:
-            pass
+        if w.req is None:
+            self._unpark(w)
         if self._workers.get(w.slot) is w:
             self._workers[w.slot] = None
 
@@ -185,24 +208,40 @@ class Supervisor:
             return
         req = w.req
         self._kill(w)
+        if self._state == "running":
+            self._c["restarts"] += 1
         if req is not None:
             self._busy -= 1
+            if self._loop is not None:
+                self._end(req, self._loop.time() - req.t0)
             req.resolve(outcome or failure("crash", "sandbox worker was replaced", 0.0))
-        self._schedule_spawn(w.slot, backoff)
+        if backoff:
+            # Died before it was ready: the host's fault, retried with back-off.
+            self._schedule_spawn(w.slot, backoff)
+        else:
+            # Spares are topped up at once: a crashing script is held back by
+            # its quarantine, never by a slot left empty (the crash back-off
+            # that once emptied the pool).
+            self._workers.pop(w.slot, None)
+            self._top_up()
+        if self._loop is not None:
+            self._pump()
 
     def _worker_lost(self, w: WorkerHandle) -> None:
         """The channel closed under us: the worker died without being told to."""
         if not w.alive:
             return
         now = self._loop.time() if self._loop is not None else time.monotonic()
-        quick = not w.ready or now - w.spawned_at < MIN_UPTIME_S
+        reason = "sandbox worker died during the invocation"
         if w.req is not None:
             self._c["crashes"] += 1
             log.warning("sandbox worker %d died during an invocation", w.pid)
-        elif not w.ready:
+            self._note_crash(w.req, reason, now)
+        elif not w.ready and self._state in ("starting", "running"):
             log.error("sandbox worker %d died before it was ready", w.pid)
-        self._replace(w, failure("crash", "sandbox worker died during the invocation",
-                                 self._elapsed(w)), backoff=quick)
+        # Only a worker that never became ready counts towards the spawn
+        # back-off: no script has run in it, so the fault is the host's.
+        self._replace(w, failure("crash", reason, self._elapsed(w)), backoff=not w.ready)
 
     def _merge_hardening(self, hard: dict[str, bool], notes: list[str]) -> None:
         for layer, on in hard.items():
@@ -215,12 +254,16 @@ class Supervisor:
         """The bound loop was closed: drop its timers, queue and in-flight work."""
         self._loop = None
         self._tick_handle = self._house_handle = None
-        self._waiters.clear()
+        self._timeouts.clear()
+        self._homeless.clear()
+        self._queued.clear()
+        self._sched = _fresh(self._sched)
         for w in list(self._workers.values()):
             if w is not None and (w.req is not None or w.outbuf is not None):
                 w.req = None  # its future belongs to the closed loop
                 self._kill(w)
-                self._schedule_spawn(w.slot, backoff=False)
+                self._workers.pop(w.slot, None)
+        self._top_up()
         self._busy = 0
 
     # --- start-up reporting ----------------------------------------------
@@ -263,13 +306,21 @@ class Supervisor:
                     log.error("sandbox worker %d did not become ready; killing it", w.pid)
                     self._replace(w, None, backoff=True)
                 pending = True
-        waiters = self._waiters
-        while waiters and (waiters[0].future.done() or now >= waiters[0].deadline):
-            req = waiters.popleft()
-            if not req.future.done():
+        waiting = self._timeouts
+        while waiting and (not waiting[0].queued or now >= waiting[0].deadline):
+            req = waiting.popleft()
+            if self._sched.cancel(req) and not req.future.done():
+                self._queued.pop(req.future, None)
                 self._c["busy_rejections"] += 1
                 req.future.set_exception(PoolBusyError("no sandbox worker became free in time"))
-        if pending or waiters:
+        if self._homeless and not self._zygote_alive:
+            # No spare can come any more (the fork server died; logged as critical).
+            while self._homeless:
+                req = self._homeless.popleft()
+                self._end(req, 0.0)
+                if not req.future.done():
+                    req.future.set_exception(PoolBusyError("no sandbox worker can be started"))
+        if pending or waiting or self._homeless:
             self._ensure_tick()
 
     def _timeout(self, w: WorkerHandle, req: RequestState, now: float) -> None:
@@ -283,11 +334,11 @@ class Supervisor:
     def _housekeeping(self) -> None:
         assert self._loop is not None
         self._house_handle = self._loop.call_later(HOUSEKEEPING_S, self._housekeeping)
-        for w in list(self._idle):
+        for w in [*self._idle, *self._lru]:
             if w.rss() > self.max_rss:
                 log.info("sandbox worker %d passed %d MiB RSS; recycled", w.pid, self.max_rss >> 20)
-                self._idle.remove(w)
                 self._replace(w, None, backoff=False)
+        self._retire_idle(self._loop.time())
         now = time.monotonic()
         for slot, held in self._workers.items():
             asked = self._spawning.get(slot)
@@ -305,10 +356,13 @@ class Supervisor:
             self._state = "stopped"
             return
         self._state = "stopping"
-        while self._waiters:
-            req = self._waiters.popleft()
+        for req in [*self._timeouts, *self._homeless]:
+            self._sched.cancel(req)
             if not req.future.done():
                 req.future.set_exception(PoolClosedError("pool stopped"))
+        self._timeouts.clear()
+        self._homeless.clear()
+        self._queued.clear()
         end = time.monotonic() + timeout
         while self._busy > 0 and time.monotonic() < end:
             await asyncio.sleep(0.005)
@@ -355,8 +409,15 @@ class Supervisor:
                            Limits(time_ms=timeout_ms, memory_kb=16))
         while not self._idle:
             await asyncio.sleep(0.005)
-        self._dispatch(self._idle.pop(), req)
+        w = self._idle.pop()
+        w.guild = "\0test-exec"  # never given to a guild afterwards (it is replaced)
+        self._dispatch(w, req)
         return await req.future
+
+
+def _fresh(old: Scheduler) -> Scheduler:
+    """An empty scheduler with ``old``'s settings (the loop it served was closed)."""
+    return Scheduler(old.size, old.share, old.budget, old.window, old.clock)
 
 
 def _reap_zygote(pid: int, timeout: float) -> None:

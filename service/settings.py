@@ -51,6 +51,9 @@ class DatabaseSettings:
 class SandboxSettings:
     workers: int | None = None          # None: one per CPU
     queue_timeout_ms: int = 2000
+    max_workers: int = 0                # worker processes (one guild each); 0: from memory
+    guild_share: float = 0.5            # of the workers, one guild at most while others wait
+    guild_budget_s: int = 60            # worker-seconds per minute per guild; 0: off
 
     @property
     def worker_count(self) -> int:
@@ -115,6 +118,18 @@ def _bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
     raise ValueError("expected true or false")
+
+
+def _share(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number")
+    try:
+        share = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number") from None
+    if not 0.0 < share <= 1.0:
+        raise ValueError("expected a fraction above 0 and at most 1")
+    return share
 
 
 def _workers(value: Any) -> int | None:
@@ -190,7 +205,9 @@ _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "server": {"host": _str, "port": _int(0, 65535), "base_url": _http_url,
                "trusted_proxies": _networks, "cookie_secret": _cookie_secret},
     "database": {"url": _db_url},
-    "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000)},
+    "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000),
+                "max_workers": _int(0, 4096), "guild_share": _share,
+                "guild_budget_s": _int(0, 3600)},
     "ratelimit": {"storage": _storage},
     "chat": {"public_key": _public_key, "path": _chat_path, "api_url": _http_url,
              "answer_within_ms": _int(0, 2500)},

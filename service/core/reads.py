@@ -117,7 +117,8 @@ def hour_floor(t: datetime) -> datetime:
 
 def stats(actor: Actor, guild_id: str, script_id: str, *,
           plans: Mapping[str, Plan] = DEFAULT_PLANS, now: datetime | None = None) -> dict[str, Any]:
-    """Counters over the last 30 days: `{"total", "byStatus", "last24h", "avgMs"}`,
+    """Counters over the last 30 days: `{"total", "byStatus", "last24h", "avgMs",
+    "scheduling": {"queued", "busy", "deprioritised"}}`,
     plus on plans with advanced statistics `latency` (p50/p90/p99 over 24 h,
     from the histogram), `perMinute` (24 h), `perHour` (30 days) and `topIps`.
     Raises `NotFoundError`, `PermissionDeniedError`."""
@@ -125,11 +126,12 @@ def stats(actor: Actor, guild_id: str, script_id: str, *,
     now = now or utcnow()
     month, day = now - timedelta(days=30), now - timedelta(hours=24)
     by_status: dict[str, int] = {}
-    total, duration = 0, 0.0
+    total, duration, queued, deprioritised = 0, 0.0, 0, 0
     tests = 0
-    for status, count, dsum, tcount in cast(Iterable[tuple[Any, ...]], (
+    for status, count, dsum, tcount, q, d in cast(Iterable[tuple[Any, ...]], (
             StatBucket.select(StatBucket.status, fn.SUM(StatBucket.count),
-                              fn.SUM(StatBucket.duration_sum), fn.SUM(StatBucket.test_count))
+                              fn.SUM(StatBucket.duration_sum), fn.SUM(StatBucket.test_count),
+                              fn.SUM(StatBucket.queued), fn.SUM(StatBucket.deprioritised))
             .where((StatBucket.endpoint == endpoint.id) & (StatBucket.granularity == HOUR)
                    & (StatBucket.start >= hour_floor(month)))
             .group_by(StatBucket.status).order_by(StatBucket.status).tuples())):
@@ -137,6 +139,8 @@ def stats(actor: Actor, guild_id: str, script_id: str, *,
         total += int(count)
         tests += int(tcount or 0)
         duration += float(dsum or 0)
+        queued += int(q or 0)
+        deprioritised += int(d or 0)
     last24 = (StatBucket.select(fn.COALESCE(fn.SUM(StatBucket.count), 0))
               .where((StatBucket.endpoint == endpoint.id) & (StatBucket.granularity == MINUTE)
                      & (StatBucket.start >= day)).scalar())
@@ -144,7 +148,12 @@ def stats(actor: Actor, guild_id: str, script_id: str, *,
     result: dict[str, Any] = {"total": total, "byStatus": by_status, "testCalls": tests,
                               "last24h": int(last24 or 0),
                               "avgMs": round(duration / total, 3) if total else None,
-                              "window": "30d", "advanced": plan.advanced_stats}
+                              "window": "30d", "advanced": plan.advanced_stats,
+                              # Sandbox scheduling: requests that waited for a worker,
+                              # were refused 503 busy, or waited while the guild was
+                              # deprioritised (over its worker-time budget).
+                              "scheduling": {"queued": queued, "busy": by_status.get("503", 0),
+                                             "deprioritised": deprioritised}}
     if not plan.advanced_stats:
         return result
     hist = histogram_fields()

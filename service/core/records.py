@@ -93,6 +93,8 @@ class StatHit:
     duration_ms: float
     ip: str
     test: bool = False        # a test call or replay: counted, and counted as a test
+    queued: bool = False          # waited in the sandbox queue
+    deprioritised: bool = False   # ... while its guild was over its worker-time budget
 
 
 Item = Union[RequestRecordIn, ErrorRecordIn, StatHit]
@@ -188,7 +190,7 @@ _REQUEST_COLUMNS = (
 _ERROR_COLUMNS = ("endpoint", "request_id", "time", "kind", "message", "line", "traceback")
 _BUCKET_KEY = ("endpoint", "granularity", "start", "status")
 _BUCKET_ADD = (("count", "duration_sum") + tuple(f"h{i}" for i in range(len(LATENCY_BOUNDS_MS) + 1))
-               + ("test_count",))
+               + ("test_count", "queued", "deprioritised"))
 
 
 def _request_row(item: RequestRecordIn) -> tuple[Any, ...]:
@@ -240,12 +242,16 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
             key = (hit.endpoint_id, gran, start, status)
             acc = buckets.get(key)
             if acc is None:
-                acc = buckets[key] = [0.0] * (3 + bins)
+                acc = buckets[key] = [0.0] * (5 + bins)
             acc[0] += 1
             acc[1] += ms
             acc[latency] += 1
             if hit.test:
-                acc[-1] += 1
+                acc[2 + bins] += 1
+            if hit.queued:
+                acc[3 + bins] += 1
+                if hit.deprioritised:
+                    acc[4 + bins] += 1
         ips[(hit.endpoint_id, pair[1], _short(hit.ip, 45))] += 1
     rows = [(endpoint_id, gran, start, status, int(acc[0]), acc[1], *(int(n) for n in acc[2:]))
             for (endpoint_id, gran, start, status), acc in sorted(buckets.items())]

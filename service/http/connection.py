@@ -146,7 +146,8 @@ class Exchange:
                  "keep_alive",
                  "expect_continue", "declared", "received", "request_done", "answered",
                  "answer_started", "chunked_out", "remaining_out", "close_after", "head",
-                 "close_callback", "max_body", "body_timeout", "manual_body", "continued")
+                 "close_callback", "max_body", "body_timeout", "manual_body", "continued",
+                 "eof_callback")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -167,6 +168,10 @@ class Exchange:
         self.chunked_out = False
         self.remaining_out: int | None = None
         self.close_after = False
+        #: Called (once) when the client stops sending before this request is
+        #: answered: the invoke endpoint takes a request waiting for a sandbox
+        #: worker out of the queue (the answer is still written).
+        self.eof_callback: Callable[[], None] | None = None
         self.head = False
         self.close_callback: Callable[[], None] | None = None
         self.max_body = conn.limits.max_body_bytes
@@ -404,6 +409,10 @@ class Connection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         # The client sends nothing more; answers in progress still go out.
         self._eof = True
+        active = self._active
+        if active is not None and active.eof_callback is not None and not active.answered:
+            callback, active.eof_callback = active.eof_callback, None
+            callback()
         if self.lingering or self.idle:
             return None  # nothing to answer: let the transport close
         if self._parsing is not None:

@@ -93,7 +93,7 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
     __slots__ = ("context", "conn", "peer", "request_id", "started", "method", "path", "query",
                  "headers", "ip", "target", "accepted", "chunks", "received", "rate_headers", "answered", "status",
                  "response_headers", "response_body", "error_code", "outcome", "event",
-                 "raw_body", "finished", "_counted")
+                 "raw_body", "finished", "_counted", "pending", "waited")
 
     def __init__(self, context: AppContext, conn: Exchange) -> None:
         self.context = context
@@ -121,6 +121,8 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         self.raw_body = b""
         self.finished = 0.0
         self._counted = False
+        self.pending: asyncio.Future[Outcome] | None = None
+        self.waited = False  # waited in the pool's queue, then refused busy or withdrawn
 
     # --- header phase: checks 1-7 ----------------------------------------------
     def headers_received(self, start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
@@ -265,21 +267,51 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         limits = Limits(time_ms=target.plan.time_limit_ms, memory_kb=target.plan.memory_kb)
         ref = ScriptRef(key=target.script_id, version=target.script_version, source=target.source)
         try:
-            future = self.context.pool.submit(ref, event, limits)
+            future = self.context.pool.submit(ref, event, limits, target.guild_id)
         except (PoolBusyError, PoolClosedError):
             # Closed: the service is stopping; either way, another try soon may succeed.
-            raise BusyError(headers={"Retry-After": "1"}) from None
+            raise self._busy() from None
+        if not future.done():
+            # The client leaving takes a queued request out of the pool's queue at once.
+            self.pending = future
+            conn = self.conn
+            if conn is not None:
+                conn.set_close_callback(self._client_left)
+                conn.eof_callback = self._client_left
         future.add_done_callback(self._on_outcome)
+
+    def _client_left(self) -> None:
+        """The connection closed while the request waited for (or ran in) a worker.
+
+        A request still in the pool's queue leaves it at once (answered 503
+        busy, which the records keep: no script ran, the quota slot is given
+        back); one already running finishes and is answered as usual."""
+        future, self.pending = self.pending, None
+        if future is not None:
+            self.context.pool.withdraw(future)
+
+    def _busy(self) -> BusyError:
+        """503 busy: no script ran, so the request gives its quota slot back."""
+        target = self.target
+        if target is not None and self.accepted:
+            limits = self.context.limits
+            limits.refund_endpoint(target.endpoint_id, target.plan.requests_per_minute)
+            self.rate_headers = list(limits.peek_endpoint(
+                target.endpoint_id, target.plan.requests_per_minute).headers().items())
+        return BusyError(headers={"Retry-After": "1"})
 
     def _on_outcome(self, future: asyncio.Future[Outcome]) -> None:
         self._guarded(lambda: self._reply(self._outcome_of(future)))
 
     def _outcome_of(self, future: asyncio.Future[Outcome]) -> Outcome:
+        self.pending = None
         if future.cancelled():
-            raise BusyError(headers={"Retry-After": "1"})
+            self.waited = True
+            raise self._busy()
         error = future.exception()
         if isinstance(error, (PoolBusyError, PoolClosedError)):
-            raise BusyError(headers={"Retry-After": "1"})
+            self.waited = True
+            raise self._busy()
         if error is not None:
             raise error
         self.outcome = outcome = future.result()
@@ -376,7 +408,13 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         duration_ms = (self.finished - self.started) * 1000.0
         status = self.status
         ip = self.ip or self.peer
-        items: list[Any] = [StatHit(target.endpoint_id, when, status, duration_ms, ip)]
+        outcome = self.outcome
+        if outcome is not None:
+            hit = StatHit(target.endpoint_id, when, status, duration_ms, ip, outcome.waited,
+                          outcome.deprioritised)
+        else:
+            hit = StatHit(target.endpoint_id, when, status, duration_ms, ip, self.waited)
+        items: list[Any] = [hit]
         if not self.accepted:
             return items
         outcome = self.outcome

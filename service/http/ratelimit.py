@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 #: DESIGN section 4: more than this many wrong secrets from one IP in 60 s are throttled.
 AUTH_FAILURES_PER_MINUTE = 20
@@ -80,6 +81,12 @@ class _Windows:
         q = self._window(key, now)
         return (len(q), q[0]) if q else (0, now)
 
+    def refund(self, key: str, limit: int) -> None:
+        """Take back the newest hit of ``key``."""
+        q = self._hits.get(key)
+        if q:
+            q.pop()
+
     def _sweep(self, now: float) -> None:
         """Forget keys with no hit in the window, so memory follows active keys only."""
         for key in [k for k, q in self._hits.items() if not q or q[-1] <= now - WINDOW_S]:
@@ -115,6 +122,14 @@ class _LibraryWindows:
         reset_at, remaining = self._limiter.get_window_stats(item, key)  # type: ignore[arg-type]
         return limit - remaining, reset_at - WINDOW_S
 
+    def refund(self, key: str, limit: int) -> None:
+        """Take back the newest hit of ``key`` (Redis: the moving window is a list, newest
+        first; other storages of the library keep the hit)."""
+        storage: Any = self._limiter.storage
+        if hasattr(storage, "prefixed_key") and hasattr(storage, "get_connection"):
+            full = self._item(limit).key_for(key)  # type: ignore[attr-defined]
+            storage.get_connection().lpop(storage.prefixed_key(full))
+
 
 class RateLimits:
     """Per-endpoint request quotas and per-IP failed-secret throttling."""
@@ -137,6 +152,10 @@ class RateLimits:
         if not allowed:
             reset = max(1, reset)  # a slot frees within this second: never say 0
         return Decision(allowed, per_minute, max(0, per_minute - count), reset)
+
+    def refund_endpoint(self, endpoint_id: int, per_minute: int) -> None:
+        """Give back the slot the endpoint's newest request took (it was answered 503 busy)."""
+        self._windows.refund(f"ep:{endpoint_id}", per_minute)
 
     def peek_endpoint(self, endpoint_id: int, per_minute: int) -> Decision:
         """The endpoint's window without counting a request."""

@@ -62,7 +62,10 @@ def serve(settings: Settings, *, drain_seconds: float = 30.0) -> None:
         ok, why = make_undumpable()
         if not ok:
             log.warning("could not make the service undumpable: %s", why)
-    pool = Pool(size=settings.sandbox.workers, queue_timeout_ms=settings.sandbox.queue_timeout_ms)
+    box = settings.sandbox
+    pool = Pool(size=box.workers, queue_timeout_ms=box.queue_timeout_ms,
+                max_workers=box.max_workers or None, guild_share=box.guild_share,
+                guild_budget_s=box.guild_budget_s)
     pool.start()  # forks; logs every isolation layer this host cannot provide
     try:
         _event_loop_runner()(_run(settings, pool, database, sockets, drain_seconds))

@@ -83,7 +83,10 @@ def test_worker_asks_for_a_source_it_lacks() -> None:
         worker.known[("logic_need", 4)] = None  # the mirror wrongly believes it is cached
         out = await pool.run(script, event({"n": 3}), LIMITS)
         assert out.body == b'{"ok":true,"double":6}'
-        assert pool.worker_pids == [worker.pid]  # served by the same worker, no crash
+        # Served by the same worker, no crash (the other pid is the spare
+        # forked when the first worker was bound to the guild).
+        assert worker.alive and worker.jobs == 1 and worker.pid in pool.worker_pids
+        assert pool.counters["crashes"] == 0 and pool.counters["restarts"] == 0
 
     run_with_pool(scenario, size=1)
 
@@ -105,7 +108,9 @@ def test_500_concurrent_invocations_over_two_workers() -> None:
         for i, out in enumerate(outs):
             assert out.body == b'{"ok":true,"double":%d}' % (2 * i)
         assert pool.counters["invocations"] == 500
-        assert pool.counters["crashes"] == 0 and pool.live_workers == 2
+        assert pool.counters["crashes"] == 0
+        # Two run slots: the guild was given exactly two workers.
+        assert len([w for w in pool._workers.values() if w is not None and w.guild == ""]) == 2
 
     run_with_pool(scenario, size=2)
 
@@ -153,9 +158,10 @@ def test_recycle_after_max_jobs() -> None:
         for i in range(7):
             out = await pool.run(ref(ECHO), event({"n": i}), LIMITS)
             assert out.error_kind is None
-            pids.append(pool.worker_pids[0] if pool.worker_pids else -1)
-            await wait_for(lambda: pool.live_workers == 1)
-        assert len({p for p in pids}) >= 3
+            bound = [w.pid for w in pool._workers.values() if w is not None and w.guild == ""]
+            pids.append(bound[0] if bound else -1)
+            await wait_for(lambda: len(pool._idle) == 1)  # the spare is back
+        assert len({p for p in pids if p != -1}) >= 3
         assert pool.counters["restarts"] >= 2
 
     run_with_pool(scenario, size=1, max_jobs=3, max_jobs_jitter=0)
@@ -170,7 +176,8 @@ def test_worker_killed_mid_run_is_a_crash_and_is_replaced() -> None:
         out = await task
         assert out.error_kind == "crash" and out.status == 500
         assert pool.counters["crashes"] == 1
-        await wait_for(lambda: pool.live_workers == 2)
+        # The slot is refilled with a spare at once (no crash back-off).
+        await wait_for(lambda: len(pool._idle) == 2)
         assert victim.pid not in pool.worker_pids
         ok = await pool.run(ref(ECHO), event(), LIMITS)
         assert ok.error_kind is None
@@ -203,7 +210,9 @@ def test_start_reports_hardening_and_workers() -> None:
         assert set(pool.hardening) >= {"close_fds", "rlimits", "network_namespace", "drop_user",
                                        "nproc", "no_new_privs", "seccomp", "memguard"}
         assert set(pool.counters) == {"invocations", "timeouts", "memory_kills", "crashes",
-                                      "restarts", "queue_depth", "busy_rejections"}
+                                      "restarts", "queue_depth", "busy_rejections", "queued",
+                                      "deprioritised", "quarantined", "retired", "workers",
+                                      "guilds"}
 
     run_with_pool(scenario)
 

@@ -84,15 +84,17 @@ def test_oversized_frame_from_worker_is_refused() -> None:
     run_with_pool(scenario, size=1, _unsafe_test_hooks=True)
 
 
-def test_worker_dying_young_counts_towards_the_crash_loop() -> None:
+def test_ready_worker_dying_young_is_replaced_without_back_off() -> None:
+    # A worker that was ready ran (or could run) a script: its death is the
+    # script's doing, answered by quarantine (test_tenancy.py), never by a
+    # slot back-off that would empty the pool. Only a worker that dies
+    # before it is ready counts towards the back-off.
     async def scenario(pool: Pool) -> None:
-        import sandbox.supervisor as sup
-        assert sup.BACKOFF_FIRST_S > 0
         pool.attach()
         victim = pool.worker_pids[0]
         os.kill(victim, signal.SIGKILL)
         await wait_for(lambda: pool.live_workers == 1 and pool.worker_pids[0] != victim)
-        assert pool._failures.get(0) == 1, pool._failures  # died within MIN_UPTIME_S
+        assert not pool._failures.get(0), pool._failures
         ok = await pool.run(ref(ECHO), event(), Limits(1000, 512))
         assert ok.error_kind is None
 

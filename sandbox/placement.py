@@ -1,0 +1,272 @@
+"""Which worker process runs a request: guild binding, warm spares, quarantine.
+
+A worker is bound to one guild from its first job to its exit; a worker that
+has run guild A's code never runs guild B's (state left in CPython's caches
+cannot cross tenants).  Processes, at most ``max_workers`` of them:
+
+* *spares*: forked by the fork server, hardened, never ran a script
+  (``Pool._idle``).  ``spares`` of them are kept ready, so a new guild gets
+  its worker at the cost of a fork that already happened.
+* *bound* workers: idle ones wait in their guild's list (``_guild_idle``)
+  and in one least-recently-used order over all guilds (``_lru``).
+
+When a request holds a run slot (``sandbox.scheduler``) it takes an idle
+worker of its guild, else a spare; with neither it waits for the next spare
+(``_homeless``).  Spares are replenished by forking while there is room under
+``max_workers``, else by retiring the least recently used idle bound worker
+(LRU retirement).  A bound worker idle for ``idle_retire_s`` is retired too,
+so the pool shrinks when guilds go quiet.
+
+Quarantine: a script version that crashed its worker ``crash_limit`` times
+within ``crash_window_s`` (per guild) is answered ``crash`` without a worker
+for ``quarantine_s``; the crashed worker's slot is refilled at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pwd
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any
+
+from sandbox.channel import RequestState, WorkerHandle
+from sandbox.outcome import Outcome, failure
+from sandbox.scheduler import Scheduler
+
+log = logging.getLogger("sandbox.pool")
+
+QuarantineKey = tuple[str, str, int]
+
+
+def sandbox_user(name: str) -> tuple[int, int]:
+    """uid and gid of ``name`` (``nobody``'s numbers when it does not exist)."""
+    try:
+        entry = pwd.getpwnam(name)
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        return 65534, 65534
+
+
+def derived_max_workers(size: int) -> int:
+    """Default ``max_workers``: a quarter of the machine's memory at ~24 MiB a
+    worker (mostly pages shared with the fork server), at least ``2 * size``,
+    at most 1024."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = 4 << 30
+    return max(2 * size, min(1024, memory // 4 // (24 << 20)))
+
+
+class Placement:
+    """Worker placement state and methods shared with ``Pool`` (which initialises them)."""
+
+    max_workers: int
+    spares: int
+    idle_retire_s: float
+    crash_limit: int
+    crash_window_s: float
+    quarantine_s: float
+    _loop: asyncio.AbstractEventLoop | None
+    _state: str
+    _workers: dict[int, WorkerHandle | None]
+    _spawning: dict[int, float]
+    _idle: deque[WorkerHandle]
+    _guild_idle: dict[str, list[WorkerHandle]]
+    _lru: OrderedDict[WorkerHandle, None]
+    _homeless: deque[RequestState]
+    _queued: dict[Any, RequestState]
+    _sched: Scheduler
+    _crashes: dict[QuarantineKey, deque[float]]
+    _quarantine: dict[QuarantineKey, tuple[float, str, int]]
+    _next_slot: int
+    _unready: int
+    _c: dict[str, int]
+
+    if TYPE_CHECKING:  # provided by Pool / Supervisor (after this class in the MRO)
+        def _dispatch(self, w: WorkerHandle, req: RequestState) -> None: ...
+
+        def _request_spawn(self, slot: int) -> None: ...
+
+        def _kill(self, w: WorkerHandle) -> None: ...
+
+        def _ensure_tick(self) -> None: ...
+
+    def withdraw(self, future: "asyncio.Future[Outcome]") -> bool:
+        """Take a request that still waits in the queue out of it (its client left):
+        True if it never reached a worker, and then its future is cancelled.  A
+        request already running is left to finish (False)."""
+        req = self._queued.pop(future, None)
+        if req is None or not self._sched.cancel(req):
+            return False
+        future.cancel()
+        return True
+
+    # --- run slots --------------------------------------------------------------
+    def _pump(self) -> None:
+        """Give free run slots to queued requests (round robin, see the scheduler)."""
+        sched = self._sched
+        while sched.waiting:
+            req: Any = sched.pop()
+            if req is None:
+                return
+            req.seated = True
+            self._queued.pop(req.future, None)
+            if req.future.done():   # cancelled; its done-callback has not run yet
+                self._end(req, 0.0)
+                continue
+            self._seat(req)
+
+    def _end(self, req: RequestState, cost_s: float) -> None:
+        """The request gives its run slot back; ``cost_s`` is charged to its guild."""
+        if not req.seated:
+            return
+        req.seated = False
+        if self._sched.finish(req.guild, cost_s, req.excess):
+            log.warning("sandbox: guild %s is over its worker-time budget (last: script %s); "
+                        "its requests are served only when no other guild waits",
+                        req.guild or "-", getattr(req.ref, "key", "-"))
+
+    def _seat(self, req: RequestState) -> None:
+        """Find a worker for a request that holds a run slot."""
+        guild = req.guild
+        idle = self._guild_idle.get(guild)
+        if idle:
+            w = idle.pop()   # an emptied list stays (no churn on the hot path)
+            del self._lru[w]
+            self._dispatch(w, req)
+        elif self._idle:
+            w = self._idle.pop()
+            w.guild = guild
+            self._dispatch(w, req)
+            self._top_up()
+        else:
+            self._homeless.append(req)
+            self._top_up()
+            self._ensure_tick()
+
+    # --- idle workers -----------------------------------------------------------
+    def _park(self, w: WorkerHandle, now: float) -> None:
+        """``w`` finished its job and stays: idle for its guild (or a spare)."""
+        if w.guild is None:
+            self._idle.append(w)
+            return
+        idle = self._guild_idle.get(w.guild)
+        if idle is None:
+            self._guild_idle[w.guild] = [w]
+        else:
+            idle.append(w)
+        self._lru[w] = None
+        w.idle_since = now
+        if self._homeless:
+            # Requests wait for a worker while every process was busy: the
+            # one of this guild takes it, else it makes room for a spare.
+            for req in self._homeless:
+                if req.guild == w.guild and not req.future.done():
+                    self._homeless.remove(req)
+                    self._unpark(w)
+                    self._dispatch(w, req)
+                    return
+            self._top_up()
+
+    def _unpark(self, w: WorkerHandle) -> None:
+        """Take ``w`` out of whichever idle structure holds it."""
+        if w in self._lru:
+            del self._lru[w]
+            idle = self._guild_idle.get(w.guild or "")
+            if idle is not None and w in idle:
+                idle.remove(w)
+            return
+        try:
+            self._idle.remove(w)
+        except ValueError:
+            pass
+
+    def _on_spare(self, w: WorkerHandle) -> None:
+        """A new worker is ready: a waiting request's guild gets it, else it is a spare."""
+        homeless = self._homeless
+        while homeless:
+            req = homeless.popleft()
+            if req.future.done():
+                self._end(req, 0.0)
+                continue
+            w.guild = req.guild
+            self._dispatch(w, req)
+            break
+        else:
+            self._idle.append(w)
+        self._pump()
+
+    def _top_up(self) -> None:
+        """Fork (or make room for) spares: ``spares`` ready plus one per homeless request."""
+        want = (self.spares + len(self._homeless) - len(self._idle) - len(self._spawning)
+                - self._unready)
+        while want > 0 and self._state in ("starting", "running"):
+            if len(self._workers) < self.max_workers:
+                slot = self._next_slot
+                self._next_slot += 1
+                self._workers[slot] = None
+                self._request_spawn(slot)
+            elif self._lru:
+                w = next(iter(self._lru))
+                self._c["retired"] += 1
+                self._kill(w)          # its slot is free: a spare is forked into it
+                self._request_spawn(w.slot)
+            else:
+                return
+            want -= 1
+
+    def _retire_idle(self, now: float) -> None:
+        """Housekeeping: retire bound workers idle for ``idle_retire_s`` (oldest first)."""
+        lru = self._lru
+        while lru:
+            w = next(iter(lru))
+            if now - w.idle_since < self.idle_retire_s:
+                break
+            self._c["retired"] += 1
+            self._kill(w)
+            self._workers.pop(w.slot, None)
+        self._sched.sweep()
+        for guild in [g for g, idle in self._guild_idle.items() if not idle]:
+            del self._guild_idle[guild]
+        stale = [k for k, times in self._crashes.items()
+                 if not times or now - times[-1] > self.crash_window_s]
+        for k in stale:
+            del self._crashes[k]
+        for k in [k for k, q in self._quarantine.items() if q[0] <= now]:
+            del self._quarantine[k]
+
+    # --- quarantine --------------------------------------------------------------
+    def _quarantined(self, req: RequestState, now: float) -> Outcome | None:
+        """The answer for a request whose script version is quarantined, else None."""
+        ref = req.ref
+        q = self._quarantine.get((req.guild, ref.key, ref.version))
+        if q is None:
+            return None
+        until, reason, n = q
+        if now >= until:
+            del self._quarantine[(req.guild, ref.key, ref.version)]
+            return None
+        self._c["quarantined"] += 1
+        return failure("crash", f"script quarantined for {until - now:.0f} s more: it crashed "
+                       f"its worker {n} times within {self.crash_window_s:.0f} s (last: {reason})",
+                       0.0)
+
+    def _note_crash(self, req: RequestState, reason: str, now: float) -> None:
+        """Count a crash against the request's (guild, script version)."""
+        if req.kind != "job" or self.crash_limit <= 0:
+            return
+        key = (req.guild, req.ref.key, req.ref.version)
+        times = self._crashes.get(key)
+        if times is None:
+            times = self._crashes[key] = deque()
+        times.append(now)
+        while now - times[0] > self.crash_window_s:
+            times.popleft()
+        if len(times) >= self.crash_limit:
+            del self._crashes[key]
+            self._quarantine[key] = (now + self.quarantine_s, reason, len(times))
+            log.warning("sandbox: script %s version %d of guild %s crashed its worker %d times "
+                        "within %.0f s (%s); quarantined for %.0f s", key[1], key[2],
+                        key[0] or "-", len(times), self.crash_window_s, reason, self.quarantine_s)

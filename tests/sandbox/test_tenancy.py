@@ -1,0 +1,321 @@
+"""Tenancy on real workers: no worker serves two guilds, crashes quarantine the
+script (not the pool), the fair queue's timeouts and cancellation.
+
+Cross-tenant family: guild A's invocation tries to change what guild B's next
+invocation sees through a process-wide cache or registry; B, on a pool with
+ONE worker process (``max_workers=1``), must see the world a fresh worker
+sees, and must run in another process than A (so what cannot be observed
+from a script, e.g. a cache's timing or the memory it keeps, cannot cross
+either).  Each case fails on a pool that shares workers between guilds
+(``guild_workers=False``, the behaviour before per-guild workers): the pid
+check for all, the observed state too for the ABC registry.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from sandbox.errors import PoolBusyError
+from sandbox.pool import Limits, Pool
+from tests.sandbox.poolkit import ECHO, LIMITS, event, ref, run_with_pool, wait_for
+from tests.sandbox.script_helpers import block
+
+PROBE = block('''
+import collections, statistics
+r = {}
+r["chainmap_str"] = isinstance("x", collections.ChainMap)
+r["chainmap_list"] = isinstance([], collections.ChainMap)
+try:
+    r["counter"] = collections.Counter("hello")["l"]
+except Exception:
+    r["counter"] = "error"
+try:
+    r["multimode"] = statistics.multimode("aab")
+except Exception:
+    r["multimode"] = "error"
+event.reply(r)
+''')
+
+POISONS: dict[str, str] = {
+    # ABCMeta.register is a plain method call: str and list become virtual
+    # ChainMaps, and Counter / multimode break, for the worker's life.
+    "abc-register": "import collections\ncollections.ChainMap.register(str)\n"
+                    "collections.ChainMap.register(list)",
+    # Unknown codec names are cached process-wide (a timing covert channel
+    # and memory that outlives the invocation).
+    "codec-cache": "for i in range(200):\n    try:\n        'x'.encode('leak-%d-' % i + 'n' * 200)\n"
+                   "    except LookupError:\n        pass",
+    # re's compiled-pattern cache and RegexFlag pseudo-members.
+    "re-cache": "import re\nfor i in range(600):\n    re.compile('a{%d}' % i)\n"
+                "for i in range(64):\n    x = type(re.I)(1 << (i + 12))",
+    # _strptime keeps a per-format regex cache.
+    "strptime-cache": "import datetime\nfor i in range(120):\n"
+                      "    pad = ' ' * (i // 50)\n"
+                      "    datetime.datetime.strptime(str(2000 + i % 50) + pad, '%Y' + pad)",
+    # statistics.NormalDist.samples() draws from the process-global random.
+    "global-random": "import statistics\nstatistics.NormalDist().samples(1000)",
+}
+
+
+def _pids(pool: Pool, guild: str) -> set[int]:
+    return {w.pid for w in pool._workers.values() if w is not None and w.guild == guild}
+
+
+@pytest.mark.parametrize("name", sorted(POISONS))
+def test_cross_tenant_guild_b_sees_a_pristine_world(name: str) -> None:
+    async def scenario(pool: Pool) -> None:
+        pristine = await pool.run(ref(PROBE), event(), LIMITS, guild="C")
+        assert pristine.error_kind is None, pristine.error_message
+        for round_ in range(2):  # A and B interleaved on the one worker
+            a = await pool.run(ref(block(POISONS[name])), event(), LIMITS, guild="A")
+            assert a.error_kind is None, a.error_message
+            a_pids = _pids(pool, "A")
+            b = await pool.run(ref(PROBE), event(), LIMITS, guild="B")
+            assert json.loads(b.body) == json.loads(pristine.body), (name, round_)
+            b_pids = _pids(pool, "B")
+            assert b_pids and not b_pids & a_pids, (name, a_pids, b_pids)
+        assert pool.counters["workers"] <= 1
+
+    run_with_pool(scenario, size=1, max_workers=1)
+
+
+MARKERS = ["int", "str", "list", "tuple", "float", "bytes", "complex", "frozenset", "range"]
+
+
+def marker_script(mine: str) -> str:
+    """Reply the marker types other invocations left in the ABC registry, then leave ours."""
+    return block(f'''
+import collections
+seen = [n for n, t in [{", ".join(f'("{m}", {m})' for m in MARKERS)}]
+        if issubclass(t, collections.ChainMap)]
+collections.ChainMap.register({mine})
+event.reply(seen)
+''')
+
+
+def test_a_worker_that_ran_one_guild_never_runs_another() -> None:
+    # Each guild marks every worker it runs on (a registry entry no reset
+    # removes); a guild seeing another guild's mark was given its worker.
+    guilds = MARKERS[:6]
+
+    async def scenario(pool: Pool) -> None:
+        jobs = [pool.run(ref(marker_script(g), key=f"logic_marker_{g}"), event(), LIMITS, guild=g)
+                for _ in range(8) for g in guilds]
+        outs = await asyncio.gather(*jobs)
+        for i, out in enumerate(outs):
+            g = guilds[i % len(guilds)]
+            assert out.error_kind is None, out.error_message
+            assert set(json.loads(out.body)) <= {g}, (g, out.body)
+        assert pool.counters["retired"] > 0  # workers were recycled to make room, never shared
+
+    run_with_pool(scenario, size=2, max_workers=3)
+
+
+def test_a_guilds_worker_stays_warm_and_idle_ones_are_retired() -> None:
+    async def scenario(pool: Pool) -> None:
+        await pool.run(ref(ECHO), event(), LIMITS, guild="A")
+        first = _pids(pool, "A")
+        await pool.run(ref(ECHO), event(), LIMITS, guild="B")
+        await pool.run(ref(ECHO), event(), LIMITS, guild="A")
+        assert _pids(pool, "A") == first            # no fork for an active guild
+        assert pool.counters["guilds"] == 2
+        deadline = time.monotonic() + 10
+        while pool.counters["guilds"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)                # housekeeping runs every second
+        assert pool.counters["guilds"] == 0 and pool.counters["retired"] >= 2
+        assert len(pool._idle) == pool.spares      # the spares are still there
+        again = await pool.run(ref(ECHO), event(), LIMITS, guild="A")
+        assert again.error_kind is None and not _pids(pool, "A") & first
+
+    run_with_pool(scenario, size=2, idle_retire_s=0.5)
+
+
+CRASH = block('''
+import itertools
+a = []
+c = itertools.chain.from_iterable(a)
+a.append(c)
+event.reply(list(c))
+''')
+
+
+def _crash_load(pool: Pool, seconds: float, per_second: float) -> Any:
+    """Crash requests of guild X at ``per_second`` while guild Y calls ECHO; samples
+    of live workers taken as it goes."""
+    async def attacker() -> list[Any]:
+        outs = []
+        end = time.monotonic() + seconds
+        tasks = []
+        while time.monotonic() < end:
+            tasks.append(asyncio.ensure_future(
+                pool.run(ref(CRASH, key="logic_crasher"), event(), LIMITS, guild="X")))
+            await asyncio.sleep(1 / per_second)
+        outs = await asyncio.gather(*tasks)
+        return outs
+
+    async def victim() -> tuple[list[Any], list[int]]:
+        outs, live = [], []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            outs.append(await pool.run(ref(ECHO), event(), LIMITS, guild="Y"))
+            live.append(pool.live_workers)
+            await asyncio.sleep(0.02)
+        return outs, live
+
+    return asyncio.gather(attacker(), victim())
+
+
+@pytest.mark.timeout(120)
+def test_crashing_script_is_quarantined_and_the_pool_keeps_serving() -> None:
+    # The issue's scenario is 4 crash requests/s on 4 workers for 60 s; this
+    # is the same load for 6 s: the quarantine answers from the third crash
+    # on, which is what keeps any later second the same as these.
+    async def scenario(pool: Pool) -> None:
+        (crashes, (served, live)) = await _crash_load(pool, 6.0, 4.0)
+        assert served and all(o.status == 200 and o.error_kind is None for o in served)
+        assert all(o.error_kind == "crash" and o.status == 500 for o in crashes)
+        quarantined = [o for o in crashes if "quarantined" in (o.error_message or "")]
+        assert len(crashes) - len(quarantined) == 3, [o.error_message for o in crashes]
+        assert "crashed its worker 3 times" in (quarantined[0].error_message or "")
+        assert "died during the invocation" in (quarantined[0].error_message or "")
+        assert pool.counters["crashes"] == 3 and min(live) >= 1
+
+    run_with_pool(scenario, size=4, max_workers=8)
+
+
+@pytest.mark.timeout(120)
+def test_crashes_never_empty_the_pool() -> None:
+    # Quarantine off: every request crashes a worker, 4 per second for 5 s.
+    # Before, a slot whose worker died within 1 s of its start stayed empty
+    # for up to 10 s and the pool ran dry; now each slot is refilled at once.
+    async def scenario(pool: Pool) -> None:
+        (crashes, (served, live)) = await _crash_load(pool, 5.0, 4.0)
+        assert len(crashes) >= 10 and all(o.error_kind == "crash" for o in crashes)
+        assert all(o.status == 200 for o in served), [o.error_message for o in served]
+        assert len(served) >= 20
+        assert pool.counters["crashes"] == len(crashes)
+        # Besides Y's own worker, spares were there all along, and every
+        # slot is refilled without a back-off.
+        assert min(live[len(live) // 5:]) >= 2, live
+        await wait_for(lambda: len(pool._idle) == pool.spares, timeout=1.0)
+        assert not any(pool._failures.values()), pool._failures
+
+    run_with_pool(scenario, size=4, max_workers=8, crash_limit=0)
+
+
+def test_quarantine_is_per_guild_and_script_version() -> None:
+    async def scenario(pool: Pool) -> None:
+        for _ in range(2):
+            out = await pool.run(ref(CRASH, key="logic_crasher", version=1), event(), LIMITS,
+                                 guild="X")
+            assert out.error_kind == "crash" and "quarantined" not in (out.error_message or "")
+        held = await pool.run(ref(CRASH, key="logic_crasher", version=1), event(), LIMITS,
+                              guild="X")
+        assert "quarantined" in (held.error_message or "")
+        fixed = await pool.run(ref(ECHO, key="logic_crasher", version=2), event(), LIMITS,
+                               guild="X")
+        assert fixed.error_kind is None               # a new version is not quarantined
+        other = await pool.run(ref(CRASH, key="logic_crasher", version=1), event(), LIMITS,
+                               guild="Z")
+        assert "quarantined" not in (other.error_message or "")  # nor another guild
+
+    run_with_pool(scenario, size=1, crash_limit=2)
+
+
+def slow_future(pool: Pool) -> "asyncio.Future[Any]":
+    """The future of the request running now (not queued)."""
+    return next(w.req.future for w in pool._workers.values() if w is not None and w.req)
+
+
+SPIN = block('''
+import time
+end = time.monotonic() + event.body["s"]
+while time.monotonic() < end:
+    pass
+event.reply("done")
+''')
+
+
+def test_queue_timeout_and_cancellation_of_queued_requests() -> None:
+    async def scenario(pool: Pool) -> None:
+        slow = asyncio.ensure_future(pool.run(ref(SPIN), event({"s": 0.8}), LIMITS, guild="A"))
+        await asyncio.sleep(0.1)
+        waiting = [pool.submit(ref(ECHO), event(), LIMITS, guild="B") for _ in range(3)]
+        assert pool.counters["queue_depth"] == 3
+        assert pool.withdraw(waiting[0])             # the client went away
+        assert waiting[0].cancelled()
+        assert pool.counters["queue_depth"] == 2     # out of the queue at once
+        assert not pool.withdraw(slow_future(pool)) # a running request is left to finish
+        t0 = time.monotonic()
+        with pytest.raises(PoolBusyError):
+            await waiting[1]
+        assert time.monotonic() - t0 < 0.5
+        with pytest.raises(PoolBusyError):
+            await waiting[2]
+        assert (await slow).error_kind is None
+        assert pool.counters["busy_rejections"] == 2 and pool.counters["queued"] == 3
+
+    run_with_pool(scenario, size=1, queue_timeout_ms=300)
+
+
+def test_a_guild_within_its_share_runs_beside_another_guilds_excess() -> None:
+    # Guild A, alone, filled both run slots (one of them beyond its share)
+    # and queued more; guild B's request runs at once beside A's excess
+    # instead of waiting behind A's backlog.
+    async def scenario(pool: Pool) -> None:
+        a = [asyncio.ensure_future(pool.run(ref(SPIN), event({"s": 0.3}), LIMITS, guild="A"))
+             for _ in range(6)]
+        await asyncio.sleep(0.1)
+        b = await pool.run(ref(ECHO), event(), Limits(1000, 512), guild="B")
+        assert b.error_kind is None and not b.waited
+        # FIFO would have made B wait until four of A's jobs had ended.
+        assert sum(t.done() for t in a) <= 2
+        assert pool.counters["queued"] == 4
+        await asyncio.gather(*a)
+
+    run_with_pool(scenario, size=2, queue_timeout_ms=5000)
+
+
+def test_a_guild_over_its_budget_is_logged_once_and_served_last(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(pool: Pool) -> None:
+        spin = ref(SPIN, key="logic_spender")
+        out = await pool.run(spin, event({"s": 0.3}), LIMITS, guild="A")  # 0.3 s > 0.2 s budget
+        assert out.error_kind is None
+        assert pool.scheduler.standing("A") < 0
+        await pool.run(spin, event({"s": 0.05}), LIMITS, guild="A")
+        # A holds the slot; then A and B both wait: B, in good standing, goes first.
+        held = asyncio.ensure_future(pool.run(spin, event({"s": 0.3}), LIMITS, guild="C"))
+        await asyncio.sleep(0.05)
+        a = asyncio.ensure_future(pool.run(ref(ECHO), event(), LIMITS, guild="A"))
+        await asyncio.sleep(0.01)
+        b = asyncio.ensure_future(pool.run(ref(ECHO), event(), LIMITS, guild="B"))
+        first = (await asyncio.wait([a, b], return_when=asyncio.FIRST_COMPLETED))[0].pop()
+        assert first is b
+        assert (await a).deprioritised and not (await b).deprioritised
+        await held
+
+    with caplog.at_level("WARNING", logger="sandbox.pool"):
+        run_with_pool(scenario, size=1, guild_budget_s=0.2)
+    lines = [r.getMessage() for r in caplog.records if "guild A is over" in r.getMessage()]
+    assert len(lines) == 1 and "logic_spender" in lines[0], lines  # once, though A ran again
+
+
+def test_requests_waiting_for_a_worker_get_one_when_every_process_was_busy() -> None:
+    # Two processes in all, both busy with guild A (alone, it used both run
+    # slots); B's request may run beside A's excess but no process is free:
+    # it gets a worker as soon as one of A's is idle (retired to make room).
+    async def scenario(pool: Pool) -> None:
+        a = [asyncio.ensure_future(pool.run(ref(SPIN), event({"s": 0.3}), LIMITS, guild="A"))
+             for _ in range(2)]
+        await asyncio.sleep(0.1)
+        b = asyncio.ensure_future(pool.run(ref(ECHO), event(), LIMITS, guild="B"))
+        outs = await asyncio.wait_for(asyncio.gather(*a, b), 10)
+        assert all(o.error_kind is None for o in outs), [o.error_message for o in outs]
+        assert pool.counters["workers"] <= 2
+
+    run_with_pool(scenario, size=2, max_workers=2, spares=1)
