@@ -72,14 +72,18 @@ def discover() -> list[Migration]:
             raise MigrationError(f"migration {info.name} must define up(db) and down(db)")
         found.append(Migration(int(head), info.name, module))
     found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise MigrationError("migration versions must be 1, 2, 3, ... without gaps")
+    # Numbers are reserved per line of work, so a release may skip some (a
+    # gap is harmless); each number appears once.
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
+        raise MigrationError("migration versions must be distinct positive numbers")
     return found
 
 
 def latest_version() -> int:
     """The schema version this release needs."""
-    return len(discover())
+    found = discover()
+    return found[-1].version if found else 0
 
 
 class Runner:
@@ -88,7 +92,7 @@ class Runner:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.migrations = discover()
-        self.latest = len(self.migrations)
+        self.latest = self.migrations[-1].version if self.migrations else 0
 
     # ------------------------------------------------------------ reading
     def current_version(self) -> int:
@@ -98,11 +102,28 @@ class Runner:
         row = _sql(self.db, f"SELECT MAX(version) FROM {HISTORY_TABLE}").fetchone()
         return int(row[0] or 0)
 
+    def _applied(self) -> set[int]:
+        rows = _sql(self.db, f"SELECT version FROM {HISTORY_TABLE}").fetchall()
+        return {int(r[0]) for r in rows}
+
     def check(self) -> None:
         """Raise `SchemaBehindError` unless the database is exactly current."""
         current = self.current_version()
-        if current != self.latest:
+        if current > self.latest:
             raise SchemaBehindError(current, self.latest)
+        reached = self._first_missing()
+        if reached != self.latest:
+            raise SchemaBehindError(reached, self.latest)
+
+    def _first_missing(self) -> int:
+        """The version just below the first unapplied migration."""
+        applied = self._applied() if self.db.table_exists(HISTORY_TABLE) else set()
+        below = 0
+        for m in self.migrations:
+            if m.version not in applied:
+                return below
+            below = m.version
+        return below
 
     # ------------------------------------------------------------ writing
     def _lock(self) -> None:
@@ -127,10 +148,10 @@ class Runner:
             raise MigrationError(f"unknown schema version {target}")
         self._ensure_history()
         applied: list[int] = []
-        for migration in self.migrations[:target]:
+        for migration in [m for m in self.migrations if m.version <= target]:
             with self.db.atomic():
                 self._lock()
-                if self.current_version() >= migration.version:
+                if migration.version in self._applied():
                     continue
                 log.info("applying migration %s", migration.name)
                 migration.module.up(self.db)
@@ -147,10 +168,10 @@ class Runner:
         if not 0 <= target <= self.latest:
             raise MigrationError(f"unknown schema version {target}")
         reverted: list[int] = []
-        for migration in reversed(self.migrations[target:]):
+        for migration in reversed([m for m in self.migrations if m.version > target]):
             with self.db.atomic():
                 self._lock()
-                if self.current_version() < migration.version:
+                if migration.version not in self._applied():
                     continue
                 log.info("reverting migration %s", migration.name)
                 migration.module.down(self.db)

@@ -35,6 +35,7 @@ class RequestRecord(BaseModel):
     duration_ms = FloatField()
     output = TextField(default="")
     error = TextField(null=True)
+    script_version = IntegerField(null=True)   # the version that ran
 
     class Meta:
         indexes = ((("endpoint", "id"), False),)
@@ -51,6 +52,7 @@ class ErrorRecord(BaseModel):
     message = TextField()
     line = IntegerField(null=True)
     traceback = TextField(null=True)
+    script_version = IntegerField(null=True)   # the version that ran
 
     class Meta:
         indexes = ((("endpoint", "id"), False),)
