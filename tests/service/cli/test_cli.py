@@ -11,7 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from models.migrate import discover
+
 LOGIC = str(Path(sys.executable).with_name("logic"))
+VERSIONS = [m.version for m in discover()]
+LATEST = VERSIONS[-1]
 SOURCE = "on endpoint(event):\n    event.reply({'ok': True})\n"
 
 
@@ -43,9 +47,10 @@ def scenario(logic: Logic, tmp_path: Path) -> None:
     src = tmp_path / "s.py"
     src.write_text(SOURCE)
     behind = logic("guild", "create", "1", "--owner", "10", "--json", code=1)
-    assert behind.endswith('database schema is at version 0, this release needs 3: run "logic db upgrade"')
-    assert logic("db", "upgrade", "--json")["applied"] == [1, 2, 3]
-    assert logic("db", "upgrade", "--json") == {"applied": [], "from": 3, "to": 3}
+    assert behind.endswith(f'database schema is at version 0, this release needs {LATEST}: '
+                           'run "logic db upgrade"')
+    assert logic("db", "upgrade", "--json")["applied"] == VERSIONS
+    assert logic("db", "upgrade", "--json") == {"applied": [], "from": LATEST, "to": LATEST}
 
     assert logic("guild", "create", "1", "--owner", "10", "--json")["plan"] == "free"
     logic("guild", "create", "1", "--owner", "10", "--json", code=2)            # exists
@@ -112,7 +117,7 @@ def test_env_config_file_and_text_output(tmp_path):
     config.write_text(f'[database]\nurl = "sqlite:///{tmp_path}/c.db"\n'
                       '[server]\nbase_url = "https://logic.example"\n')
     logic = Logic("", tmp_path, env={"LOGIC_CONFIG": str(config)})
-    assert "upgraded from version 0 to 3" in logic("db", "upgrade", url=False)
+    assert f"upgraded from version 0 to {LATEST}" in logic("db", "upgrade", url=False)
     assert logic("login-link", "5", url=False).startswith("https://logic.example/login/")
     bad = Logic("", tmp_path, env={"LOGIC_SERVER_HOTS": "x"})
     assert bad("db", "upgrade", url=False, code=2) == "logic: error: env: unknown variable LOGIC_SERVER_HOTS"
@@ -130,7 +135,8 @@ def test_commands_refuse_a_partly_migrated_database(tmp_path):
     database.initialize(None)
     logic = Logic(url, tmp_path)
     assert logic("script", "list", "1", "--json", code=1) == (
-        'logic: error: database schema is at version 2, this release needs 3: run "logic db upgrade"')
-    assert logic("db", "upgrade", "--json") == {"applied": [3], "from": 2, "to": 3}
-    assert logic("db", "version", "--json") == {"current": 3, "latest": 3}
+        f'logic: error: database schema is at version 2, this release needs {LATEST}: '
+        'run "logic db upgrade"')
+    assert logic("db", "upgrade", "--json") == {"applied": VERSIONS[2:], "from": 2, "to": LATEST}
+    assert logic("db", "version", "--json") == {"current": LATEST, "latest": LATEST}
     assert "secret regenerate" not in logic("--help") and "Commands:" in logic("--help")
