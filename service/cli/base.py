@@ -20,19 +20,33 @@ in `service/cli/__init__.py`), e.g.:
 """
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, NoReturn
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import click
 
-from service.core.access import Actor
-from service.core.errors import (CoreError, NotFoundError, PermissionDeniedError, QuotaError,
-                                 ValidationError)
 from service.settings import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from service import core as core  # re-exported for the command modules
+    from service.core.access import Actor
+    from service.core.errors import CoreError
+else:
+    class _LazyModule(ModuleType):
+        """`service.core`, imported on first use: `logic --help` and argument
+        errors never load the models, peewee or the sandbox compiler
+        (start-up time: bench/cli_startup.py)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(importlib.import_module(self.__name__), name)
+
+    core = _LazyModule("service.core")
 
 EXIT_ERROR, EXIT_USAGE, EXIT_DENIED, EXIT_QUOTA = 1, 2, 3, 4
 
@@ -117,7 +131,7 @@ def emit(data: dict[str, Any], as_json: bool, text: Callable[[dict[str, Any]], s
 
 def actor_of(as_user: str | None) -> Actor:
     """`--as USER_ID`, or the operator."""
-    return Actor.operator() if as_user is None else Actor.user(as_user)
+    return core.Actor.operator() if as_user is None else core.Actor.user(as_user)
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -146,13 +160,20 @@ def cli(ctx: click.Context, database_url: str | None, config: str | None) -> Non
 
 
 def _exit_code(err: CoreError) -> int:
-    if isinstance(err, PermissionDeniedError):
+    if isinstance(err, core.PermissionDeniedError):
         return EXIT_DENIED
-    if isinstance(err, QuotaError):
+    if isinstance(err, core.QuotaError):
         return EXIT_QUOTA
-    if isinstance(err, (NotFoundError, ValidationError)):
+    if isinstance(err, (core.NotFoundError, core.ValidationError)):
         return EXIT_USAGE
     return EXIT_ERROR
+
+
+def _core_error(err: Exception) -> CoreError | None:
+    """`err` when it is a service-layer error (only looked at once something failed)."""
+    if "service.core" not in sys.modules:
+        return None
+    return err if isinstance(err, core.CoreError) else None
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -178,7 +199,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(err.exit_code)
     except CommandError as err:
         _fail(str(err), err.exit_code)
-    except CoreError as err:
-        _fail(err.message, _exit_code(err))
     except SettingsError as err:
         _fail(str(err), EXIT_USAGE)
+    except Exception as err:
+        found = _core_error(err)
+        if found is None:
+            raise
+        _fail(found.message, _exit_code(found))

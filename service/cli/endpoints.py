@@ -5,8 +5,7 @@ from typing import Any
 
 import click
 
-from service import core
-from service.cli.base import State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
+from service.cli.base import core, State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
 from service.cli.output import fields, local_time, warn
 
 
@@ -15,7 +14,7 @@ def endpoint() -> None:
     """Endpoints: switch on/off, show."""
 
 
-def _endpoint_command(name: str, call: Any, doc: str) -> None:
+def _endpoint_command(name: str, function: str, doc: str) -> None:
     @endpoint.command(name, help=doc)
     @click.argument("guild_id")
     @click.argument("script_id")
@@ -24,6 +23,7 @@ def _endpoint_command(name: str, call: Any, doc: str) -> None:
     @pass_state
     def command(state: State, guild_id: str, script_id: str, as_user: str | None,
                 as_json: bool) -> None:
+        call = getattr(core, function)
         data = run_core(state, lambda: call(actor_of(as_user), guild_id, script_id,
                                             plans=state.settings.plans,
                                             base_url=state.settings.server.base_url))
@@ -63,9 +63,10 @@ def _endpoint_text(d: dict[str, Any]) -> str:
     return lines + ("\n\nnext:\n" + "\n".join("- " + s for s in steps) if steps else "")
 
 
-_endpoint_command("enable", core.enable_endpoint, "Switch the endpoint on (within the plan's quota).")
-_endpoint_command("disable", core.disable_endpoint, "Switch the endpoint off.")
-_endpoint_command("show", core.show_endpoint, "Show the endpoint: URL, switch, secret hint, whitelist.")
+# By name: `core` is loaded only when a command runs.
+_endpoint_command("enable", "enable_endpoint", "Switch the endpoint on (within the plan's quota).")
+_endpoint_command("disable", "disable_endpoint", "Switch the endpoint off.")
+_endpoint_command("show", "show_endpoint", "Show the endpoint: URL, switch, secret hint, whitelist.")
 
 
 @cli.group()

@@ -9,8 +9,7 @@ from typing import Any, Sequence
 
 import click
 
-from service import core
-from service.cli.base import State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
+from service.cli.base import core, State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
 from service.cli.output import duration, fields, local_time, parse_since, status_colour, table
 
 _filters = [

@@ -7,8 +7,7 @@ from typing import Any
 
 import click
 
-from service import core
-from service.cli.base import (EXIT_USAGE, CommandError, State, actor_of, as_option, cli, emit,
+from service.cli.base import (core, EXIT_USAGE, CommandError, State, actor_of, as_option, cli, emit,
                               json_option, pass_state, run_core)
 from service.cli.output import local_time, table, warn
 
