@@ -32,7 +32,6 @@ class ServerSettings:
     port: int = 8080
     base_url: str = "http://127.0.0.1:8080"
     trusted_proxies: tuple[IPNetwork, ...] = ()
-    base_url_configured: bool = False     # set by load_settings, not a key: was base_url given?
 
 
 @dataclass(frozen=True)
@@ -261,7 +260,6 @@ def load_settings(config_file: str | None = None, env: Mapping[str, str] | None 
         values[section][key] = _parse("flags", dotted, _SCHEMA[section][key], raw)
 
     server = values["server"]
-    server["base_url_configured"] = "base_url" in server
     if "base_url" not in server and ("host" in server or "port" in server):
         # Printed URLs follow the address actually served unless one is configured.
         host = server.get("host", ServerSettings.host)

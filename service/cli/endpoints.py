@@ -1,6 +1,8 @@
 """`logic endpoint`, `logic secret`, `logic whitelist`: an endpoint's switch, secret and whitelist."""
 from __future__ import annotations
 
+import os
+import tomllib
 from typing import Any
 
 import click
@@ -31,9 +33,24 @@ def _endpoint_command(name: str, function: str, doc: str) -> None:
         emit(data, as_json, _endpoint_text)
 
 
+def _base_url_configured(state: State) -> bool:
+    """Whether the operator set server.base_url (environment or configuration file)."""
+    if os.environ.get("LOGIC_SERVER_BASE_URL"):
+        return True
+    path = state.config or os.environ.get("LOGIC_CONFIG")
+    if not path:
+        return False
+    try:
+        with open(path, "rb") as f:
+            server = tomllib.load(f).get("server", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return False        # the settings loader already reported a bad file
+    return isinstance(server, dict) and "base_url" in server
+
+
 def _base_url_warning(state: State) -> None:
     server = state.settings.server
-    if not server.base_url_configured:
+    if not _base_url_configured(state):
         warn(f"server.base_url is not configured, so this URL uses {server.base_url}; set it "
              "(config [server] base_url or LOGIC_SERVER_BASE_URL) to the address clients reach")
 

@@ -112,7 +112,8 @@ def set_enabled(actor: Actor, guild_id: str, script_id: str, enabled: bool, *,
             Endpoint.update(enabled=enabled, enabled_at=utcnow() if enabled else endpoint.enabled_at
                             ).where(Endpoint.id == endpoint.id).execute()
             audit.record(actor, "endpoint.enabled" if enabled else "endpoint.disabled",
-                         guild_id=guild.id, script_id=script.public_id)
+                         guild_id=guild.id, script_id=script.public_id, old=not enabled,
+                         new=enabled)
         endpoint = Endpoint.get_by_id(endpoint.id)
     return _view(guild.id, script, endpoint, plan, base_url)
 

@@ -165,6 +165,7 @@ def update_script(actor: Actor, guild_id: str, script_id: str, source: str | byt
     new_name = _validate_name(name) if name is not None else None
     with database.atomic():
         guild, script, _ = guild_and_script(actor, guild_id, script_id, "edit scripts")
+        old_name = script.name
         changes: dict[str, Any] = {"updated_at": utcnow()}
         if text is not None:
             changes["source"] = text
@@ -179,7 +180,8 @@ def update_script(actor: Actor, guild_id: str, script_id: str, source: str | byt
         if text is not None:
             versions.keep(actor, script, resolve_plan(plans, guild.plan))
         audit.record(actor, "script.updated", guild_id=guild.id, script_id=script.public_id,
-                     version=script.version, renamed=new_name is not None)
+                     version=script.version, renamed=new_name is not None,
+                     **({"old": old_name, "new": new_name} if new_name is not None else {}))
     return script_view(script, guild.id)
 
 

@@ -40,6 +40,12 @@ def test_a_renamed_script_keeps_its_version_and_delete_drops_the_versions(db):
     sid = make_script(gid, name="a")
     assert core.update_script(OWNER, gid, sid, name="b")["version"] == 1
     assert core.update_script(OWNER, gid, sid, name="b")["name"] == "b"   # its own name is fine
+    core.enable_endpoint(OWNER, gid, sid)
+    audit = core.audit_log(OWNER, gid)["audit"]
+    assert audit[0]["action"] == "endpoint.enabled"
+    assert (audit[0]["detail"]["old"], audit[0]["detail"]["new"]) == (False, True)
+    renamed = [a["detail"] for a in audit if a["action"] == "script.updated"]
+    assert (renamed[-1]["old"], renamed[-1]["new"]) == ("a", "b")
     make_script(gid, name="a")                                              # "a" is free again
     core.delete_script(OWNER, gid, sid)
     assert ScriptVersion.select().count() == 1       # only the second script's
