@@ -124,9 +124,19 @@ def emit(data: dict[str, Any], as_json: bool, text: Callable[[dict[str, Any]], s
     elif text is not None:
         click.echo(text(data))
     else:
+        from service.cli.output import fields, local_time
+        pairs = []
         for key, value in data.items():
-            shown = json.dumps(value) if isinstance(value, (dict, list)) else value
-            click.echo(f"{key}: {shown}")
+            if isinstance(value, list) and all(isinstance(v, (str, int)) for v in value):
+                shown: Any = ", ".join(str(v) for v in value) or "-"
+            elif isinstance(value, (dict, list)):
+                shown = json.dumps(value)
+            elif key.endswith("At") and isinstance(value, str):
+                shown = local_time(value)
+            else:
+                shown = value
+            pairs.append((key, shown))
+        click.echo(fields(pairs))
 
 
 def actor_of(as_user: str | None) -> Actor:

@@ -5,8 +5,9 @@ a duration `x` gets the key `ceil(log(x) / log(GAMMA))`, and every duration
 with that key lies in `(GAMMA**(k-1), GAMMA**k]`.  Reporting the key as
 `2 * GAMMA**k / (GAMMA + 1)` is then within the relative error `a` of every
 duration in it.  The p-th percentile is the value of the key that holds the
-request of rank `p * (n - 1)` (0-based, in duration order), so it is within
-1 % of that request's real duration.  Counts add up, so per-minute sketches
+request of nearest rank `ceil(p * n)` (1-based, in duration order: the
+smallest duration with at least a fraction p of all at or below it), so it is
+within 1 % of that request's real duration.  Counts add up, so per-minute sketches
 merge into the 24 h window exactly.
 
 Durations under `MIN_MS` share the lowest key (the error bound holds from
@@ -50,11 +51,12 @@ def quantiles(counts: Mapping[int, int] | Iterable[tuple[int, int]],
         if total == 0:
             out.append(None)
             continue
-        rank = p * (total - 1)
+        # Nearest rank: the smallest duration with at least p of all at or below it.
+        rank = max(1, math.ceil(p * total - 1e-9))
         seen = 0
         for key, n in pairs:
             seen += n
-            if seen > rank:
+            if seen >= rank:
                 out.append(round(value_of(key), 3))
                 break
         else:  # pragma: no cover - rank < total always stops the loop

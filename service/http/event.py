@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -126,6 +127,7 @@ def parse_body(content_type: str, raw: bytes) -> tuple[Any, str | bytes]:
 
 
 HINT_HEADER = "X-Logic-Hint"
+_JSON_START = re.compile(rb"[ \t\r\n]*[\[{]")
 
 
 def body_hint(content_type: str, raw: bytes) -> str | None:
@@ -135,8 +137,7 @@ def body_hint(content_type: str, raw: bytes) -> str | None:
     caller learns why the script saw no JSON.  Only bodies that look like a
     JSON object or array are tried, so other requests pay one byte compare.
     """
-    stripped = raw.lstrip()[:1]
-    if stripped not in (b"{", b"["):
+    if not raw or _JSON_START.match(raw) is None:     # no copy of the body
         return None
     mtype, _ = media_type(content_type)
     if mtype == "application/json" or mtype.endswith("+json"):

@@ -2,6 +2,7 @@
 (on SQLite and PostgreSQL where a database is involved)."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -82,9 +83,13 @@ def test_sketch_percentiles_are_within_the_stated_error_of_the_exact_ones():
         counts[key_of(d)] = counts.get(key_of(d), 0) + 1
     ps = [0.0, 0.01, 0.25, 0.5, 0.75, 0.9, 0.99, 0.999, 1.0]
     for p, got in zip(ps, quantiles(counts, ps)):
-        real = durations[int(p * (len(durations) - 1))]
+        real = durations[max(1, math.ceil(p * len(durations))) - 1]      # nearest rank
         assert got is not None and abs(got - real) <= RELATIVE_ERROR * real + 0.001, (p, got, real)
     assert quantiles({}, [0.5]) == [None]
+    # Few requests: p99 of four is the slowest one, not the third.
+    few = {key_of(d): 1 for d in (0.5, 0.6, 6.3, 162.9)}
+    assert quantiles(few, [0.5, 0.99]) == [round(value_of(key_of(0.6)), 3),
+                                           round(value_of(key_of(162.9)), 3)]
     assert all(abs(value_of(key_of(x)) - x) <= RELATIVE_ERROR * x for x in (0.01, 1, 2500, 999_999))
 
 
