@@ -9,7 +9,9 @@ errors (the save is refused, like a syntax error)
     * ``import X`` / ``from X import y`` of a module outside the allowed list
       (read from :data:`sandbox.modules.ALLOWED_MODULES`), relative imports;
     * a call of a name that nothing in the script defines and that is not a
-      builtin scripts have (``open(...)``, ``eval(...)``, ``prnt(...)``).
+      builtin scripts have (``open(...)``, ``eval(...)``, ``prnt(...)``);
+    * a name an allowed module does not offer: ``from json import lodas``, or
+      ``json.lodas`` where ``json`` is bound only by its import.
 
 warnings (the save goes through; the front shows them, the script keeps them)
     * no ``on endpoint`` block: every call of the endpoint answers 501;
@@ -25,7 +27,7 @@ import warnings
 from dataclasses import dataclass
 
 from sandbox.guards import BASE_BUILTINS
-from sandbox.modules import ALLOWED_MODULES
+from sandbox.modules import ALLOWED_MODULES, STATIC_NAMESPACES, make_random_namespace, namespace_has
 
 #: The events this service delivers to scripts.
 EMITTED_EVENTS: frozenset[str] = frozenset({"endpoint"})
@@ -113,6 +115,49 @@ def _bound_names(tree: ast.Module) -> set[str]:
     return bound
 
 
+def _offers(module: str, name: str) -> bool:
+    """Whether the script's `module` has `name` (the runtime's namespaces decide)."""
+    ns = STATIC_NAMESPACES.get(module)
+    if ns is None:
+        ns = make_random_namespace() if module == "random" else None
+    return ns is None or namespace_has(ns, name)
+
+
+def _import_only_names(tree: ast.Module) -> dict[str, str]:
+    """Names bound by `import MODULE [as NAME]` of an allowed module and by nothing
+    else: their attributes are exactly the module's members."""
+    imported: dict[str, str] = {}
+    other: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in ALLOWED_MODULES:
+                    name = alias.asname or alias.name
+                    if imported.get(name, alias.name) != alias.name:
+                        other.add(name)
+                    imported[name] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            other.update(a.asname or a.name for a in node.names)
+    plain = _bound_names_without_imports(tree)
+    return {k: v for k, v in imported.items() if k not in other and k not in plain}
+
+
+def _bound_names_without_imports(tree: ast.Module) -> set[str]:
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+    return bound
+
+
 def check_source(text: str) -> CheckReport:
     """Run every save-time check on `text` (a script the compiler accepted)."""
     errors: list[Finding] = []
@@ -133,6 +178,7 @@ def check_source(text: str) -> CheckReport:
 
     allowed = ", ".join(sorted(ALLOWED_MODULES))
     bound = _bound_names(tree)
+    modules = _import_only_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -143,6 +189,14 @@ def check_source(text: str) -> CheckReport:
                 add(node, "relative imports are not allowed", ERROR)
             elif (node.module or "") not in ALLOWED_MODULES:
                 add(node, f"import of {node.module!r} is not allowed (allowed: {allowed})", ERROR)
+            else:
+                for alias in node.names:
+                    if alias.name != "*" and not _offers(node.module or "", alias.name):
+                        add(node, f"module {node.module!r} has no {alias.name!r}", ERROR)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+              and node.value.id in modules and not node.attr.startswith("_")
+              and not _offers(modules[node.value.id], node.attr)):
+            add(node, f"module {modules[node.value.id]!r} has no {node.attr!r}", ERROR)
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
               and node.func.id not in bound and node.func.id not in _KNOWN_BUILTINS
               and not node.func.id.startswith("_")):      # the policy reports "_" names

@@ -74,3 +74,24 @@ def test_a_header_line_reports_the_authors_column() -> None:
 def test_every_documented_example_passes_the_checks(source: str) -> None:
     assert compile_script(source).ok
     assert check_source(source).ok and check_source(source).warnings == ()
+
+
+def test_names_an_allowed_module_does_not_offer_are_errors() -> None:
+    source = ("import json\nimport math as m\nimport random\nfrom json import loads, lodas\n"
+              "from collections import Counter\n"
+              "on endpoint(event):\n"
+              "    json.dumps(json.lodas('1'))\n"
+              "    m.sqrt(m.tau) + m.sqroot(4)\n"
+              "    random.randint(1, 2) + random.nope()\n")
+    assert _errors(source) == [
+        (4, 1, "module 'json' has no 'lodas'"),
+        (7, 16, "module 'json' has no 'lodas'"),
+        (8, 21, "module 'math' has no 'sqroot'"),
+        (9, 28, "module 'random' has no 'nope'"),
+    ]
+
+
+def test_a_module_name_the_script_rebinds_is_not_judged() -> None:
+    source = ("import json\non endpoint(event):\n    json = event.body\n    json.anything()\n"
+              "def f(math):\n    return math.whatever\n")
+    assert _errors(source) == []
