@@ -91,7 +91,7 @@ def _column(node: ast.AST, line: int, headers: dict[int, str]) -> int:
     return col + 1
 
 
-def _bound_names(tree: ast.Module) -> set[str]:
+def _bound_names(tree: ast.Module, with_imports: bool = True) -> set[str]:
     """Every name the script binds anywhere (any scope): a call of one of these
     may resolve, so only names bound nowhere are reported."""
     bound: set[str] = set()
@@ -102,7 +102,7 @@ def _bound_names(tree: ast.Module) -> set[str]:
             bound.add(node.name)
         elif isinstance(node, ast.arg):
             bound.add(node.arg)
-        elif isinstance(node, ast.alias):
+        elif isinstance(node, ast.alias) and with_imports:
             bound.add((node.asname or node.name).split(".")[0])
         elif isinstance(node, ast.ExceptHandler) and node.name:
             bound.add(node.name)
@@ -138,24 +138,8 @@ def _import_only_names(tree: ast.Module) -> dict[str, str]:
                     imported[name] = alias.name
         elif isinstance(node, ast.ImportFrom):
             other.update(a.asname or a.name for a in node.names)
-    plain = _bound_names_without_imports(tree)
+    plain = _bound_names(tree, with_imports=False)
     return {k: v for k, v in imported.items() if k not in other and k not in plain}
-
-
-def _bound_names_without_imports(tree: ast.Module) -> set[str]:
-    bound = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            bound.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            bound.add(node.name)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            bound.update(node.names)
-    return bound
 
 
 def check_source(text: str) -> CheckReport:
