@@ -109,3 +109,49 @@ def test_sketch_percentiles_are_within_the_stated_error_of_the_exact_ones():
 ])
 def test_a_json_body_without_a_json_content_type_gets_a_hint(content_type, body, hint):
     assert body_hint(content_type, body) == hint
+
+
+def test_history_and_error_filters(db):
+    from datetime import datetime, timedelta, timezone
+
+    from service.core.invoke_target import load_target
+    from service.core.records import ErrorRecordIn, write_batch
+    from tests.factories import make_request
+
+    gid = make_guild("plus")               # history keeps 20
+    sid = make_script(gid)
+    target = load_target(gid, sid)
+    assert target is not None
+    eid = target.endpoint_id
+    old = datetime.now(timezone.utc) - timedelta(hours=3)
+    statuses = [200, 404, 500, 200, 429, 504] * 4        # 24 requests; the oldest 4 are pruned
+    write_batch([make_request(eid, n, time=old if n < 10 else datetime.now(timezone.utc),
+                              status=s, script_version=1 + n // 12)
+                 for n, s in enumerate(statuses)])
+    write_batch([ErrorRecordIn(eid, f"r{n}", old, kind, "m", 2, None, script_version=2)
+                 for n, kind in enumerate(["script_error", "script_timeout", "no_endpoint_handler"])])
+
+    def ids(**kw):
+        return [r["requestId"] for r in core.history_page(OWNER, gid, sid, **kw)["records"]]
+
+    assert ids() == [f"r{n}" for n in range(23, 3, -1)]                 # the plan's 20
+    assert ids(status="5xx") == ["r23", "r20", "r17", "r14", "r11", "r8", "r5"]
+    assert ids(status="404") == ["r19", "r13", "r7"]
+    assert ids(status="4xx", limit=2) == ["r22", "r19"]
+    assert ids(since=datetime.now(timezone.utc) - timedelta(hours=1)) == [f"r{n}" for n in range(23, 9, -1)]
+    assert core.history_page(OWNER, gid, sid, limit=1)["records"][0]["scriptVersion"] == 2
+    with pytest.raises(core.ValidationError) as err:
+        core.history_page(OWNER, gid, sid, status="2x")
+    assert err.value.code == "invalid_status"
+
+    def kinds(**kw):
+        return [e["kind"] for e in core.error_page(OWNER, gid, sid, **kw)["errors"]]
+
+    assert kinds(status="5xx") == ["no_endpoint_handler", "script_timeout", "script_error"]
+    assert kinds(status="504") == ["script_timeout"] and kinds(status="4xx") == []
+    assert kinds(since=datetime.now(timezone.utc) - timedelta(hours=1)) == []
+    assert kinds(limit=1) == ["no_endpoint_handler"]
+    record = core.history_record(OWNER, gid, sid, "r20")
+    assert record["status"] == 500 and record["errorRecord"] is None
+    with pytest.raises(core.NotFoundError):
+        core.history_record(OWNER, gid, sid, "r0")                      # pruned
