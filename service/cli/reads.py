@@ -38,8 +38,9 @@ class _ListOrShow(click.Group):
 
 @cli.group(cls=_ListOrShow)
 def history() -> None:
-    """Request history, newest first: `history GUILD_ID SCRIPT_ID [filters]`,
-    or one record: `history show GUILD_ID SCRIPT_ID REQUEST_ID`."""
+    """Request history, newest first: `history GUILD_ID SCRIPT_ID [--limit N]
+    [--status 4xx|5xx|CODE] [--since 30m|2h|7d|DATE] [--as U] [--json]`, or one
+    record in full: `history show GUILD_ID SCRIPT_ID REQUEST_ID`."""
 
 
 def _history_text(data: dict[str, Any]) -> str:
