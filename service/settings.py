@@ -56,11 +56,22 @@ class RatelimitSettings:
 
 
 @dataclass(frozen=True)
+class ChatSettings:
+    """The chat command's interactions endpoint (service.chat); off while `public_key` is empty."""
+
+    public_key: str = ""                # the platform application's Ed25519 public key, hex
+    path: str = "/interactions"
+    api_url: str = "https://discord.com/api/v10"   # where deferred replies are sent
+    answer_within_ms: int = 2000        # past this, a command's reply is deferred (type 5)
+
+
+@dataclass(frozen=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
     ratelimit: RatelimitSettings = field(default_factory=RatelimitSettings)
+    chat: ChatSettings = field(default_factory=ChatSettings)
     plans: Mapping[str, Plan] = field(default_factory=lambda: DEFAULT_PLANS)
 
 
@@ -139,16 +150,37 @@ def _networks(value: Any) -> tuple[IPNetwork, ...]:
     return tuple(out)
 
 
+def _public_key(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a hex string")
+    key = value.strip().lower()
+    if key and not re.fullmatch(r"[0-9a-f]{64}", key):
+        raise ValueError("expected 64 hex characters (an Ed25519 public key) or empty")
+    return key
+
+
+def _chat_path(value: Any) -> str:
+    path = _str(value)
+    if not re.fullmatch(r"/[A-Za-z0-9._~/-]{1,200}", path) or "//" in path:
+        raise ValueError("expected an absolute path such as /interactions")
+    if path.rstrip("/") in ("/endpoints", "/healthz", "/readyz") or path.startswith("/endpoints/"):
+        raise ValueError("path is taken by another route")
+    return path
+
+
 _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "server": {"host": _str, "port": _int(0, 65535), "base_url": _http_url,
                "trusted_proxies": _networks},
     "database": {"url": _db_url},
     "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000)},
     "ratelimit": {"storage": _storage},
+    "chat": {"public_key": _public_key, "path": _chat_path, "api_url": _http_url,
+             "answer_within_ms": _int(0, 2500)},
 }
 _SECTION_TYPES: dict[str, type] = {
     "server": ServerSettings, "database": DatabaseSettings,
     "sandbox": SandboxSettings, "ratelimit": RatelimitSettings,
+    "chat": ChatSettings,
 }
 _PLAN_PARSERS: dict[str, Callable[[Any], Any]] = {
     "endpoints": _int(0, 10_000), "memory_kb": _int(0, 16 * 1024 * 1024),

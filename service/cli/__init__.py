@@ -4,7 +4,7 @@
 other module attaches its commands to that group when imported.  Only this
 package's `__init__` imports them, so no module imports another back.
 """
-from service.cli import db, endpoints, guilds, reads, scripts, serve, tokens  # noqa: F401  (registers)
+from service.cli import chat, db, endpoints, guilds, reads, scripts, serve, tokens  # noqa: F401  (registers)
 from service.cli.base import cli, main
 
 __all__ = ["cli", "main"]

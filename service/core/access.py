@@ -34,17 +34,21 @@ EDITORS = (Role.OWNER, Role.MANAGER, Role.OPERATOR)
 
 @dataclass(frozen=True)
 class Actor:
-    """The one acting: a user (by platform ID) or, with `user_id` None, the operator."""
+    """The one acting: a user (by platform ID) or, with `user_id` None, the operator.
+
+    `via` names the front a user acted through when it is not the default
+    (e.g. "chat" for the chat command); audit records carry it."""
 
     user_id: str | None = None
+    via: str | None = None
 
     @classmethod
     def operator(cls) -> "Actor":
         return cls(None)
 
     @classmethod
-    def user(cls, user_id: str) -> "Actor":
-        return cls(validate_user_id(user_id))
+    def user(cls, user_id: str, via: str | None = None) -> "Actor":
+        return cls(validate_user_id(user_id), via)
 
     @property
     def is_operator(self) -> bool:

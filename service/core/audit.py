@@ -13,7 +13,10 @@ from service.core.access import EDITORS, Actor, get_guild, require_role
 
 def record(actor: Actor, action: str, *, guild_id: str | None = None,
            script_id: str | None = None, **detail: Any) -> None:
-    """Append one audit record (inside the caller's transaction)."""
+    """Append one audit record (inside the caller's transaction).  The front
+    the actor came through, when named (`Actor.via`), is kept as `detail.via`."""
+    if actor.via is not None:
+        detail["via"] = actor.via
     AuditRecord.create(time=utcnow(), actor=actor.label, guild_id=guild_id,
                        script_id=script_id, action=action,
                        detail=json.dumps(detail, sort_keys=True))

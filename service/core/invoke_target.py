@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from peewee import Database, SqliteDatabase
 
 from models import Endpoint, Guild, Script
+from models.change_feed import ChangeFeed
 from models.db import database
 from service.core.endpoints import parse_whitelist
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
@@ -111,12 +112,19 @@ class TargetCache:
     connection do not change its data_version: whoever writes through it must
     call `invalidate()` (the service's loop thread only reads).
 
-    Other databases have no such counter: every lookup runs the query.
+    On PostgreSQL the same role is played by a `models.change_feed.ChangeFeed`
+    (a LISTEN connection that every commit touching a guild, script or
+    endpoint notifies): answers are kept while its generation stays the same,
+    and every lookup queries the database while the feed cannot vouch (not
+    yet listening, connection lost, a notification not yet read). Without a
+    feed, other databases run the query on every lookup.
     """
 
-    def __init__(self, plans: Mapping[str, Plan] = DEFAULT_PLANS, max_entries: int = 10_000) -> None:
+    def __init__(self, plans: Mapping[str, Plan] = DEFAULT_PLANS, max_entries: int = 10_000,
+                 feed: ChangeFeed | None = None) -> None:
         self._plans = plans
         self._max = max_entries
+        self._feed = feed
         self._entries: dict[tuple[str, str], InvokeTarget | None] = {}
         self._version: object = None
         self._conn: object = None
@@ -128,10 +136,20 @@ class TargetCache:
 
     def __call__(self, guild_id: str, script_id: str) -> InvokeTarget | None:
         db = database.obj
-        if not isinstance(db, SqliteDatabase):
+        conn: object
+        version: object
+        if isinstance(db, SqliteDatabase):
+            conn = db.connection()  # type: ignore[no-untyped-call]
+            version = conn.execute("PRAGMA data_version").fetchone()[0]  # type: ignore[attr-defined]
+        elif self._feed is not None:
+            # Read before the query: a change committed meanwhile bumps the
+            # generation, and the next lookup drops what this one stores.
+            version = self._feed.generation
+            if version is None:
+                return load_target(guild_id, script_id, self._plans)
+            conn = self._feed
+        else:
             return load_target(guild_id, script_id, self._plans)
-        conn = db.connection()  # type: ignore[no-untyped-call]
-        version = conn.execute("PRAGMA data_version").fetchone()[0]
         entries = self._entries
         # Versions compare only within one connection: a new connection (a
         # reconnect, another thread) starts a new series.

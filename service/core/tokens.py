@@ -76,9 +76,12 @@ def revoke_api_token(actor: Actor, token_id: int) -> None:
 
 
 def create_login_link(actor: Actor, user_id: str, base_url: str,
-                      ttl: timedelta = LOGIN_TOKEN_TTL) -> dict[str, Any]:
+                      ttl: timedelta = LOGIN_TOKEN_TTL, *, audit_as: Actor | None = None,
+                      guild_id: str | None = None) -> dict[str, Any]:
     """A one-time link `{base_url}/login/{token}` for `user_id` (operator
-    only).  Raises `PermissionDeniedError`, `ValidationError`."""
+    only).  `audit_as` and `guild_id` name who asked in the audit record when
+    another rule has already allowed it (`service.core.member_links`).
+    Raises `PermissionDeniedError`, `ValidationError`."""
     if not actor.is_operator:
         raise PermissionDeniedError("only the operator may create login links")
     validate_user_id(user_id)
@@ -89,7 +92,7 @@ def create_login_link(actor: Actor, user_id: str, base_url: str,
         LoginToken.delete().where(LoginToken.expires_at < now - timedelta(days=1)).execute()
         LoginToken.create(token_hash=_digest(token), user_id=user_id, created_at=now,
                           expires_at=now + ttl)
-        audit.record(actor, "login_link.created", user=user_id)
+        audit.record(audit_as or actor, "login_link.created", guild_id=guild_id, user=user_id)
     return {"url": f"{base_url.rstrip('/')}/login/{token}", "userId": user_id,
             "expiresAt": iso(now + ttl)}
 

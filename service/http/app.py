@@ -10,6 +10,7 @@ import logging
 
 from tornado.web import Application, RequestHandler
 
+from service.chat import handler as chat
 from service.http import health
 from service.http.base import NotFoundHandler
 from service.http.context import AppContext
@@ -41,6 +42,7 @@ def make_app(context: AppContext) -> Application:
         for module in (health,)
         for pattern, handler in module.routes
     ]
+    handlers += chat.routes(context)  # the interactions endpoint, when a public key is set
     return Application(
         handlers,
         default_handler_class=NotFoundHandler,

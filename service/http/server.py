@@ -23,6 +23,8 @@ from typing import Any
 from peewee import Database
 from tornado.netutil import bind_sockets
 
+from models.change_feed import ChangeFeed
+from models.db import is_postgres
 from sandbox.hardening import make_undumpable
 from sandbox.pool import Pool
 from service.http.app import make_app
@@ -74,6 +76,10 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     from service.core.records import write_batch
     from service.core.secrets import verify_secret
 
+    # PostgreSQL: a LISTEN connection lets the endpoint lookup cache (SQLite
+    # has PRAGMA data_version instead); started after the pool's fork.
+    feed = ChangeFeed.for_database(db).start() if is_postgres(db) else None
+
     executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-argon2",
                                   initializer=_background_priority)
     records = RecordWriter(
@@ -96,7 +102,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         limits=RateLimits(settings.ratelimit.storage),
         verifier=SecretVerifier(verify_secret, executor),
         records=records,
-        load_target=TargetCache(settings.plans),
+        load_target=TargetCache(settings.plans, feed=feed),
         db_ping=db_ping,
     )
     max_body = max((p.body_bytes for p in settings.plans.values()), default=0) + 1
@@ -127,6 +133,8 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     await loop.run_in_executor(None, records.stop)
     await pool.stop()
     executor.shutdown(wait=False)
+    if feed is not None:
+        feed.stop()
     log.info("stopped: %d records written, %d dropped (%d failed batches)", records.written,
              records.dropped, records.failed_batches)
 

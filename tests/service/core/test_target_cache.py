@@ -9,6 +9,7 @@ or an admin request has), or through a second raw `sqlite3` connection (as the
 """
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -197,3 +198,94 @@ def test_sqlite_reconnect_does_not_serve_a_stale_answer(db, endpoint):
     db.close()
     db.connect()
     assert not must(cache(gid, sid)).enabled
+
+
+# ------------------------------------------------ PostgreSQL: LISTEN/NOTIFY
+def _wait(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def _terminate_listener(db) -> int:
+    """Kill the feed's backend the way an operator or a failover would."""
+    import psycopg2
+    from models.change_feed import APPLICATION_NAME
+    params = {"dbname": db.database, **db.connect_params}
+    with closing(psycopg2.connect(**params)) as admin:
+        admin.autocommit = True
+        with admin.cursor() as cur:
+            cur.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                        (f"{APPLICATION_NAME}/{os.getpid()}",))
+            pids = [row[0] for row in cur.fetchall()]
+            for pid in pids:
+                cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    return len(pids)
+
+
+@pytest.fixture
+def feed(db):
+    from models.change_feed import ChangeFeed
+    f = ChangeFeed.for_database(db).start()
+    assert f.healthy, "the feed should be listening within its start-up wait"
+    yield f
+    f.stop()
+
+
+@POSTGRES_ONLY
+def test_postgresql_with_a_feed_lookups_are_remembered_until_a_commit(db, endpoint, feed,
+                                                                      monkeypatch):
+    gid, sid = endpoint
+    cache = TargetCache(feed=feed)
+    queries = count_queries(monkeypatch, db)
+    first = must(cache(gid, sid))
+    assert must(cache(gid, sid)) is first and len(queries) == 1   # from memory
+
+    # A commit from another connection (another node, the CLI) notifies; the
+    # very next lookup after the notification arrived reads the new row.
+    before = feed.generation
+    secret = in_other_thread(db, lambda: core.regenerate_secret(OWNER, gid, sid))["secret"]
+    assert _wait(lambda: feed.generation not in (None, before))
+    assert verify_secret(must(cache(gid, sid)).secret_hash, secret)
+    assert len([q for q in queries if q.startswith('SELECT "t1"."version"')]) == 2
+
+    core.disable_endpoint(OWNER, gid, sid)                 # this thread's own connection
+    assert _wait(lambda: must(cache(gid, sid)).enabled is False)
+
+
+@POSTGRES_ONLY
+def test_postgresql_a_lost_feed_means_querying_never_stale(db, endpoint, feed, monkeypatch):
+    gid, sid = endpoint
+    cache = TargetCache(feed=feed)
+    assert must(cache(gid, sid)).enabled
+    assert _terminate_listener(db) >= 1
+    assert _wait(lambda: not feed.healthy or feed.reconnects > 1)
+
+    # While the feed is down (or just back), a change is never hidden by the
+    # remembered answer: the cache either queries or starts a new generation.
+    core.disable_endpoint(OWNER, gid, sid)
+    assert must(cache(gid, sid)).enabled is False
+    assert _wait(lambda: feed.healthy and feed.reconnects > 1)
+    core.enable_endpoint(OWNER, gid, sid)
+    assert _wait(lambda: must(cache(gid, sid)).enabled is True)
+
+
+@POSTGRES_ONLY
+def test_postgresql_feed_down_every_lookup_queries(db, endpoint, monkeypatch):
+    from models.change_feed import ChangeFeed
+    # A feed that can never connect (wrong port) never vouches for anything.
+    params = {"dbname": db.database, **db.connect_params, "port": 1, "connect_timeout": 1}
+    dead = ChangeFeed(params, retry_s=0.05).start(wait_s=0.2)
+    try:
+        gid, sid = endpoint
+        cache = TargetCache(feed=dead)
+        queries = count_queries(monkeypatch, db)
+        must(cache(gid, sid))
+        must(cache(gid, sid))
+        assert dead.generation is None and len(queries) == 2 and cache._entries == {}
+    finally:
+        dead.stop()

@@ -1,0 +1,159 @@
+"""`ChangeFeed`: a PostgreSQL `LISTEN` connection that tells the invoke path when endpoint data changed.
+
+Migration 0004 makes every commit that touches a guild, script or endpoint
+send a notification on `logic_targets`.  A feed owns one dedicated
+connection (autocommit, `LISTEN logic_targets`) and one daemon thread that
+waits on it; each notification batch bumps `generation`.  A cache that
+remembered answers under generation G drops them as soon as it sees G+1.
+
+Never staler than the notification's delivery:
+- `generation` is None whenever the feed cannot vouch for the data: before
+  the first `LISTEN` is in place, after the connection is lost (the server
+  closed it, a backend was terminated, a heartbeat query failed or took longer
+  than `heartbeat_timeout_s`), and until a new connection listens again.
+  Callers then query the database for every lookup.
+- a reconnect bumps the generation, so nothing remembered across a gap in
+  the feed survives it;
+- a notification that has reached this process's socket but not yet been
+  read by the thread also makes `generation` None (a zero-timeout poll of the
+  socket, ~1 µs), so a request never wins a race against the feed's thread.
+
+What remains is delivery: a commit is in force on a node once its
+notification reached that node (sub-millisecond on one host or LAN).  If the
+listening backend dies after a commit queued a notification for it and
+before delivering it, the change is in force once the connection's loss
+reaches the node (the server's goodbye or a TCP reset: milliseconds), and a
+silently dead network is noticed within the TCP keepalive bound (about 4 s:
+`keepalives_idle` 2 s + 2 probes of 1 s, `tcp_user_timeout` 3 s).  No
+heartbeat query runs on the connection: an answer to one would make the
+socket readable and send the hot path to the database for nothing.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger("logic.change_feed")
+
+CHANNEL = "logic_targets"
+#: `application_name` of the feed's connection (plus "/<pid>"), to find it in pg_stat_activity.
+APPLICATION_NAME = "logic-change-feed"
+
+
+class ChangeFeed:
+    """Listens for endpoint-data changes on PostgreSQL; see the module docstring."""
+
+    def __init__(self, connect_kwargs: dict[str, Any], *, retry_s: float = 0.5) -> None:
+        # Always its own name, even when the URL names the service's connections.
+        self._connect_kwargs = {**connect_kwargs,
+                                "application_name": f"{APPLICATION_NAME}/{os.getpid()}"}
+        self._retry_s = retry_s
+        self._generation = 0
+        self._healthy = False
+        self._conn: Any = None
+        self._poller: select.poll | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.reconnects = 0
+
+    @classmethod
+    def for_database(cls, db: Any, **kwargs: Any) -> ChangeFeed:
+        """A feed on the same server and database as the peewee `db`."""
+        params = dict(db.connect_params)
+        params.setdefault("connect_timeout", 5)
+        # A silently dead network must surface as an error, not a blocked read.
+        params.setdefault("keepalives", 1)
+        params.setdefault("keepalives_idle", 2)
+        params.setdefault("keepalives_interval", 1)
+        params.setdefault("keepalives_count", 2)
+        params.setdefault("tcp_user_timeout", 3000)
+        return cls({"dbname": db.database, **params}, **kwargs)
+
+    # ------------------------------------------------------------ hot path
+    @property
+    def generation(self) -> int | None:
+        """The current generation, or None when cached answers must not be trusted."""
+        if not self._healthy:
+            return None
+        poller = self._poller
+        if poller is not None and poller.poll(0):
+            return None          # a notification is waiting for the thread: do not guess
+        return self._generation
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, wait_s: float = 5.0) -> ChangeFeed:
+        """Start the thread; wait up to `wait_s` for the first LISTEN (not an error if it is late)."""
+        self._thread = threading.Thread(target=self._run, name="change-feed", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + wait_s
+        while not self._healthy and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._drop()
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    # ------------------------------------------------------------ thread
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._connect()
+                self._listen_loop()
+            except Exception as err:  # noqa: BLE001 - any failure means: cannot vouch
+                if self._healthy or self.reconnects == 0:
+                    log.warning("change feed lost (%s): endpoint lookups query the database "
+                                "until it is back", type(err).__name__)
+            self._set_unhealthy()
+            self._drop()
+            self._stop.wait(self._retry_s)
+
+    def _connect(self) -> None:
+        import psycopg2  # type: ignore[import-untyped,unused-ignore]
+        conn = psycopg2.connect(**self._connect_kwargs)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f"LISTEN {CHANNEL}")
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+        self._conn, self._poller = conn, poller
+        # Anything remembered before this LISTEN may have missed a change.
+        self._generation += 1
+        self._healthy = True
+        self.reconnects += 1
+        if self.reconnects > 1:
+            log.info("change feed listening again; endpoint lookups cached again")
+
+    def _listen_loop(self) -> None:
+        # Nothing but notifications (and the server's goodbye) ever arrives on
+        # this socket: no query runs on it after LISTEN, so "readable" on the
+        # hot path always means "something changed or the feed is gone".
+        conn = self._conn
+        while not self._stop.is_set():
+            ready, _, _ = select.select([conn], [], [], 0.25)
+            if ready:
+                conn.poll()                      # raises when the server closed the connection
+                if conn.notifies:
+                    conn.notifies.clear()
+                    self._generation += 1
+
+    def _set_unhealthy(self) -> None:
+        self._healthy = False
+
+    def _drop(self) -> None:
+        conn, self._conn, self._poller = self._conn, None, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,75 @@
+"""Deferred replies (type 5) and the follow-up that replaces them.
+
+The platform's API cannot be reached from this machine, so a local HTTP
+server plays it (`PlatformAPI` in conftest): `logic serve` is pointed at it
+with `chat.api_url`, and `chat.answer_within_ms = 0` makes every command
+take the deferred path (a command that really took more than two seconds
+would take the same path; waiting for one would only slow the suite).
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from nacl.signing import SigningKey
+
+from service.chat.followup import WebhookFollowUps
+from tests.service.chat.conftest import (APP_ID, MANAGER, OWNER, Guild, Platform, PlatformAPI,
+                                         start_chat_server)
+
+
+def test_deferred_command_is_followed_up_through_the_platform_api(http_env: Any, make_guild: Any,
+                                                                  tmp_path: Path) -> None:
+    g: Guild = make_guild()
+    api = PlatformAPI()
+    key = SigningKey.generate()
+    server = start_chat_server(http_env, tmp_path, key, api_url=api.url, answer_within_ms=0)
+    try:
+        platform = Platform(server, key)
+        payload = platform.interaction(2, guild_id=g.guild_id, user_id=OWNER,
+                                       path=("logic", "script", "secret"),
+                                       options={"script": g.name})
+        resp = platform.send(payload)
+        assert resp.status == 200
+        # Deferred, and ephemeral before the outcome is known: a secret follows.
+        assert resp.json == {"type": 5, "data": {"flags": 64}}
+        received = api.wait(1)
+        assert len(received) == 1
+        call = received[0]
+        assert call.method == "PATCH"
+        assert unquote(call.path) == (f"/api/v10/webhooks/{APP_ID}/{payload['token']}"
+                                      "/messages/@original")
+        assert set(call.body) == {"content", "allowed_mentions"}
+        secret = re.findall(r"`(lsk_[A-Za-z0-9_-]{43})`", call.body["content"])[0]
+        invoke = f"/endpoints/{g.guild_id}/{g.script_id}"
+        assert server.request(invoke, json_body={}, secret=secret).status == 200
+
+        # A refusal takes the same way, ephemeral too.
+        resp = platform.command("logic", "script", "secret", guild_id=g.guild_id,
+                                user_id=MANAGER, script=g.name)
+        assert resp.json == {"type": 5, "data": {"flags": 64}}
+        received = api.wait(2)
+        assert received[1].body["content"].startswith("Not allowed")
+        # The interaction token is a credential: never in the service's log.
+        assert payload["token"] not in server.log and secret not in server.log
+    finally:
+        server.stop()
+        api.close()
+
+
+def test_follow_up_to_a_platform_that_refuses_or_is_gone() -> None:
+    api = PlatformAPI()
+    client = WebhookFollowUps(api.url)
+    data = {"content": "hello", "allowed_mentions": {"parse": []}, "flags": 64}
+    assert asyncio.run(client.edit_original(APP_ID, "tok-1", data)) is True
+    assert api.received[0].body == {"content": "hello", "allowed_mentions": {"parse": []}}
+    # A token is quoted into one path segment: it cannot walk the API's paths.
+    assert client.url(APP_ID, "a/../b").endswith(f"/webhooks/{APP_ID}/a%2F..%2Fb/messages/@original")
+    api.status = 404  # the token expired (15 minutes) or the message is gone
+    assert asyncio.run(client.edit_original(APP_ID, "tok-1", data)) is False
+    api.close()
+    gone = WebhookFollowUps(api.url)
+    assert asyncio.run(gone.edit_original(APP_ID, "tok-2", data)) is False
