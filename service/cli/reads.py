@@ -161,7 +161,7 @@ def _stats_text(d: dict[str, Any]) -> str:
         return fields(pairs)
     pairs.append(("latency (24 h)", _pcts(d["latency"])))
     pairs.append(("top callers", "  ".join(f"{t['ip']} ({t['count']})" for t in d["topIps"]) or "-"))
-    hours = [p for p in d["perHour"]][-6:]
+    hours = d["perHour"][-6:]           # the last six hours with requests
     text = fields(pairs)
     if hours:
         text += "\n\n" + table(("HOUR", "REQUESTS", "AVERAGE"),
