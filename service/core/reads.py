@@ -1,8 +1,9 @@
 """Reads for script authors: request history, error log, statistics.
 
 Shapes are the CLI's `--json` ones (docs/operations.md documents the stats
-fields).  Who may read: owner, managers, operator.  The error log needs a plan with error logs; the advanced statistics
-(percentiles, series, top IPs) need a plan with advanced statistics.
+fields).  Who may read: owner, managers, operator.  The error log needs a
+plan with error logs; the advanced statistics (percentiles, series, top IPs)
+need a plan with advanced statistics.
 """
 from __future__ import annotations
 
