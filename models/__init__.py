@@ -3,15 +3,16 @@ from models.audit import AuditRecord
 from models.db import BaseModel, connect, database
 from models.guild import Guild, GuildManager
 from models.record import ErrorRecord, RequestRecord
-from models.script import Endpoint, Script
+from models.script import Endpoint, Script, ScriptVersion
 from models.session import DashboardSession
-from models.stats import StatBucket, StatIp
+from models.stats import StatBucket, StatIp, StatSketch
 from models.token import ApiToken, LoginToken
 
 #: Every table, in creation order (parents first).
 ALL_MODELS = (Guild, GuildManager, Script, Endpoint, RequestRecord, ErrorRecord,
-              AuditRecord, StatBucket, StatIp, ApiToken, LoginToken, DashboardSession)
+              AuditRecord, StatBucket, StatIp, ApiToken, LoginToken, DashboardSession,
+              ScriptVersion, StatSketch)
 
 __all__ = ["ALL_MODELS", "ApiToken", "AuditRecord", "BaseModel", "DashboardSession", "Endpoint",
-           "ErrorRecord", "Guild", "GuildManager", "LoginToken", "RequestRecord", "Script", "StatBucket",
-           "StatIp", "connect", "database"]
+           "ErrorRecord", "Guild", "GuildManager", "LoginToken", "RequestRecord", "Script",
+           "ScriptVersion", "StatBucket", "StatIp", "StatSketch", "connect", "database"]

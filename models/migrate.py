@@ -103,11 +103,28 @@ class Runner:
         row = _sql(self.db, f"SELECT MAX(version) FROM {HISTORY_TABLE}").fetchone()
         return int(row[0] or 0)
 
+    def _applied(self) -> set[int]:
+        rows = _sql(self.db, f"SELECT version FROM {HISTORY_TABLE}").fetchall()
+        return {int(r[0]) for r in rows}
+
     def check(self) -> None:
         """Raise `SchemaBehindError` unless the database is exactly current."""
         current = self.current_version()
-        if current != self.latest:
+        if current > self.latest:
             raise SchemaBehindError(current, self.latest)
+        reached = self._first_missing()
+        if reached != self.latest:
+            raise SchemaBehindError(reached, self.latest)
+
+    def _first_missing(self) -> int:
+        """The version just below the first unapplied migration."""
+        applied = self._applied() if self.db.table_exists(HISTORY_TABLE) else set()
+        below = 0
+        for m in self.migrations:
+            if m.version not in applied:
+                return below
+            below = m.version
+        return below
 
     # ------------------------------------------------------------ writing
     def _lock(self) -> None:
@@ -138,7 +155,7 @@ class Runner:
         for migration in [m for m in self.migrations if m.version <= target]:
             with self.db.atomic():
                 self._lock()
-                if self.current_version() >= migration.version:
+                if migration.version in self._applied():
                     continue
                 log.info("applying migration %s", migration.name)
                 migration.module.up(self.db)
@@ -157,7 +174,7 @@ class Runner:
         for migration in reversed([m for m in self.migrations if m.version > target]):
             with self.db.atomic():
                 self._lock()
-                if self.current_version() < migration.version:
+                if migration.version not in self._applied():
                     continue
                 log.info("reverting migration %s", migration.name)
                 migration.module.down(self.db)

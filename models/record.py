@@ -36,6 +36,7 @@ class RequestRecord(BaseModel):
     output = TextField(default="")
     error = TextField(null=True)
     test = BooleanField(default=False)        # a test call or replay from the admin API
+    script_version = IntegerField(null=True)   # the version that ran
 
     class Meta:
         indexes = ((("endpoint", "id"), False),)
@@ -52,6 +53,7 @@ class ErrorRecord(BaseModel):
     message = TextField()
     line = IntegerField(null=True)
     traceback = TextField(null=True)
+    script_version = IntegerField(null=True)   # the version that ran
 
     class Meta:
         indexes = ((("endpoint", "id"), False),)

@@ -6,7 +6,7 @@ index on `public_id` then refuses the same ID forever.
 """
 from __future__ import annotations
 
-from peewee import (AutoField, BooleanField, CharField, DateTimeField,
+from peewee import (AutoField, BigAutoField, BooleanField, CharField, DateTimeField,
                     ForeignKeyField, IntegerField, TextField)
 
 from models.clock import utcnow
@@ -26,10 +26,25 @@ class Script(BaseModel):
     created_at = DateTimeField(default=utcnow)
     updated_at = DateTimeField(default=utcnow)
     deleted_at = DateTimeField(null=True)
+    warnings = TextField(null=True)        # JSON list: save-time warnings of `source`
 
     class Meta:
         # Listing a guild's live scripts, and the guild part of the hot lookup.
         indexes = ((("guild", "deleted_at"), False),)
+
+
+class ScriptVersion(BaseModel):
+    """One kept version of a script's source (the newest N per script)."""
+
+    id = BigAutoField()
+    script = ForeignKeyField(Script, backref="versions", on_delete="CASCADE", index=False)
+    version = IntegerField()
+    source = TextField()
+    author = CharField(max_length=80)          # actor label: "operator" or "user:<id>"
+    created_at = DateTimeField(default=utcnow)
+
+    class Meta:
+        indexes = ((("script", "version"), True),)
 
 
 class Endpoint(BaseModel):

@@ -67,3 +67,17 @@ class StatIp(BaseModel):
 def histogram_fields() -> list[IntegerField]:
     """The histogram columns in bin order."""
     return [getattr(StatBucket, f"h{i}") for i in range(HISTOGRAM_BINS)]
+
+
+class StatSketch(BaseModel):
+    """Latency sketch: requests per endpoint, minute and logarithmic key
+    (`service.core.sketch`: every key covers durations within 1 % of each other)."""
+
+    id = AutoField()
+    endpoint = ForeignKeyField(Endpoint, on_delete="CASCADE", index=False)
+    start = DateTimeField()
+    key = SmallIntegerField()
+    count = IntegerField(default=0)
+
+    class Meta:
+        indexes = ((("endpoint", "start", "key"), True),)

@@ -20,19 +20,33 @@ in `service/cli/__init__.py`), e.g.:
 """
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, NoReturn
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import click
 
-from service.core.access import Actor
-from service.core.errors import (CoreError, NotFoundError, PermissionDeniedError, QuotaError,
-                                 ValidationError)
 from service.settings import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from service import core as core  # re-exported for the command modules
+    from service.core.access import Actor
+    from service.core.errors import CoreError
+else:
+    class _LazyModule(ModuleType):
+        """`service.core`, imported on first use: `logic --help` and argument
+        errors never load the models, peewee or the sandbox compiler
+        (start-up time: bench/cli_startup.py)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(importlib.import_module(self.__name__), name)
+
+    core = _LazyModule("service.core")
 
 EXIT_ERROR, EXIT_USAGE, EXIT_DENIED, EXIT_QUOTA = 1, 2, 3, 4
 
@@ -80,7 +94,24 @@ class State:
             raise CommandError(str(err), EXIT_ERROR) from None
         except Exception as err:  # driver errors: one line, never a traceback
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise CommandError(f"cannot open database: {first}", EXIT_ERROR) from None
+            raise CommandError(f"cannot open database {describe_url(url)}: {first}",
+                               EXIT_ERROR) from None
+
+
+def describe_url(url: str) -> str:
+    """A database URL to name in a message: the SQLite path, or the server and
+    database without the password."""
+    from urllib.parse import urlsplit
+    if url.startswith("sqlite:///"):
+        return url[len("sqlite:///"):] or url
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        user = f"{parts.username}@" if parts.username else ""
+    except ValueError:
+        return "(unparseable URL)"
+    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
 
 
 pass_state = click.make_pass_decorator(State)
@@ -93,14 +124,24 @@ def emit(data: dict[str, Any], as_json: bool, text: Callable[[dict[str, Any]], s
     elif text is not None:
         click.echo(text(data))
     else:
+        from service.cli.output import fields, local_time
+        pairs = []
         for key, value in data.items():
-            shown = json.dumps(value) if isinstance(value, (dict, list)) else value
-            click.echo(f"{key}: {shown}")
+            if isinstance(value, list) and all(isinstance(v, (str, int)) for v in value):
+                shown: Any = ", ".join(str(v) for v in value) or "-"
+            elif isinstance(value, (dict, list)):
+                shown = json.dumps(value)
+            elif key.endswith("At") and isinstance(value, str):
+                shown = local_time(value)
+            else:
+                shown = value
+            pairs.append((key, shown))
+        click.echo(fields(pairs))
 
 
 def actor_of(as_user: str | None) -> Actor:
     """`--as USER_ID`, or the operator."""
-    return Actor.operator() if as_user is None else Actor.user(as_user)
+    return core.Actor.operator() if as_user is None else core.Actor.user(as_user)
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -129,13 +170,20 @@ def cli(ctx: click.Context, database_url: str | None, config: str | None) -> Non
 
 
 def _exit_code(err: CoreError) -> int:
-    if isinstance(err, PermissionDeniedError):
+    if isinstance(err, core.PermissionDeniedError):
         return EXIT_DENIED
-    if isinstance(err, QuotaError):
+    if isinstance(err, core.QuotaError):
         return EXIT_QUOTA
-    if isinstance(err, (NotFoundError, ValidationError)):
+    if isinstance(err, (core.NotFoundError, core.ValidationError)):
         return EXIT_USAGE
     return EXIT_ERROR
+
+
+def _core_error(err: Exception) -> CoreError | None:
+    """`err` when it is a service-layer error (only looked at once something failed)."""
+    if "service.core" not in sys.modules:
+        return None
+    return err if isinstance(err, core.CoreError) else None
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -161,7 +209,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(err.exit_code)
     except CommandError as err:
         _fail(str(err), err.exit_code)
-    except CoreError as err:
-        _fail(err.message, _exit_code(err))
     except SettingsError as err:
         _fail(str(err), EXIT_USAGE)
+    except Exception as err:
+        found = _core_error(err)
+        if found is None:
+            raise
+        _fail(found.message, _exit_code(found))

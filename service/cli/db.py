@@ -5,8 +5,7 @@ from typing import Any
 
 import click
 
-from service import core
-from service.cli.base import State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
+from service.cli.base import core, State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
 
 
 @cli.group()

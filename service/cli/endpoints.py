@@ -1,12 +1,14 @@
 """`logic endpoint`, `logic secret`, `logic whitelist`: an endpoint's switch, secret and whitelist."""
 from __future__ import annotations
 
+import os
+import tomllib
 from typing import Any
 
 import click
 
-from service import core
-from service.cli.base import State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
+from service.cli.base import core, State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
+from service.cli.output import fields, local_time, warn
 
 
 @cli.group()
@@ -14,7 +16,7 @@ def endpoint() -> None:
     """Endpoints: switch on/off, show."""
 
 
-def _endpoint_command(name: str, call: Any, doc: str) -> None:
+def _endpoint_command(name: str, function: str, doc: str) -> None:
     @endpoint.command(name, help=doc)
     @click.argument("guild_id")
     @click.argument("script_id")
@@ -23,14 +25,65 @@ def _endpoint_command(name: str, call: Any, doc: str) -> None:
     @pass_state
     def command(state: State, guild_id: str, script_id: str, as_user: str | None,
                 as_json: bool) -> None:
-        emit(run_core(state, lambda: call(actor_of(as_user), guild_id, script_id,
-                                      plans=state.settings.plans,
-                                      base_url=state.settings.server.base_url)), as_json)
+        call = getattr(core, function)
+        data = run_core(state, lambda: call(actor_of(as_user), guild_id, script_id,
+                                            plans=state.settings.plans,
+                                            base_url=state.settings.server.base_url))
+        _base_url_warning(state)
+        emit(data, as_json, _endpoint_text)
 
 
-_endpoint_command("enable", core.enable_endpoint, "Switch the endpoint on (within the plan's quota).")
-_endpoint_command("disable", core.disable_endpoint, "Switch the endpoint off.")
-_endpoint_command("show", core.show_endpoint, "Show the endpoint: URL, switch, secret hint, whitelist.")
+def _base_url_configured(state: State) -> bool:
+    """Whether the operator set server.base_url (environment or configuration file)."""
+    if os.environ.get("LOGIC_SERVER_BASE_URL"):
+        return True
+    path = state.config or os.environ.get("LOGIC_CONFIG")
+    if not path:
+        return False
+    try:
+        with open(path, "rb") as f:
+            server = tomllib.load(f).get("server", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return False        # the settings loader already reported a bad file
+    return isinstance(server, dict) and "base_url" in server
+
+
+def _base_url_warning(state: State) -> None:
+    server = state.settings.server
+    if not _base_url_configured(state):
+        warn(f"server.base_url is not configured, so this URL uses {server.base_url}; set it "
+             "(config [server] base_url or LOGIC_SERVER_BASE_URL) to the address clients reach")
+
+
+def _endpoint_text(d: dict[str, Any]) -> str:
+    secret = d["secret"]
+    state = "on" if d["enabled"] else "off"
+    if d["enabled"] and not d["active"]:
+        state = f"on, but plan {d['plan']} allows no endpoints (not answering)"
+    wl = ", ".join(d["whitelist"]) or "(none: any IP)"
+    if d["whitelist"] and not d["whitelistEnforced"]:
+        wl += f"  (kept, not enforced: plan {d['plan']} has no IP whitelist)"
+    lines = fields([
+        ("url", d.get("url")), ("enabled", state), ("plan", d["plan"]),
+        ("secret", f"…{secret['hint']} (created {local_time(secret['createdAt'])} by "
+                   f"{secret['createdBy']})" if secret else "none yet"),
+        ("whitelist", wl)])
+    steps = []
+    gid, sid = d["guildId"], d["logicScriptId"]
+    if secret is None:
+        steps.append("the guild owner creates the secret (shown once):\n"
+                     f"  logic secret regenerate {gid} {sid} --as OWNER_ID")
+    if not d["enabled"]:
+        steps.append(f"switch it on:\n  logic endpoint enable {gid} {sid}")
+    if d["enabled"] and secret is not None and d["active"]:
+        steps.append("clients POST to the URL with Authorization: Bearer <secret>")
+    return lines + ("\n\nnext:\n" + "\n".join("- " + s for s in steps) if steps else "")
+
+
+# By name: `core` is loaded only when a command runs.
+_endpoint_command("enable", "enable_endpoint", "Switch the endpoint on (within the plan's quota).")
+_endpoint_command("disable", "disable_endpoint", "Switch the endpoint off.")
+_endpoint_command("show", "show_endpoint", "Show the endpoint: URL, switch, secret hint, whitelist.")
 
 
 @cli.group()
@@ -48,7 +101,8 @@ def secret_regenerate(state: State, guild_id: str, script_id: str, as_user: str 
                       as_json: bool) -> None:
     """Create or replace the endpoint secret; it is shown only now."""
     data = run_core(state, lambda: core.regenerate_secret(actor_of(as_user), guild_id, script_id))
-    emit(data, as_json, lambda d: f"{d['secret']}\n(shown once; hint {d['hint']})")
+    emit(data, as_json, lambda d: f"{d['secret']}\n(shown once; hint {d['hint']}; clients send it as "
+                                  "Authorization: Bearer <secret>)")
 
 
 @cli.group()
@@ -67,5 +121,6 @@ def whitelist_set(state: State, guild_id: str, script_id: str, cidrs: tuple[str,
                   as_user: str | None, as_json: bool) -> None:
     """Replace the whitelist; no CIDR clears it."""
     emit(run_core(state, lambda: core.set_whitelist(actor_of(as_user), guild_id, script_id, list(cidrs),
-                                                plans=state.settings.plans,
-                                                base_url=state.settings.server.base_url)), as_json)
+                                                    plans=state.settings.plans,
+                                                    base_url=state.settings.server.base_url)),
+         as_json, _endpoint_text)

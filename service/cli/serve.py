@@ -53,7 +53,8 @@ def serve(state: State, host: str | None, port: int | None, workers: int | None)
     try:
         run(settings)
     except OSError as err:
-        raise CommandError(f"cannot serve: {err.strerror or err}", EXIT_ERROR) from None
+        where = f"{settings.server.host}:{settings.server.port}"
+        raise CommandError(f"cannot serve on {where}: {err.strerror or err}", EXIT_ERROR) from None
 
 
 @cli.command()

@@ -1,4 +1,4 @@
-"""The service layer: every rule of DESIGN section 7, with no Tornado.
+"""The service layer: every rule (roles, plans, quotas, secrets, records, reads), with no Tornado.
 
 The CLI, the admin API and the dashboard call these functions with an
 `Actor`; they raise `service.core.errors.CoreError` subclasses, which each
@@ -19,9 +19,12 @@ from service.core.reads import errors as error_log
 from service.core.reads import history, stats
 from service.core.scripts import (create_script, delete_script, list_scripts, show_script,
                                   update_script)
+from service.core.record_queries import error_page, history_page, history_record
+from service.core.script_checks import check_source
 from service.core.secrets import regenerate_secret, verify_secret
 from service.core.tokens import (authenticate_token, consume_login_token, create_api_token,
                                  create_login_link, revoke_api_token)
+from service.core.versions import list_versions, rollback
 
 __all__ = [
     "Actor", "Role", "audit_log", "disable_endpoint", "enable_endpoint", "endpoint_url",
@@ -31,4 +34,5 @@ __all__ = [
     "delete_script", "list_scripts", "show_script", "update_script", "regenerate_secret",
     "verify_secret", "authenticate_token", "consume_login_token", "create_api_token",
     "create_login_link", "revoke_api_token",
+    "check_source", "list_versions", "rollback", "error_page", "history_page", "history_record",
 ]

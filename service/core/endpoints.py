@@ -10,8 +10,9 @@ with host bits set (`10.0.0.1/8`) is refused with the network it probably
 means, not silently widened: a whitelist is a security rule, so we do not
 guess.  Entries are normalised (`2001:DB8::/32` -> `2001:db8::/32`, bare
 address -> /32 or /128), de-duplicated and sorted.  An empty list (no
-restriction) may be set on any plan, so a downgraded guild can clear it; a
-stored whitelist keeps being enforced after a downgrade (fail closed).
+restriction) may be set on any plan, so a downgraded guild can clear it.  On a
+plan without the whitelist feature a stored whitelist is kept but not
+enforced (`whitelistEnforced: false`); an upgrade enforces it again.
 """
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ def _view(guild_id: str, script: Script, endpoint: Endpoint, plan: Plan,
         "guildId": guild_id, "logicScriptId": script.public_id,
         "enabled": bool(endpoint.enabled), "active": bool(endpoint.enabled) and plan.endpoints > 0,
         "secret": secret, "whitelist": json.loads(endpoint.whitelist or "[]"),
+        "whitelistEnforced": plan.ip_whitelist and endpoint.whitelist not in (None, "", "[]"),
         "plan": plan.name,
     }
     if base_url:
@@ -110,7 +112,8 @@ def set_enabled(actor: Actor, guild_id: str, script_id: str, enabled: bool, *,
             Endpoint.update(enabled=enabled, enabled_at=utcnow() if enabled else endpoint.enabled_at
                             ).where(Endpoint.id == endpoint.id).execute()
             audit.record(actor, "endpoint.enabled" if enabled else "endpoint.disabled",
-                         guild_id=guild.id, script_id=script.public_id)
+                         guild_id=guild.id, script_id=script.public_id, old=not enabled,
+                         new=enabled)
         endpoint = Endpoint.get_by_id(endpoint.id)
     return _view(guild.id, script, endpoint, plan, base_url)
 
@@ -136,7 +139,8 @@ def set_whitelist(actor: Actor, guild_id: str, script_id: str, cidrs: Sequence[s
         guild, script, _ = guild_and_script(actor, guild_id, script_id, "edit the whitelist")
         plan = resolve_plan(plans, guild.plan)
         if normalised and not plan.ip_whitelist:
-            raise QuotaError(f"plan {plan.name} does not include an IP whitelist",
+            raise QuotaError(f"plan {plan.name} does not include an IP whitelist (a stored one "
+                             "is kept but not enforced; an empty list clears it)",
                              code="plan_feature")
         endpoint = Endpoint.get(Endpoint.script == script.id)
         old = json.loads(endpoint.whitelist or "[]")

@@ -12,7 +12,7 @@ from service.core import audit
 from service.core.access import (EDITORS, Actor, Role, get_guild, require_role,
                                  validate_guild_id, validate_user_id)
 from service.core.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
-from service.plans import DEFAULT_PLAN_NAME, DEFAULT_PLANS, Plan, resolve_plan
+from service.plans import DEFAULT_PLAN_NAME, DEFAULT_PLANS, PLAN_KEYS, Plan, resolve_plan
 
 log = logging.getLogger("logic.core")
 
@@ -78,37 +78,66 @@ def list_guilds(actor: Actor, *,
     return {"guilds": [guild_view(g, plans) for g in query]}
 
 
+def plan_differences(old: Plan, new: Plan) -> dict[str, dict[str, Any]]:
+    """The limits that differ between two plans: `{key: {"old", "new"}}`."""
+    return {k: {"old": getattr(old, k), "new": getattr(new, k)} for k in PLAN_KEYS
+            if getattr(old, k) != getattr(new, k)}
+
+
 def set_plan(actor: Actor, guild_id: str, plan: str, *,
-             plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
+             plans: Mapping[str, Plan] = DEFAULT_PLANS, dry_run: bool = False) -> dict[str, Any]:
     """Change the guild's plan (operator only).  A downgrade disables the
     enabled endpoints over the new quota, most recently enabled first, and
-    audits each.  Returns the guild plus `"disabled": [script ids]`.
-    Raises `ValidationError`, `NotFoundError`, `PermissionDeniedError`."""
+    audits each; on a plan without the whitelist feature stored whitelists
+    are kept but not enforced.  Returns the guild plus `"disabled": [script
+    ids]`, `"changes"` (limits old/new), `"whitelistsSuspended"` and
+    `"whitelistsResumed"` (script ids) and `"dryRun"`.  With `dry_run`
+    nothing is written.  Raises `ValidationError`, `NotFoundError`,
+    `PermissionDeniedError`."""
     new_plan = _check_plan(plans, plan)
-    with database.atomic():
+    with database.atomic() as txn:
         guild = get_guild(guild_id, lock=True)
         require_role(actor, guild, (Role.OPERATOR,), "change the plan")
         old = guild.plan
+        old_plan = resolve_plan(plans, old)
         rows = list(Endpoint.select(Endpoint, Script).join(Script)
                     .where((Script.guild == guild.id) & Script.deleted_at.is_null()
                            & Endpoint.enabled)
                     .order_by(Endpoint.enabled_at.desc(), Endpoint.id.desc()))
         over = rows[: max(0, len(rows) - new_plan.endpoints)]
-        disabled: list[str] = []
-        for endpoint in over:
-            Endpoint.update(enabled=False).where(Endpoint.id == endpoint.id).execute()
-            disabled.append(endpoint.script.public_id)
-            audit.record(actor, "endpoint.disabled", guild_id=guild.id,
-                         script_id=endpoint.script.public_id, reason="plan_downgrade", plan=plan)
-        if old != plan:
-            Guild.update(plan=plan).where(Guild.id == guild.id).execute()
-            guild.plan = plan
-            audit.record(actor, "plan.changed", guild_id=guild.id, old=old, new=plan,
-                         disabled=disabled)
-    log.info("guild %s plan %s -> %s by %s; %d endpoint(s) disabled",
-             guild.id, old, plan, actor.label, len(disabled))
+        listed = [e.script.public_id for e in
+                  Endpoint.select(Endpoint, Script).join(Script)
+                  .where((Script.guild == guild.id) & Script.deleted_at.is_null()
+                         & (Endpoint.whitelist != "[]") & (Endpoint.whitelist != ""))
+                  .order_by(Script.id)]
+        suspended = listed if old_plan.ip_whitelist and not new_plan.ip_whitelist else []
+        resumed = listed if new_plan.ip_whitelist and not old_plan.ip_whitelist else []
+        changes = plan_differences(old_plan, new_plan)
+        disabled = [e.script.public_id for e in over]
+        if not dry_run:
+            for endpoint in over:
+                Endpoint.update(enabled=False).where(Endpoint.id == endpoint.id).execute()
+                audit.record(actor, "endpoint.disabled", guild_id=guild.id,
+                             script_id=endpoint.script.public_id, reason="plan_downgrade",
+                             plan=plan, old=True, new=False)
+            if old != plan:
+                Guild.update(plan=plan).where(Guild.id == guild.id).execute()
+                guild.plan = plan
+                audit.record(actor, "plan.changed", guild_id=guild.id, old=old, new=plan,
+                             disabled=disabled, changes=changes,
+                             whitelists_suspended=suspended, whitelists_resumed=resumed)
+        else:
+            txn.rollback()
+    if not dry_run:
+        log.info("guild %s plan %s -> %s by %s; %d endpoint(s) disabled",
+                 guild.id, old, plan, actor.label, len(disabled))
     view = guild_view(guild, plans)
-    view["disabled"] = disabled
+    if dry_run:
+        view["plan"] = plan
+        view["endpointsAllowed"] = new_plan.endpoints
+        view["endpointsEnabled"] -= len(disabled)
+    view.update({"disabled": disabled, "changes": changes, "whitelistsSuspended": suspended,
+                 "whitelistsResumed": resumed, "dryRun": dry_run, "oldPlan": old})
     return view
 
 

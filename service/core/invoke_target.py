@@ -29,7 +29,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 @dataclass(frozen=True)
 class InvokeTarget:
-    """What the invoke handler needs; `enabled` already folds in the plan."""
+    """What the invoke handler needs; `enabled` and `whitelist` already fold in the plan."""
 
     endpoint_id: int
     guild_id: str
@@ -90,7 +90,10 @@ def load_target(guild_id: str, script_id: str,
         endpoint_id=endpoint_id, guild_id=guild_id, script_id=script_id,
         script_version=version, source=source,
         enabled=bool(enabled) and plan.endpoints > 0, plan=plan,
-        secret_hash=secret_hash, whitelist=_whitelist(whitelist or "[]"),
+        secret_hash=secret_hash,
+        # A plan without the whitelist feature does not enforce a stored one
+        # (kept, enforced again after an upgrade; docs/operations.md).
+        whitelist=_whitelist(whitelist or "[]") if plan.ip_whitelist else (),
     )
 
 

@@ -1,8 +1,9 @@
 """Reads for script authors: request history, error log, statistics.
 
-Shapes follow DESIGN section 9.  Who may read: owner, managers, operator.
-The error log needs a plan with error logs; the advanced statistics
-(percentiles, series, top IPs) need a plan with advanced statistics.
+Shapes are the CLI's `--json` ones (docs/operations.md documents the stats
+fields).  Who may read: owner, managers, operator.  The error log needs a
+plan with error logs; the advanced statistics (percentiles, series, top IPs)
+need a plan with advanced statistics.
 """
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from typing import Any, Iterable, Mapping, cast
 
 from peewee import fn as _fn
 
-from models import Endpoint, ErrorRecord, RequestRecord, StatBucket, StatIp
+from models import Endpoint, ErrorRecord, RequestRecord, StatBucket, StatIp, StatSketch
 from models.clock import iso, utcnow
 from models.stats import HOUR, LATENCY_BOUNDS_MS, MINUTE, histogram_fields
 from service.core.access import Actor, guild_and_script
 from service.core.errors import QuotaError
 from service.core.records import ERROR_KEEP
+from service.core.sketch import RELATIVE_ERROR, quantiles
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
 
 TOP_IPS = 10
@@ -76,21 +78,6 @@ def errors(actor: Actor, guild_id: str, script_id: str, *,
     return {"errors": [error_view(r) for r in rows]}
 
 
-def percentile(histogram: list[int], p: float) -> float | None:
-    """Upper bound (ms) of the bin holding the p-th quantile; None without data.
-    The open last bin reports the highest bound (read it as "at least")."""
-    total = sum(histogram)
-    if total == 0:
-        return None
-    rank = p * total
-    seen = 0
-    for i, n in enumerate(histogram):
-        seen += n
-        if seen >= rank and n:
-            return float(LATENCY_BOUNDS_MS[min(i, len(LATENCY_BOUNDS_MS) - 1)])
-    return float(LATENCY_BOUNDS_MS[-1])
-
-
 def _series(endpoint_id: int, granularity: str, since: datetime) -> list[dict[str, Any]]:
     rows = (StatBucket.select(StatBucket.start, StatBucket.status, StatBucket.count,
                               StatBucket.duration_sum)
@@ -117,10 +104,11 @@ def hour_floor(t: datetime) -> datetime:
 
 def stats(actor: Actor, guild_id: str, script_id: str, *,
           plans: Mapping[str, Plan] = DEFAULT_PLANS, now: datetime | None = None) -> dict[str, Any]:
-    """Counters over the last 30 days: `{"total", "byStatus", "last24h", "avgMs",
-    "scheduling": {"queued", "busy", "deprioritised"}}`,
-    plus on plans with advanced statistics `latency` (p50/p90/p99 over 24 h,
-    from the histogram), `perMinute` (24 h), `perHour` (30 days) and `topIps`.
+    """Counters over the last 30 days: `{"total", "byStatus", "testCalls", "last24h",
+    "avgMs", "scheduling": {"queued", "busy", "deprioritised"}}`, plus on plans
+    with advanced statistics `latency` (p50/p90/p99 over 24 h from the latency
+    sketch, within `relativeError` of the recorded durations; the coarse
+    histogram for charts), `perMinute` (24 h), `perHour` (30 days) and `topIps`.
     Raises `NotFoundError`, `PermissionDeniedError`."""
     endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read statistics", plans)
     now = now or utcnow()
@@ -161,8 +149,14 @@ def stats(actor: Actor, guild_id: str, script_id: str, *,
             .where((StatBucket.endpoint == endpoint.id) & (StatBucket.granularity == MINUTE)
                    & (StatBucket.start >= day)).tuples().first())
     histogram = [int(v or 0) for v in (sums or [0] * len(hist))]
-    result["latency"] = {"window": "24h", "p50": percentile(histogram, 0.50),
-                         "p90": percentile(histogram, 0.90), "p99": percentile(histogram, 0.99),
+    sketch = cast(Iterable[tuple[int, int]], (
+        StatSketch.select(StatSketch.key, fn.SUM(StatSketch.count))
+        .where((StatSketch.endpoint == endpoint.id) & (StatSketch.start >= day))
+        .group_by(StatSketch.key).tuples()))
+    counts = [(int(k), int(n)) for k, n in sketch]
+    p50, p90, p99 = quantiles(counts, (0.50, 0.90, 0.99))
+    result["latency"] = {"window": "24h", "p50": p50, "p90": p90, "p99": p99,
+                         "count": sum(n for _, n in counts), "relativeError": RELATIVE_ERROR,
                          "histogram": {"boundsMs": list(LATENCY_BOUNDS_MS), "counts": histogram}}
     result["perMinute"] = _series(endpoint.id, MINUTE, day)
     result["perHour"] = _series(endpoint.id, HOUR, hour_floor(month))

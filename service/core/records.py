@@ -6,7 +6,8 @@ log) and `StatHit` (statistics) items and, in ONE transaction:
   `keep` newest (the plan's history size, carried by the item);
 - appends the error records and prunes each endpoint to the last 100;
 - adds every `StatHit` to per-minute (kept 24 h) and per-hour (kept 30 days)
-  counters with a latency histogram, and counts caller IPs per hour.
+  counters with a latency histogram, to per-minute latency sketches (kept
+  24 h, `service.core.sketch`), and counts caller IPs per hour.
 
 Statistics come ONLY from `StatHit`: the HTTP layer sends one per request,
 whatever its outcome (401/403/413/429 included), and a `RequestRecordIn` only
@@ -28,10 +29,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Sequence, Union
 
-from models import Endpoint, ErrorRecord, RequestRecord, StatBucket, StatIp, database
+from models import Endpoint, ErrorRecord, RequestRecord, StatBucket, StatIp, StatSketch, database
 from models.clock import to_db, utcnow
 from models.bulk import insert_rows
 from models.stats import HOUR, LATENCY_BOUNDS_MS, MINUTE
+from service.core.sketch import key_of
 
 BODY_CAP = 8192
 OUTPUT_CAP = 8192
@@ -68,6 +70,7 @@ class RequestRecordIn:
     error: str | None
     keep: int
     test: bool = False        # a test call or replay from the admin API
+    script_version: int | None = None    # the version that ran
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class ErrorRecordIn:
     message: str
     line: int | None
     traceback: str | None
+    script_version: int | None = None    # the version that ran
 
 
 @dataclass(frozen=True)
@@ -186,8 +190,10 @@ def latency_bin(duration_ms: float) -> int:
 _REQUEST_COLUMNS = (
     "endpoint", "request_id", "time", "method", "query", "headers", "body", "body_encoding",
     "body_truncated", "ip", "user_agent", "status", "response_headers", "response_body",
-    "response_body_encoding", "response_body_truncated", "duration_ms", "output", "error", "test")
-_ERROR_COLUMNS = ("endpoint", "request_id", "time", "kind", "message", "line", "traceback")
+    "response_body_encoding", "response_body_truncated", "duration_ms", "output", "error", "test",
+    "script_version")
+_ERROR_COLUMNS = ("endpoint", "request_id", "time", "kind", "message", "line", "traceback",
+                  "script_version")
 _BUCKET_KEY = ("endpoint", "granularity", "start", "status")
 _BUCKET_ADD = (("count", "duration_sum") + tuple(f"h{i}" for i in range(len(LATENCY_BOUNDS_MS) + 1))
                + ("test_count", "queued", "deprioritised"))
@@ -203,7 +209,7 @@ def _request_row(item: RequestRecordIn) -> tuple[Any, ...]:
         item.status,
         _json(redact_headers(item.response_headers)), rbody, rbody_enc, rbody_cut,
         _ms(item.duration_ms), cap_text(item.output or "", OUTPUT_CAP),
-        cap_text(item.error, TEXT_CAP), bool(item.test),
+        cap_text(item.error, TEXT_CAP), bool(item.test), item.script_version,
     )
 
 
@@ -225,6 +231,7 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
     bins = len(LATENCY_BOUNDS_MS) + 1
     buckets: dict[tuple[int, str, datetime, int], list[float]] = {}
     ips: dict[tuple[int, datetime, str], int] = defaultdict(int)
+    sketch: dict[tuple[int, datetime, int], int] = defaultdict(int)
     # Bucket starts by whole minute since the epoch, computed once per minute
     # of the batch: a batch holds thousands of hits of the same minute or two.
     starts: dict[int, tuple[datetime, datetime]] = {}
@@ -253,12 +260,16 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
                 if hit.deprioritised:
                     acc[4 + bins] += 1
         ips[(hit.endpoint_id, pair[1], _short(hit.ip, 45))] += 1
+        sketch[(hit.endpoint_id, pair[0], key_of(ms))] += 1
     rows = [(endpoint_id, gran, start, status, int(acc[0]), acc[1], *(int(n) for n in acc[2:]))
             for (endpoint_id, gran, start, status), acc in sorted(buckets.items())]
     insert_rows(StatBucket, _BUCKET_KEY + _BUCKET_ADD, rows, conflict=_BUCKET_KEY, add=_BUCKET_ADD)
     insert_rows(StatIp, ("endpoint", "start", "ip", "count"),
                 [(e, s, ip, n) for (e, s, ip), n in sorted(ips.items())],
                 conflict=("endpoint", "start", "ip"), add=("count",))
+    insert_rows(StatSketch, ("endpoint", "start", "key", "count"),
+                [(e, s, k, n) for (e, s, k), n in sorted(sketch.items())],
+                conflict=("endpoint", "start", "key"), add=("count",))
     # Expiry works at minute granularity, so each endpoint is swept at most
     # once a minute per process: two statements fewer on most batches.
     touched = sorted(e for e in {h.endpoint_id for h in hits}
@@ -274,6 +285,8 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
         | ((StatBucket.granularity == HOUR) & (StatBucket.start < now - HOUR_RETENTION)))).execute()
     StatIp.delete().where(StatIp.endpoint.in_(touched)
                           & (StatIp.start < now - IP_RETENTION)).execute()
+    StatSketch.delete().where(StatSketch.endpoint.in_(touched)
+                              & (StatSketch.start < now - MINUTE_RETENTION)).execute()
 
 
 def reset_sweeps() -> None:
@@ -319,7 +332,8 @@ def write_batch(items: Sequence[Item]) -> None:
         if errors:
             insert_rows(ErrorRecord, _ERROR_COLUMNS, [
                 (e.endpoint_id, _short(e.request_id, 64), to_db(e.time), _short(e.kind, 32),
-                 cap_text(e.message, TEXT_CAP) or "", e.line, cap_text(e.traceback, OUTPUT_CAP))
+                 cap_text(e.message, TEXT_CAP) or "", e.line, cap_text(e.traceback, OUTPUT_CAP),
+                 e.script_version)
                 for e in errors])
             for endpoint_id in sorted({e.endpoint_id for e in errors}):
                 _prune(ErrorRecord, endpoint_id, ERROR_KEEP)

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import logging
 import secrets
 import string
-from typing import Any, Callable, Iterable, cast
+from typing import Any, Callable, Iterable, Mapping, cast
 
 from peewee import IntegrityError
 
-from models import Endpoint, ErrorRecord, RequestRecord, Script, StatBucket, StatIp, database
+from models import (Endpoint, ErrorRecord, RequestRecord, Script, ScriptVersion, StatBucket,
+                    StatIp, StatSketch, database)
 from models.clock import iso, utcnow
-from service.core import audit
+from service.core import audit, script_checks, versions
 from service.core.access import EDITORS, Actor, get_guild, guild_and_script, require_role
-from service.core.errors import CompileError, ValidationError, VersionMismatchError
+from service.core.errors import CompileError, ConflictError, ValidationError, VersionMismatchError
+from service.plans import DEFAULT_PLANS, Plan, resolve_plan
 
 log = logging.getLogger("logic.core")
 
@@ -84,6 +87,8 @@ def validate_source(source: str | bytes) -> str:
             raise CompileError("script does not compile: " + "; ".join(lines),
                                [{"line": e.line, "column": e.column, "message": e.message}
                                 for e in result.errors])
+    # Save-time checks: imports, builtins, empty script; same error shape.
+    script_checks.refuse_errors(text)
     return text
 
 
@@ -99,6 +104,18 @@ def _validate_name(name: str) -> str:
     return name
 
 
+def _refuse_duplicate_name(guild_id: str, name: str, except_id: int | None = None) -> None:
+    """Names are unique among a guild's live scripts (a chat command looks scripts up by name)."""
+    query = Script.select(Script.public_id).where(
+        (Script.guild == guild_id) & (Script.name == name) & Script.deleted_at.is_null())
+    if except_id is not None:
+        query = query.where(Script.id != except_id)
+    clash = query.first()
+    if clash is not None:
+        raise ConflictError(f"guild {guild_id} already has a script named {name!r} "
+                            f"({clash.public_id})", code="script_name_taken")
+
+
 def script_view(script: Script, guild_id: str, with_source: bool = False) -> dict[str, Any]:
     """The JSON shape of a script."""
     endpoint = Endpoint.get(Endpoint.script == script.id)
@@ -107,32 +124,38 @@ def script_view(script: Script, guild_id: str, with_source: bool = False) -> dic
         "version": script.version, "createdAt": iso(script.created_at),
         "updatedAt": iso(script.updated_at), "endpointEnabled": bool(endpoint.enabled),
         "sourceBytes": len(script.source.encode("utf-8")),
+        "warnings": script_checks.stored_warnings(script.warnings),
     }
     if with_source:
         view["source"] = script.source
     return view
 
 
-def create_script(actor: Actor, guild_id: str, name: str, source: str | bytes) -> dict[str, Any]:
+def create_script(actor: Actor, guild_id: str, name: str, source: str | bytes, *,
+                  plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
     """Create a script and its disabled endpoint.  Raises `ValidationError`,
-    `NotFoundError`, `PermissionDeniedError`."""
+    `ConflictError` (`script_name_taken`), `NotFoundError`, `PermissionDeniedError`."""
     name = _validate_name(name)
     text = validate_source(source)
+    warnings = json.dumps(script_checks.warnings_of(text))
     with database.atomic():
-        guild = get_guild(guild_id)
+        guild = get_guild(guild_id, lock=True)    # serialises the name check
         require_role(actor, guild, EDITORS, "create scripts")
+        _refuse_duplicate_name(guild.id, name)
         now = utcnow()
         for _ in range(5):       # a collision is ~impossible; retry, never reuse
             try:
                 with database.atomic():
                     script = Script.create(public_id=new_script_id(), guild=guild.id, name=name,
-                                           source=text, version=1, created_at=now, updated_at=now)
+                                           source=text, version=1, created_at=now, updated_at=now,
+                                           warnings=warnings)
                 break
             except IntegrityError:
                 continue
         else:  # pragma: no cover - needs five 131-bit collisions in a row
             raise RuntimeError("could not allocate a script id")
         Endpoint.create(script=script.id, enabled=False, created_at=now)
+        versions.keep(actor, script, resolve_plan(plans, guild.plan))
         audit.record(actor, "script.created", guild_id=guild.id, script_id=script.public_id,
                      name=name)
     log.info("script %s created in guild %s by %s", script.public_id, guild.id, actor.label)
@@ -140,21 +163,27 @@ def create_script(actor: Actor, guild_id: str, name: str, source: str | bytes) -
 
 
 def update_script(actor: Actor, guild_id: str, script_id: str, source: str | bytes | None = None,
-                  name: str | None = None, *, expected_version: int | None = None) -> dict[str, Any]:
-    """Replace the source (version + 1) and/or rename.  With
+                  name: str | None = None, *, expected_version: int | None = None,
+                  plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
+    """Replace the source (version + 1, the old one kept) and/or rename.  With
     `expected_version`, only if the script is still at that version (one
     conditional UPDATE, so two editors cannot both win).  Raises
-    `ValidationError`, `VersionMismatchError`, `NotFoundError`,
+    `ValidationError`, `VersionMismatchError`, `ConflictError`
+    (`script_name_taken`), `NotFoundError`,
     `PermissionDeniedError`."""
     text = validate_source(source) if source is not None else None
     new_name = _validate_name(name) if name is not None else None
     with database.atomic():
         guild, script, _ = guild_and_script(actor, guild_id, script_id, "edit scripts")
+        old_name = script.name
         changes: dict[str, Any] = {"updated_at": utcnow()}
         if text is not None:
             changes["source"] = text
             changes["version"] = Script.version + 1
+            changes["warnings"] = json.dumps(script_checks.warnings_of(text))
         if new_name is not None:
+            get_guild(guild.id, lock=True)        # serialises the name check
+            _refuse_duplicate_name(guild.id, new_name, except_id=script.id)
             changes["name"] = new_name
         where = Script.id == script.id
         if expected_version is not None:
@@ -164,8 +193,11 @@ def update_script(actor: Actor, guild_id: str, script_id: str, source: str | byt
                 f"script {script.public_id} is at version {script.version}, not "
                 f"{expected_version}: someone else saved first; reload and retry")
         script = Script.get_by_id(script.id)
+        if text is not None:
+            versions.keep(actor, script, resolve_plan(plans, guild.plan))
         audit.record(actor, "script.updated", guild_id=guild.id, script_id=script.public_id,
-                     version=script.version, renamed=new_name is not None)
+                     version=script.version, renamed=new_name is not None,
+                     **({"old": old_name, "new": new_name} if new_name is not None else {}))
     return script_view(script, guild.id)
 
 
@@ -176,8 +208,9 @@ def delete_script(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]
     with database.atomic():
         guild, script, _ = guild_and_script(actor, guild_id, script_id, "delete scripts")
         endpoint = Endpoint.get(Endpoint.script == script.id)
-        for model in (RequestRecord, ErrorRecord, StatBucket, StatIp):
+        for model in (RequestRecord, ErrorRecord, StatBucket, StatIp, StatSketch):
             model.delete().where(model.endpoint == endpoint.id).execute()
+        ScriptVersion.delete().where(ScriptVersion.script == script.id).execute()
         Endpoint.update(enabled=False, secret_hash=None, secret_hint=None,
                         whitelist="[]").where(Endpoint.id == endpoint.id).execute()
         Script.update(deleted_at=utcnow(), source="").where(Script.id == script.id).execute()

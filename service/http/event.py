@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -123,6 +124,33 @@ def parse_body(content_type: str, raw: bytes) -> tuple[Any, str | bytes]:
         return _JSON.decode(text), text
     except (ValueError, RecursionError) as exc:
         raise InvalidBodyError("The request body is not valid JSON.") from exc
+
+
+HINT_HEADER = "X-Logic-Hint"
+_JSON_START = re.compile(rb"[ \t\r\n]*[\[{]")
+
+
+def body_hint(content_type: str, raw: bytes) -> str | None:
+    """The `X-Logic-Hint` value when a JSON body came without a JSON content type.
+
+    The event keeps what the content type says (a form dict, or bytes); the
+    caller learns why the script saw no JSON.  Only bodies that look like a
+    JSON object or array are tried, so other requests pay one byte compare.
+    """
+    if not raw or _JSON_START.match(raw) is None:     # no copy of the body
+        return None
+    mtype, _ = media_type(content_type)
+    if mtype == "application/json" or mtype.endswith("+json"):
+        return None
+    try:
+        _JSON.decode(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    shown = f'"{mtype}"' if mtype else "missing"
+    as_what = {"application/x-www-form-urlencoded": "form data",
+               "": "bytes"}.get(mtype, "text" if mtype.startswith("text/") else "bytes")
+    return (f"body was parsed as {as_what} because Content-Type was {shown}; it is valid JSON: "
+            "send Content-Type: application/json")
 
 
 def _reject_constant(name: str) -> Any:

@@ -46,7 +46,8 @@ from service.http.errors import (
     ServiceError,
     UnauthorizedError,
 )
-from service.http.event import build_event, client_ip, ip_allowed, parse_query, visible_headers
+from service.http.event import (HINT_HEADER, body_hint, build_event, client_ip, ip_allowed,
+                                parse_query, visible_headers)
 
 if TYPE_CHECKING:
     import asyncio
@@ -328,6 +329,9 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         # (sandbox.event.FORBIDDEN_HEADERS, checked again on arrival).
         headers = [pair for pair in outcome.headers if pair[0].lower() not in _SERVICE_SET]
         headers += [("X-Request-Id", self.request_id), *self.rate_headers, *_REPLY_HEADERS]
+        hint = body_hint(self.headers.get("content-type", ""), self.raw_body)   # issue 17
+        if hint is not None:
+            headers.append((HINT_HEADER, hint))
         if status in (204, 304):
             # HTTP forbids a body (and its type) on these: the reply is dropped.
             self._answer(status, headers, b"")
@@ -435,11 +439,13 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
                 status=status, response_headers=dict(self.response_headers),
                 response_body=self.response_body, duration_ms=duration_ms,
                 output=outcome.output if outcome else "", error=error, keep=target.plan.history,
+                script_version=target.script_version,
             ))
         if outcome is not None and outcome.error_kind and target.plan.error_logs:
             items.append(ErrorRecordIn(
                 endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
                 kind=outcome.error_kind, message=outcome.error_message or "",
                 line=outcome.error_line, traceback=outcome.traceback,
+                script_version=target.script_version,
             ))
         return items

@@ -41,6 +41,26 @@ def test_there_are_several_versions():
     assert LATEST >= 2
 
 
+def test_a_migration_below_the_newest_applied_one_is_still_applied(db_url):
+    """Numbers are reserved per line of work: a database may hold a newer
+    migration without an older one merged later.  `check` refuses it and
+    `upgrade` applies exactly the missing one."""
+    db = connect(db_url)
+    runner = Runner(db)
+    runner.upgrade()
+    missing = discover()[-2]
+    with db.atomic():
+        missing.module.down(db)
+        db.execute_sql(f"DELETE FROM {HISTORY_TABLE} WHERE version = {missing.version}")
+    with pytest.raises(SchemaBehindError) as err:
+        runner.check()
+    assert f"at version {VERSIONS[-3]}, this release needs {LATEST}" in str(err.value)
+    assert runner.upgrade() == [missing.version]
+    runner.check()
+    db.close()
+    database.initialize(None)
+
+
 def test_empty_database_upgrades_and_is_idempotent(db_url):
     db = connect(db_url)
     runner = Runner(db)

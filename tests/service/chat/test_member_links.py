@@ -49,4 +49,5 @@ def test_via_is_kept_in_the_audit_detail_only_when_named(db: Any) -> None:
     core.disable_endpoint(MANAGER, gid, sid)
     audit = core.audit_log(OWNER, gid)["audit"]
     assert [(r["action"], r["actor"], r["detail"]) for r in audit[:2]] == [
-        ("endpoint.disabled", "user:200", {}), ("endpoint.enabled", "user:200", {"via": "chat"})]
+        ("endpoint.disabled", "user:200", {"old": True, "new": False}),
+        ("endpoint.enabled", "user:200", {"old": False, "new": True, "via": "chat"})]

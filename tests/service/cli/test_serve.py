@@ -110,5 +110,17 @@ def test_serve_reports_a_port_in_use(tmp_path: Path) -> None:
         proc = subprocess.run([LOGIC, "--database-url", db, "serve", "--port", str(port)],
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
-    # One line, before any worker was started.
-    assert proc.stderr.startswith("logic: error: cannot serve:") and proc.stderr.count("\n") == 1
+    # One line, naming the address, before any worker was started.
+    assert proc.stderr == f"logic: error: cannot serve on 127.0.0.1:{port}: Address already in use\n"
+
+
+def test_a_database_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir" / "x.db"
+    proc = subprocess.run([LOGIC, "--database-url", f"sqlite:///{missing}", "script", "list", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"logic: error: cannot open database {missing}: ")
+    pg = subprocess.run([LOGIC, "--database-url", "postgresql://u:hunter2@127.0.0.1:1/nodb",
+                         "script", "list", "1"], capture_output=True, text=True, timeout=60)
+    assert pg.returncode == 1 and "postgresql://u@127.0.0.1:1/nodb" in pg.stderr
+    assert "hunter2" not in pg.stderr

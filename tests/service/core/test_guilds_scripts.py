@@ -90,7 +90,7 @@ def test_source_is_checked_for_size_and_encoding(db):
     with pytest.raises(core.ValidationError) as err:
         core.create_script(OWNER, gid, "big", "#" * (262144 + 1))
     assert err.value.code == "source_too_large"
-    core.create_script(OWNER, gid, "edge", "#" * 262144)
+    core.create_script(OWNER, gid, "edge", SOURCE + "#" * (262144 - len(SOURCE)))
     with pytest.raises(core.ValidationError) as err:
         core.create_script(OWNER, gid, "bin", b"\xff\xfe")
     assert err.value.code == "invalid_source"

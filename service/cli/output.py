@@ -1,0 +1,93 @@
+"""How the CLI shows things to people: aligned tables, local times, short durations, colour.
+
+Colour comes from click's styling, and `click.echo` drops it when stdout is
+not a terminal (a pipe, a file, a test), so output meant for people is
+plain text whenever it is not read on a terminal.  `--json` output never
+comes through here.
+"""
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any, Sequence
+
+import click
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def local_time(value: str | None) -> str:
+    """An ISO 8601 UTC time (`...Z`) as local time, to the second."""
+    if not value:
+        return "-"
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return value
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def duration(ms: float | None) -> str:
+    """Milliseconds rounded to 0.1 ms, with the unit."""
+    return "-" if ms is None else f"{ms:.1f} ms"
+
+
+def status_colour(status: int | str) -> str:
+    """The status, green / yellow / red by class (plain off a terminal)."""
+    text = str(status)
+    colour = {"2": "green", "3": "cyan", "4": "yellow", "5": "red"}.get(text[:1])
+    return click.style(text, fg=colour) if colour else text
+
+
+def _width(text: str) -> int:
+    return len(_ANSI.sub("", text))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str = "(none)") -> str:
+    """Rows under a bold header, each column padded to its widest cell."""
+    if not rows:
+        return empty
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max([len(h)] + [_width(r[i]) for r in cells]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        padded = [v + " " * (widths[i] - _width(v)) for i, v in enumerate(values)]
+        return "  ".join(padded).rstrip()
+
+    head = line([click.style(h, bold=True) for h in headers])
+    return "\n".join([head, *(line(r) for r in cells)])
+
+
+def fields(pairs: Sequence[tuple[str, Any]]) -> str:
+    """`label  value` lines, labels aligned."""
+    width = max((len(k) for k, _ in pairs), default=0)
+    return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in pairs)
+
+
+_RELATIVE = re.compile(r"^(\d+)\s*([smhd])$")
+
+
+def parse_since(text: str | None) -> datetime | None:
+    """`--since`: `30m`, `2h`, `7d` ago, or an ISO 8601 date/time (local
+    when it has no zone).  Raises `click.BadParameter`."""
+    if text is None:
+        return None
+    match = _RELATIVE.match(text.strip().lower())
+    if match:
+        n, unit = int(match.group(1)), match.group(2)
+        delta = {"s": timedelta(seconds=n), "m": timedelta(minutes=n), "h": timedelta(hours=n),
+                 "d": timedelta(days=n)}[unit]
+        return datetime.now(timezone.utc) - delta
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use 30m, 2h, 7d or a date such as 2026-01-31T12:00",
+                                 param_hint="--since") from None
+    return when if when.tzinfo is not None else when.astimezone()
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr."""
+    click.echo(click.style("logic: warning: ", fg="yellow") + message, err=True)

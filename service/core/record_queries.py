@@ -1,0 +1,130 @@
+"""Filtered reads of request history and the error log, and one record in full.
+
+`history_page` / `error_page` narrow what `service.core.reads` lists: newest
+first, at most `limit`, only `status` (`2xx`, `4xx`, `5xx` or one code), only
+at or after `since`.  Records keep the `--json` shape of `logic history` /
+`logic errors` and add `scriptVersion` (the version that ran; null before
+versions were recorded).  An error record's status is the one its kind
+answers (`ERROR_STATUS`).
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Mapping
+
+from models import Endpoint, ErrorRecord, RequestRecord
+from models.clock import iso, to_db
+from service.core.access import Actor, guild_and_script
+from service.core.errors import NotFoundError, QuotaError, ValidationError
+from service.core.records import ERROR_KEEP
+from service.plans import DEFAULT_PLANS, Plan, resolve_plan
+
+#: The status each error kind answers the caller.
+ERROR_STATUS: Mapping[str, int] = {"script_error": 500, "script_timeout": 504,
+                                    "script_memory_exceeded": 500, "invalid_reply": 500,
+                                    "no_endpoint_handler": 501, "crash": 500}
+
+
+def parse_status(spec: str | None) -> tuple[int, int] | None:
+    """`"4xx"` -> (400, 499), `"404"` -> (404, 404); raises `ValidationError`."""
+    if spec is None:
+        return None
+    text = spec.strip().lower()
+    if len(text) == 3 and text[0] in "12345" and text[1:] == "xx":
+        low = int(text[0]) * 100
+        return low, low + 99
+    if text.isdigit() and 100 <= int(text) <= 599:
+        return int(text), int(text)
+    raise ValidationError(f"invalid status filter {spec!r}: use 2xx, 4xx, 5xx or a code such as 404",
+                          code="invalid_status")
+
+
+def _endpoint_and_plan(actor: Actor, guild_id: str, script_id: str, what: str,
+                       plans: Mapping[str, Plan]) -> tuple[Endpoint, Plan]:
+    guild, script, _ = guild_and_script(actor, guild_id, script_id, what)
+    return Endpoint.get(Endpoint.script == script.id), resolve_plan(plans, guild.plan)
+
+
+def record_view(r: RequestRecord) -> dict[str, Any]:
+    """One request record as `logic history --json` shows it."""
+    return {
+        "id": r.id, "requestId": r.request_id, "time": iso(r.time), "method": r.method,
+        "status": r.status, "ip": r.ip, "userAgent": r.user_agent,
+        "query": json.loads(r.query), "headers": json.loads(r.headers),
+        "body": r.body, "bodyEncoding": r.body_encoding, "bodyTruncated": bool(r.body_truncated),
+        "responseHeaders": json.loads(r.response_headers), "responseBody": r.response_body,
+        "responseBodyEncoding": r.response_body_encoding,
+        "responseBodyTruncated": bool(r.response_body_truncated),
+        "durationMs": r.duration_ms, "output": r.output, "error": r.error,
+        "scriptVersion": r.script_version,
+    }
+
+
+def error_view(r: ErrorRecord) -> dict[str, Any]:
+    """One error record as `logic errors --json` shows it."""
+    return {"id": r.id, "time": iso(r.time), "requestId": r.request_id, "kind": r.kind,
+            "message": r.message, "line": r.line, "traceback": r.traceback,
+            "scriptVersion": r.script_version}
+
+
+def history_page(actor: Actor, guild_id: str, script_id: str, *,
+                 plans: Mapping[str, Plan] = DEFAULT_PLANS, limit: int | None = None,
+                 status: str | None = None, since: datetime | None = None) -> dict[str, Any]:
+    """`{"records": [...]}` newest first, filtered.  Raises `ValidationError`
+    (`invalid_status`), `NotFoundError`, `PermissionDeniedError`."""
+    span = parse_status(status)
+    endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read history", plans)
+    if plan.history <= 0:
+        return {"records": []}
+    # The plan's newest N are what history holds; filters narrow those.
+    newest = (RequestRecord.select(RequestRecord.id).where(RequestRecord.endpoint == endpoint.id)
+              .order_by(RequestRecord.id.desc()).limit(plan.history))
+    query = RequestRecord.select().where(RequestRecord.id.in_(newest))
+    if span is not None:
+        query = query.where(RequestRecord.status.between(*span))
+    if since is not None:
+        query = query.where(RequestRecord.time >= to_db(since))
+    query = query.order_by(RequestRecord.id.desc())
+    if limit is not None:
+        query = query.limit(limit)
+    return {"records": [record_view(r) for r in query]}
+
+
+def history_record(actor: Actor, guild_id: str, script_id: str, request_id: str, *,
+                   plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
+    """One request record in full, with its error record when there is one.
+    Raises `NotFoundError` (`record_not_found`), `PermissionDeniedError`."""
+    endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read history", plans)
+    row = (RequestRecord.select().where((RequestRecord.endpoint == endpoint.id)
+                                        & (RequestRecord.request_id == request_id)).first()
+           if plan.history > 0 else None)
+    if row is None:
+        raise NotFoundError(f"no request {request_id!r} in the history of script {script_id}",
+                            code="record_not_found")
+    view = record_view(row)
+    error = (ErrorRecord.select().where((ErrorRecord.endpoint == endpoint.id)
+                                        & (ErrorRecord.request_id == request_id)).first()
+             if plan.error_logs else None)
+    view["errorRecord"] = error_view(error) if error is not None else None
+    return view
+
+
+def error_page(actor: Actor, guild_id: str, script_id: str, *,
+               plans: Mapping[str, Plan] = DEFAULT_PLANS, limit: int | None = None,
+               status: str | None = None, since: datetime | None = None) -> dict[str, Any]:
+    """`{"errors": [...]}` newest first, filtered (status by `ERROR_STATUS`).
+    Raises `QuotaError` (`plan_feature`), `ValidationError`, `NotFoundError`,
+    `PermissionDeniedError`."""
+    span = parse_status(status)
+    endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read error logs", plans)
+    if not plan.error_logs:
+        raise QuotaError(f"plan {plan.name} does not include error logs", code="plan_feature")
+    query = ErrorRecord.select().where(ErrorRecord.endpoint == endpoint.id)
+    if span is not None:
+        kinds = [k for k, s in ERROR_STATUS.items() if span[0] <= s <= span[1]]
+        query = query.where(ErrorRecord.kind.in_(kinds or [""]))
+    if since is not None:
+        query = query.where(ErrorRecord.time >= to_db(since))
+    query = query.order_by(ErrorRecord.id.desc()).limit(min(limit or ERROR_KEEP, ERROR_KEEP))
+    return {"errors": [error_view(r) for r in query]}
