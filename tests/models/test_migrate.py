@@ -28,8 +28,13 @@ def _seed(db, version: int) -> None:
     db.execute_sql(f"INSERT INTO endpoint (script_id, enabled, whitelist, created_at) "
                    f"VALUES ((SELECT id FROM script), {p}, {p}, {p})", (True, "[]", now))
     if version >= 2:
-        # From 0006 on, a bucket also counts its test calls (a NOT NULL column).
-        extra = (", test_count", ", 0") if version >= 6 else ("", "")
+        # From 0005 on, a bucket counts queued and deprioritised requests, from
+        # 0006 on its test calls (NOT NULL columns).
+        extra = ("", "")
+        if version >= 5:
+            extra = (", queued, deprioritised", ", 0, 0")
+        if version >= 6:
+            extra = (extra[0] + ", test_count", extra[1] + ", 0")
         db.execute_sql(f"INSERT INTO stat_bucket (endpoint_id, granularity, start, status, count, "
                        f"duration_sum, h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11{extra[0]}) "
                        f"VALUES ((SELECT id FROM endpoint), 'h', {p}, 200, 1, 1.0, "

@@ -179,11 +179,12 @@ def test_a_text_reply_that_grows_when_encoded_is_an_invalid_reply_not_a_worker_k
            "    event.reply('\\x01' * 180000)\n"
 
     async def scenario(pool: Pool) -> list[Any]:
-        pid = pool.worker_pids[0]
+        # Spares may be added meanwhile (per-guild workers); none may go.
+        pids = set(pool.worker_pids)
         bad = await pool.run(ref(script), event(), CAP)
         good = await pool.run(ref(fits), event(), CAP)
         return [bad.status, bad.error_kind, bad.error_message, len(good.body),
-                pool.worker_pids == [pid], pool.counters["crashes"]]
+                pids <= set(pool.worker_pids), pool.counters["crashes"]]
 
     status, kind, message, size, same_worker, crashes = run_with_pool(scenario, size=1)
     assert (status, kind) == (500, "invalid_reply")

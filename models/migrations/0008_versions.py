@@ -1,4 +1,4 @@
-"""0009: script versions, save-time warnings, the version each record ran, and
+"""0008: script versions, save-time warnings, the version each record ran, and
 latency sketches for exact-within-1 % percentiles.  Frozen copies; see 0001.
 
 Existing scripts get their current source as their first kept version."""
