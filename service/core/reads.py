@@ -57,13 +57,15 @@ def record_view(r: RequestRecord) -> dict[str, Any]:
         "responseBodyEncoding": r.response_body_encoding,
         "responseBodyTruncated": bool(r.response_body_truncated),
         "durationMs": r.duration_ms, "output": r.output, "error": r.error, "test": bool(r.test),
+        "scriptVersion": r.script_version,   # the version that ran (null before versions)
     }
 
 
 def error_view(r: ErrorRecord) -> dict[str, Any]:
     """The JSON shape of one error record."""
     return {"id": r.id, "time": iso(r.time), "requestId": r.request_id, "kind": r.kind,
-            "message": r.message, "line": r.line, "traceback": r.traceback}
+            "message": r.message, "line": r.line, "traceback": r.traceback,
+            "scriptVersion": r.script_version}
 
 
 def errors(actor: Actor, guild_id: str, script_id: str, *,

@@ -3,8 +3,7 @@
 `history_page` / `error_page` narrow what `service.core.reads` lists: newest
 first, at most `limit`, only `status` (`2xx`, `4xx`, `5xx` or one code), only
 at or after `since`.  Records keep the `--json` shape of `logic history` /
-`logic errors` and add `scriptVersion` (the version that ran; null before
-versions were recorded).  An error record's status is the one its kind
+`logic errors` (`service.core.reads.record_view` / `error_view`).  An error record's status is the one its kind
 answers (`ERROR_STATUS`).
 """
 from __future__ import annotations
@@ -17,6 +16,7 @@ from models import Endpoint, ErrorRecord, RequestRecord
 from models.clock import iso, to_db
 from service.core.access import Actor, guild_and_script
 from service.core.errors import NotFoundError, QuotaError, ValidationError
+from service.core.reads import _endpoint_and_plan, error_view, record_view
 from service.core.records import ERROR_KEEP
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
 
@@ -38,34 +38,6 @@ def parse_status(spec: str | None) -> tuple[int, int] | None:
         return int(text), int(text)
     raise ValidationError(f"invalid status filter {spec!r}: use 2xx, 4xx, 5xx or a code such as 404",
                           code="invalid_status")
-
-
-def _endpoint_and_plan(actor: Actor, guild_id: str, script_id: str, what: str,
-                       plans: Mapping[str, Plan]) -> tuple[Endpoint, Plan]:
-    guild, script, _ = guild_and_script(actor, guild_id, script_id, what)
-    return Endpoint.get(Endpoint.script == script.id), resolve_plan(plans, guild.plan)
-
-
-def record_view(r: RequestRecord) -> dict[str, Any]:
-    """One request record as `logic history --json` shows it."""
-    return {
-        "id": r.id, "requestId": r.request_id, "time": iso(r.time), "method": r.method,
-        "status": r.status, "ip": r.ip, "userAgent": r.user_agent,
-        "query": json.loads(r.query), "headers": json.loads(r.headers),
-        "body": r.body, "bodyEncoding": r.body_encoding, "bodyTruncated": bool(r.body_truncated),
-        "responseHeaders": json.loads(r.response_headers), "responseBody": r.response_body,
-        "responseBodyEncoding": r.response_body_encoding,
-        "responseBodyTruncated": bool(r.response_body_truncated),
-        "durationMs": r.duration_ms, "output": r.output, "error": r.error,
-        "scriptVersion": r.script_version,
-    }
-
-
-def error_view(r: ErrorRecord) -> dict[str, Any]:
-    """One error record as `logic errors --json` shows it."""
-    return {"id": r.id, "time": iso(r.time), "requestId": r.request_id, "kind": r.kind,
-            "message": r.message, "line": r.line, "traceback": r.traceback,
-            "scriptVersion": r.script_version}
 
 
 def history_page(actor: Actor, guild_id: str, script_id: str, *,

@@ -25,7 +25,7 @@ import bisect
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Sequence, Union
 
@@ -96,9 +96,11 @@ class StatHit:
     status: int
     duration_ms: float
     ip: str
-    test: bool = False        # a test call or replay: counted, and counted as a test
+    # Flags by name only: positional booleans were once passed to the wrong one.
+    _: KW_ONLY
     queued: bool = False          # waited in the sandbox queue
     deprioritised: bool = False   # ... while its guild was over its worker-time budget
+    test: bool = False            # a test call or replay: counted, and counted as a test
 
 
 Item = Union[RequestRecordIn, ErrorRecordIn, StatHit]

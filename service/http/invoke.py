@@ -414,10 +414,10 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         ip = self.ip or self.peer
         outcome = self.outcome
         if outcome is not None:
-            hit = StatHit(target.endpoint_id, when, status, duration_ms, ip, outcome.waited,
-                          outcome.deprioritised)
+            hit = StatHit(target.endpoint_id, when, status, duration_ms, ip, queued=outcome.waited,
+                          deprioritised=outcome.deprioritised)
         else:
-            hit = StatHit(target.endpoint_id, when, status, duration_ms, ip, self.waited)
+            hit = StatHit(target.endpoint_id, when, status, duration_ms, ip, queued=self.waited)
         items: list[Any] = [hit]
         if not self.accepted:
             return items

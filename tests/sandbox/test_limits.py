@@ -249,12 +249,12 @@ def test_a_compile_bomb_saved_before_the_gate_fails_fast_in_the_worker() -> None
     bomb = "f = lambda: 0\n" * 10000 + "on endpoint(event):\n    event.reply(1)\n"
 
     async def scenario(pool: Pool) -> list[object]:
-        pid = pool.worker_pids[0]
+        pids = set(pool.worker_pids)      # spares may be added; none may die
         seen: list[object] = []
         for _ in range(2):
             out = await pool.run(ref(bomb), event(), Limits(1000, 4096))
             seen.append((out.error_kind, out.error_message))
-        seen.append(pool.worker_pids == [pid])
+        seen.append(pids <= set(pool.worker_pids) and pool.counters["timeouts"] == 0)
         return seen
 
     message = ("script takes too long to compile: more than 2000 functions, lambdas, "

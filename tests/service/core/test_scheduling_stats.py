@@ -20,12 +20,12 @@ def test_stats_count_queued_busy_and_deprioritised(db):
     eid = target.endpoint_id
     write_batch([
         StatHit(eid, NOW, 200, 1.0, "192.0.2.1"),                     # ran at once
-        StatHit(eid, NOW, 200, 9.0, "192.0.2.1", True),               # waited
-        StatHit(eid, NOW, 504, 900.0, "192.0.2.1", True, True),       # waited, deprioritised
-        StatHit(eid, NOW, 503, 2000.0, "192.0.2.1", True),            # waited, then busy
+        StatHit(eid, NOW, 200, 9.0, "192.0.2.1", queued=True),               # waited
+        StatHit(eid, NOW, 504, 900.0, "192.0.2.1", queued=True, deprioritised=True),       # waited, deprioritised
+        StatHit(eid, NOW, 503, 2000.0, "192.0.2.1", queued=True),            # waited, then busy
         StatHit(eid, NOW, 503, 0.5, "192.0.2.1"),                     # queue full: busy at once
     ])
-    write_batch([StatHit(eid, NOW, 200, 9.0, "192.0.2.1", True, True)])
+    write_batch([StatHit(eid, NOW, 200, 9.0, "192.0.2.1", queued=True, deprioritised=True)])
     stats = core.stats(MANAGER, gid, sid)
     assert stats["scheduling"] == {"queued": 4, "busy": 2, "deprioritised": 2}
     assert stats["total"] == 6
