@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from sandbox.pool import Outcome
     from service.http.context import AppContext
     from service.core.invoke_target import InvokeTarget
-    from service.http.connection import Exchange
+    from service.http.exchange import Exchange
 
 _T = TypeVar("_T")
 

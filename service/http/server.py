@@ -29,7 +29,7 @@ from service.http.app import make_app
 from service.http.auth import SecretVerifier
 from service.http.base import render_connection_error
 from service.http.context import AppContext
-from service.http.connection import HTTP1Server, ServerLimits
+from service.http.listener import HTTP1Server, ServerLimits
 from service.http.invoke import PREFIX, InvokeEndpoint
 from service.http.ratelimit import RateLimits
 from service.http.records import RecordWriter
