@@ -105,8 +105,14 @@ class Connection(asyncio.Protocol):
         self._eof_sent = False  # our write side is shut
         self._in_head = False  # between the start of a request and the end of its head
         self._head_raw = 0  # bytes received while in one request's head
-        self._last_pending = 0  # write buffer at the last sweep
-        self._progress = 0.0  # when the write buffer last changed
+        self._last_pending = 0  # unsent bytes at the last sweep
+        self._written = 0  # bytes handed to the transport
+        self._last_delivered = 0  # bytes the client had taken at the last sweep
+        self._progress = 0.0  # when the client last took some of an answer
+        #: Received bytes not yet parsed: reading stopped for back-pressure
+        #: (too many requests queued, or answers not being read).
+        self._stash = b""
+        self._feeding = False
         self._fd = -1
         self._manual: Exchange | None = None  # an Upgrade request whose body is read by hand
         self._manual_left = 0
@@ -119,12 +125,14 @@ class Connection(asyncio.Protocol):
         self._fd = sock.fileno() if sock is not None and hasattr(termios, "TIOCOUTQ") else -1
         self.deadline = self.loop.time() + self.limits.idle_timeout
         self.server.connections.add(self)
+        transport.set_write_buffer_limits(high=self.limits.write_high_water)  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.parser = None  # it holds this protocol: no cycle left behind
         self.server.connections.discard(self)
         self._queue.clear()
+        self._stash = b""
         for fut in self._drain_waiters:
             if not fut.done():
                 fut.set_result(None)
@@ -137,7 +145,11 @@ class Connection(asyncio.Protocol):
             self._tell_closed(active)
 
     def pause_writing(self) -> None:
+        # Back-pressure: the client does not read its answers as fast as it
+        # sends requests. Nothing more is read (so nothing more is answered)
+        # until the transport's buffer is below its low-water mark again.
         self._write_paused = True
+        self._pause_reading()
 
     def resume_writing(self) -> None:
         self._write_paused = False
@@ -145,17 +157,26 @@ class Connection(asyncio.Protocol):
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
+        if not self._blocked:
+            self._drain_queue()
+
+    def _pause_reading(self) -> None:
+        if not self._paused and not self.lingering and self.transport is not None \
+                and not self.closed:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _feed_stash(self) -> None:
+        """Parse what was received while reading was held back (see parsing)."""
 
     # --- delivering to delegates, in order, with flow control -------------------
     def _push(self, step: Callable[[Exchange, Any], Awaitable[None] | None], ex: Exchange,
               arg: Any) -> None:
         if self.lingering or self.closed:
             return  # the connection is closing: nothing more is served on it
-        if self._blocked or self._queue:
+        if self._blocked or self._queue or self._write_paused:
             self._queue.append((step, ex, arg))
-            if not self._paused and self.transport is not None:
-                self._paused = True
-                self.transport.pause_reading()
+            self._pause_reading()
             return
         self._run(step, ex, arg)
 
@@ -163,8 +184,9 @@ class Connection(asyncio.Protocol):
              arg: Any) -> None:
         try:
             waiting = step(ex, arg)
-        except httputil.HTTPInputError as exc:
-            log.debug("bad request from %s: %s", self.context.remote_ip, exc)
+        except httputil.HTTPInputError:
+            # Its message may quote the request (a header value): not logged.
+            self.server.bad_request(self.context.remote_ip, "refused by its handler")
             self._broken = True
             self._fail(ex, 400)
             return
@@ -195,13 +217,22 @@ class Connection(asyncio.Protocol):
         self._resume()
 
     def _resume(self) -> None:
-        """Run the steps that waited, in order, until one blocks again."""
+        """The step that blocked is done: run the ones that waited."""
         self._blocked = False
-        while self._queue and not self._blocked and not self.closed:
+        self._drain_queue()
+
+    def _drain_queue(self) -> None:
+        """Run the steps that waited, in order, until one blocks again or the
+        client stops reading its answers; then parse what was held back, and
+        read again once nothing waits."""
+        while self._queue and not self._blocked and not self._write_paused and not self.closed:
             step, ex, arg = self._queue.popleft()
             self._run(step, ex, arg)
-        if not self._blocked and not self._queue and self._paused and not self.closed \
-                and not self.lingering and self.transport is not None:
+        if self._stash and not self._queue and not self._blocked and not self._write_paused:
+            self._feed_stash()
+        if not self._blocked and not self._queue and not self._stash and self._paused \
+                and not self._write_paused and not self.closed and not self.lingering \
+                and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
 
@@ -240,6 +271,7 @@ class Connection(asyncio.Protocol):
     # --- answers ----------------------------------------------------------------
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.closed and not self._eof_sent:
+            self._written += len(data)
             self.transport.write(data)
 
     def drained(self) -> asyncio.Future[None]:
@@ -311,6 +343,7 @@ class Connection(asyncio.Protocol):
         if self.closed or self.lingering or self.transport is None:
             return
         self._queue.clear()
+        self._stash = b""
         self.lingering = True
         self._broken = True
         transport = self.transport
@@ -333,7 +366,8 @@ class Connection(asyncio.Protocol):
 
     @property
     def idle(self) -> bool:
-        return self._active is None and self._parsing is None and not self._queue
+        return (self._active is None and self._parsing is None and not self._queue
+                and not self._stash)
 
     def _unsent(self) -> int:
         """Bytes of answers not yet read by the client: ours and the kernel's."""
@@ -358,12 +392,22 @@ class Connection(asyncio.Protocol):
         if pending:
             # An answer is still going out. A slow reader is not an idle
             # client: it has idle_timeout to read on each time it stalls, and
-            # the deadlines below start once everything was handed over.
-            if pending != self._last_pending:
+            # the deadlines below start once everything was handed over. Only
+            # bytes the client took count as progress: a buffer that grows
+            # (more answers written) is not a client that reads.
+            delivered = self._written - pending
+            if delivered > self._last_delivered or not self._last_pending:
                 self._progress = now
+            self._last_delivered = delivered
             self._last_pending = pending
             if now - self._progress < self.limits.idle_timeout:
                 return
+            # A send timeout: the client took nothing for idle_timeout, whatever
+            # it still sends and whatever the handler is doing.
+            if not self.lingering:
+                log.debug("closing connection from %s: answers not read", self.context.remote_ip)
+            self.close_now()
+            return
         elif self._last_pending:
             self._last_pending = 0
             wait = self.limits.linger_seconds if self.lingering else self.limits.idle_timeout
@@ -374,6 +418,9 @@ class Connection(asyncio.Protocol):
                 return  # the request is being answered; its handler has the clock
             if not self.lingering:
                 log.debug("closing connection from %s: timed out", self.context.remote_ip)
+                if self._in_head and not self._queue and self._active is None:
+                    self._stop_parsing(408)  # a head that never ended: say so, then close
+                    return
             if transport is not None and transport.get_write_buffer_size():
                 self.close_now()  # a client that stopped reading: drop what is buffered
             elif transport is not None and not self.closed:

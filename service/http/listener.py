@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Sequence
 
 from tornado import httputil
 
 from service.http.connection import Connection
 from service.http.parsing import ParsingConnection
-from service.http.wire import ErrorRenderer, ServerLimits, plain_error
+from service.http.wire import ErrorRenderer, ServerLimits, log, plain_error
 
 __all__ = ["HTTP1Server", "ServerLimits"]
+
+#: Seconds between two log lines about malformed requests.
+BAD_REQUEST_LOG_INTERVAL = 10.0
 
 
 class HTTP1Server:
@@ -30,6 +34,20 @@ class HTTP1Server:
         self._servers: list[asyncio.AbstractServer] = []
         self._sweeper: asyncio.TimerHandle | None = None
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self._bad = 0  # malformed requests since the last log line about them
+        self._bad_logged = -BAD_REQUEST_LOG_INTERVAL
+
+    def bad_request(self, ip: str, reason: str) -> None:
+        """A malformed request was refused: one INFO line per interval at most,
+        with a count, an address and a fixed reason, never the request's content."""
+        self._bad += 1
+        now = time.monotonic()
+        if now - self._bad_logged >= BAD_REQUEST_LOG_INTERVAL:
+            log.info("refused %d malformed request(s) in %.0f s; latest from %s: %s",
+                     self._bad, min(now - self._bad_logged, BAD_REQUEST_LOG_INTERVAL), ip,
+                     reason)
+            self._bad = 0
+            self._bad_logged = now
 
     def delegate_for(self, path: str) -> httputil.HTTPServerConnectionDelegate:
         for prefix, delegate in self.prefixes:

@@ -8,6 +8,7 @@ delivery (`service.http.connection`).
 
 from __future__ import annotations
 
+import traceback
 from typing import TYPE_CHECKING
 
 import httptools  # type: ignore[import-untyped,unused-ignore]
@@ -20,6 +21,9 @@ from service.http.wire import REQUEST_LINE, ParseAbort, log
 if TYPE_CHECKING:
     from service.http.listener import HTTP1Server
 
+#: Bytes parsed at a time, so that a large read cannot queue unbounded requests.
+_SLICE = 16384
+
 
 class ParsingConnection(Connection):
     """A client connection whose bytes are parsed by llhttp."""
@@ -27,21 +31,65 @@ class ParsingConnection(Connection):
     def __init__(self, server: HTTP1Server) -> None:
         super().__init__(server)
         self.parser = httptools.HttpRequestParser(self)
+        self._begun = 0  # requests begun so far
+        #: Steps (about two per request) allowed to wait before parsing stops.
+        self._max_queue = 2 * self.limits.max_pipelined
 
     def data_received(self, data: bytes) -> None:
         if self.lingering or self._broken:
             return  # dropped: we are closing, or the stream can no longer be parsed
+        if self._stash:
+            self._stash += data  # a read already under way when reading paused
+            return
+        self._feed(data)
+
+    def _feed_stash(self) -> None:
+        if not self._feeding and not self.lingering and not self._broken:
+            data, self._stash = self._stash, b""
+            self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        """Parse `data` a slice at a time; hold the rest back (reading paused)
+        while too many requests wait for their turn or answers are not read."""
         if self._manual is not None:
             self._feed_manual(data)
             return
+        if len(data) <= _SLICE:
+            self._feed_slice(data)
+            return
+        self._feeding = True
+        try:
+            view = memoryview(data)
+            start = 0
+            while start < len(data):
+                piece = bytes(view[start:start + _SLICE])
+                start += len(piece)
+                self._feed_slice(piece)
+                if self.lingering or self._broken or start >= len(data):
+                    return
+                if self._manual is not None:
+                    self._feed_manual(bytes(view[start:]))
+                    return
+                if self._write_paused or len(self._queue) >= self._max_queue:
+                    self._stash = bytes(view[start:])
+                    self._pause_reading()
+                    return
+        finally:
+            self._feeding = False
+
+    def _feed_slice(self, data: bytes) -> None:
         in_head = self._in_head
+        begun = self._begun
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
             status = cause.status if isinstance(cause, ParseAbort) else 400
             if not isinstance(cause, ParseAbort):
-                log.error("HTTP parser callback failed", exc_info=cause)
+                # A bug of ours: where it happened, but not the exception's
+                # message (it may quote the request).
+                log.error("HTTP parser callback failed (%s):\n%s", type(cause).__name__,
+                          "".join(traceback.format_tb(cause.__traceback__ if cause else None)))
             self._stop_parsing(status)
         except httptools.HttpParserInvalidMethodError:
             # llhttp knows every registered method: a well-formed request line
@@ -58,14 +106,15 @@ class ParsingConnection(Connection):
                 self._feed_manual(data[offset:])
             else:
                 self._stop_parsing(0)
-        except httptools.HttpParserError as exc:
-            log.debug("malformed HTTP request from %s: %s", self.context.remote_ip, exc)
+        except httptools.HttpParserError:
+            self.server.bad_request(self.context.remote_ip, "malformed request")
             self._stop_parsing(400)
         else:
-            if in_head and self._in_head:
-                # The whole chunk belongs to a head that is still not complete:
+            if in_head and self._in_head and self._begun == begun:
+                # The whole slice belongs to a head that is still not complete:
                 # httptools keeps an unfinished header line to itself, so the
-                # head's size is bounded here.
+                # head's size is bounded here. (A head that began inside this
+                # slice is counted from the next one, and by on_url/on_header.)
                 self._head_raw += len(data)
                 if self._head_raw > self.limits.max_header_bytes:
                     self._stop_parsing(431)
@@ -86,6 +135,7 @@ class ParsingConnection(Connection):
             raise ParseAbort(0)  # closing: what follows in the buffer is not served
         self._in_head = True
         self._head_raw = 0
+        self._begun += 1
         self._parsing = Exchange(self)
         self._url = b""
         self._raw_headers = []
@@ -123,8 +173,15 @@ class ParsingConnection(Connection):
                 headers[name] = f"{headers[name]}, {value}" if name in headers else value
         else:
             headers = httputil.HTTPHeaders()
-            for raw_name, raw_value in self._raw_headers:
-                headers.add(raw_name.decode("latin1"), raw_value.decode("latin1"))
+            try:
+                for raw_name, raw_value in self._raw_headers:
+                    headers.add(raw_name.decode("latin1"), raw_value.decode("latin1"))
+            except httputil.HTTPInputError:
+                # Tornado refuses some values llhttp lets through (e.g. one
+                # ending in a space): the client's error, never a traceback,
+                # and its message quotes the value, so it is not logged.
+                self.server.bad_request(self.context.remote_ip, "invalid header value")
+                raise ParseAbort(400) from None
         self._raw_headers = []
         ex.start_line = httputil.RequestStartLine(method, target, version)
         ex.headers = headers

@@ -41,6 +41,10 @@ class ServerLimits:
     #: An early answer keeps the connection when at most this much body is left.
     keep_alive_discard: int = 65536
     sweep_interval: float = 1.0
+    #: Requests parsed ahead of the one being answered (pipelining depth).
+    max_pipelined: int = 64
+    #: Unsent answer bytes above which the connection stops reading requests.
+    write_high_water: int = 256 * 1024
 
 
 _date: dict[int, str] = {}
