@@ -32,6 +32,10 @@ class ServerSettings:
     port: int = 8080
     base_url: str = "http://127.0.0.1:8080"
     trusted_proxies: tuple[IPNetwork, ...] = ()
+    max_connections: int = 0            # 0: derived from the descriptor limit
+    max_connections_per_ip: int = 256
+    max_pipelined: int = 64
+    write_buffer_bytes: int = 262144
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,15 @@ class SandboxSettings:
 @dataclass(frozen=True)
 class RatelimitSettings:
     storage: str = "memory://"
+    ipv6_prefix: int = 64
+    auth_queue: int = 64
+    auth_queue_per_endpoint: int = 8
+
+
+@dataclass(frozen=True)
+class RecordsSettings:
+    journal: str = "logic-records.journal"
+    fsync: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,7 @@ class Settings:
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
     ratelimit: RatelimitSettings = field(default_factory=RatelimitSettings)
+    records: RecordsSettings = field(default_factory=RecordsSettings)
     plans: Mapping[str, Plan] = field(default_factory=lambda: DEFAULT_PLANS)
 
 
@@ -95,6 +109,13 @@ def _bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
     raise ValueError("expected true or false")
+
+
+def _env_bool(value: Any) -> bool:
+    # A setting that also comes from the environment or a flag: "true"/"false" too.
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    return _bool(value)
 
 
 def _workers(value: Any) -> int | None:
@@ -141,14 +162,19 @@ def _networks(value: Any) -> tuple[IPNetwork, ...]:
 
 _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "server": {"host": _str, "port": _int(0, 65535), "base_url": _http_url,
-               "trusted_proxies": _networks},
+               "trusted_proxies": _networks, "max_connections": _int(0, 10_000_000),
+               "max_connections_per_ip": _int(1, 10_000_000), "max_pipelined": _int(1, 100_000),
+               "write_buffer_bytes": _int(4096, 1 << 30)},
     "database": {"url": _db_url},
     "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000)},
-    "ratelimit": {"storage": _storage},
+    "ratelimit": {"storage": _storage, "ipv6_prefix": _int(8, 128),
+                  "auth_queue": _int(1, 1_000_000), "auth_queue_per_endpoint": _int(1, 1_000_000)},
+    "records": {"journal": _str, "fsync": _env_bool},
 }
 _SECTION_TYPES: dict[str, type] = {
     "server": ServerSettings, "database": DatabaseSettings,
     "sandbox": SandboxSettings, "ratelimit": RatelimitSettings,
+    "records": RecordsSettings,
 }
 _PLAN_PARSERS: dict[str, Callable[[Any], Any]] = {
     "endpoints": _int(0, 10_000), "memory_kb": _int(0, 16 * 1024 * 1024),

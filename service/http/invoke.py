@@ -29,7 +29,7 @@ from tornado import httputil
 
 from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, ScriptRef
-from service.http.auth import presented_secret
+from service.http.auth import VerifierBusy, presented_secret
 from service.http.base import error_body, new_request_id
 from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
 from service.http.errors import (
@@ -191,13 +191,15 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         if not ip_allowed(self.ip, target.whitelist):
             raise IpNotAllowedError()
 
-        # 5. secret (throttled per IP before any hash is computed)
-        if wait:
-            raise AuthThrottledError(headers={"Retry-After": str(wait)})
+        # 5. secret (throttled per IP before any hash is computed; a secret
+        # already verified costs no hash, so it is answered even then: a
+        # client sharing an address with an attacker is not locked out)
         secret = presented_secret(headers)
         if ctx.verifier.cached(target.endpoint_id, target.secret_hash, secret):
             self._authenticated()
             return None
+        if wait:
+            raise AuthThrottledError(headers={"Retry-After": str(wait)})
         return self._verify(secret)  # argon2 off the loop; reading waits for it
 
     async def _verify(self, secret: str | None) -> None:
@@ -205,7 +207,12 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         assert target is not None
         ctx = self.context
         try:
-            if not await ctx.verifier.check(target.endpoint_id, target.secret_hash, secret):
+            try:
+                ok = await ctx.verifier.check(target.endpoint_id, target.secret_hash, secret)
+            except VerifierBusy:
+                raise BusyError("Too many secrets are being checked; retry shortly.",
+                                headers={"Retry-After": "1"}) from None
+            if not ok:
                 if secret is not None:
                     ctx.limits.auth_failed(self.ip)
                 raise UnauthorizedError(headers={"WWW-Authenticate": "Bearer"})

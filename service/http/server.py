@@ -93,8 +93,10 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     context = AppContext(
         settings=settings,
         pool=pool,
-        limits=RateLimits(settings.ratelimit.storage),
-        verifier=SecretVerifier(verify_secret, executor),
+        limits=RateLimits(settings.ratelimit.storage, ipv6_prefix=settings.ratelimit.ipv6_prefix),
+        verifier=SecretVerifier(verify_secret, executor, workers=2,
+                                max_pending=settings.ratelimit.auth_queue,
+                                per_endpoint=settings.ratelimit.auth_queue_per_endpoint),
         records=records,
         load_target=TargetCache(settings.plans),
         db_ping=db_ping,
@@ -102,7 +104,9 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     max_body = max((p.body_bytes for p in settings.plans.values()), default=0) + 1
     server = HTTP1Server(make_app(context), prefixes=[(PREFIX, InvokeEndpoint(context))],
                          limits=ServerLimits(max_body_bytes=max_body, idle_timeout=60,
-                                             body_timeout=30),
+                                             body_timeout=30,
+                                             max_pipelined=settings.server.max_pipelined,
+                                             write_high_water=settings.server.write_buffer_bytes),
                          render_error=render_connection_error)
     await server.add_sockets(sockets)
     port = sockets[0].getsockname()[1]
