@@ -124,13 +124,23 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         self._fd = sock.fileno() if sock is not None and hasattr(termios, "TIOCOUTQ") else -1
         self.deadline = self.loop.time() + self.limits.idle_timeout
-        self.server.connections.add(self)
         transport.set_write_buffer_limits(high=self.limits.write_high_water)  # type: ignore[attr-defined]
+        if not self.server.admit(self):
+            # Past a connection cap: one polite 503, then close (not lingering:
+            # a refused connection gives its descriptor back at once).
+            self._broken = True
+            headers, body = self.server.render_error(503)
+            ex = Exchange(self)
+            ex.close_after = True
+            self._eof = True  # so the answer's end closes the transport outright
+            ex.respond(503, [*headers, ("Retry-After", "1")], body)
+            return
+        self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.parser = None  # it holds this protocol: no cycle left behind
-        self.server.connections.discard(self)
+        self.server.release(self)
         self._queue.clear()
         self._stash = b""
         for fut in self._drain_waiters:

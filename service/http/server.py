@@ -37,6 +37,9 @@ from service.settings import Settings
 
 log = logging.getLogger("logic.server")
 
+#: Descriptors never used for client connections (plus 8 per sandbox worker).
+FD_RESERVE = 256
+
 
 def serve(settings: Settings, *, drain_seconds: float = 30.0) -> None:
     """Run the service until SIGTERM/SIGINT; blocks.
@@ -107,12 +110,18 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                                              body_timeout=30,
                                              max_pipelined=settings.server.max_pipelined,
                                              write_high_water=settings.server.write_buffer_bytes),
-                         render_error=render_connection_error)
+                         render_error=render_connection_error,
+                         max_connections=settings.server.max_connections,
+                         max_connections_per_ip=settings.server.max_connections_per_ip,
+                         # Descriptors kept free for the pool (a worker's pipes
+                         # and socket on respawn), the database and the log.
+                         fd_reserve=FD_RESERVE + 8 * settings.sandbox.worker_count,
+                         cap_exempt=settings.server.trusted_proxies)
     await server.add_sockets(sockets)
     port = sockets[0].getsockname()[1]
-    log.info("listening on http://%s:%d (%d sandbox workers, %s event loop)",
-             settings.server.host, port, pool.live_workers,
-             type(asyncio.get_running_loop()).__module__.split(".")[0])
+    log.info("listening on http://%s:%d (%d sandbox workers, %s event loop, "
+             "at most %d connections)", settings.server.host, port, pool.live_workers,
+             type(asyncio.get_running_loop()).__module__.split(".")[0], server.max_connections)
 
     pool.attach()  # watch the workers from the loop now, not at the first request
     _tune_gc()

@@ -1,0 +1,118 @@
+"""Connection caps (total and per IP), the descriptor reserve and memory after
+a storm of idle connections, against a real `logic serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import time
+
+import psutil
+import pytest
+
+from tests.service.http.harness import Server, wait_until
+from tests.service.http.test_checks import ECHO
+
+
+def _connect(server: Server, ip: str = "127.0.0.1") -> socket.socket:
+    sock = socket.socket()
+    sock.settimeout(10)
+    sock.bind((ip, 0))
+    sock.connect(("127.0.0.1", server.port))
+    return sock
+
+
+def _refused(sock: socket.socket) -> dict[str, object] | None:
+    """The 503 a refused connection gets (None if the server says nothing in 0.5 s)."""
+    sock.settimeout(0.5)
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    if not data:
+        return None
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 "), head
+    assert b"\r\nRetry-After: 1\r\n" in head + b"\r\n"
+    return json.loads(body)  # type: ignore[no-any-return]
+
+
+def test_connections_per_ip_are_capped(make_server) -> None:
+    server: Server = make_server(extra="[server]\nmax_connections_per_ip = 5")
+    held = [_connect(server, "127.0.0.9") for _ in range(5)]
+    try:
+        assert all(_refused(s) is None for s in held[:1])  # admitted: nothing said
+        extra = _connect(server, "127.0.0.9")
+        refused = _refused(extra)
+        assert refused is not None and refused["error"]["code"] == "busy"  # type: ignore[index]
+        extra.close()
+        # Another address is still served, and a slot frees when one closes.
+        assert server.request_from("127.0.0.10", "/healthz", method="GET").status == 200
+        held.pop().close()
+        assert wait_until(lambda: server.request_from("127.0.0.9", "/healthz", method="GET").status == 200)
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_connections_in_all_are_capped(make_server) -> None:
+    server: Server = make_server(extra="[server]\nmax_connections = 6")
+    held = [_connect(server, f"127.0.1.{n + 1}") for n in range(6)]
+    try:
+        time.sleep(0.3)
+        extra = _connect(server, "127.0.1.99")
+        refused = _refused(extra)
+        extra.close()
+        assert refused is not None and refused["error"]["code"] == "busy"  # type: ignore[index]
+    finally:
+        for sock in held:
+            sock.close()
+    assert wait_until(lambda: server.request("/healthz", method="GET").status == 200)
+
+
+def _rss(server: Server) -> int:
+    assert server.proc is not None
+    return int(psutil.Process(server.proc.pid).memory_info().rss)
+
+
+#: Idle connections held at once; each side needs a descriptor per connection.
+IDLE = int(os.environ.get("LOGIC_TEST_IDLE_CONNECTIONS", "4000"))
+
+
+def test_many_idle_connections_leave_normal_clients_and_the_pool_served(
+        make_server, make_endpoint) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = IDLE + 200
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.skip(f"needs a descriptor limit of {need} (hard limit here: {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+    try:
+        server: Server = make_server(extra="[server]\nmax_connections_per_ip = 1000000")
+        ep = make_endpoint(source=ECHO)
+        assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200
+        before = _rss(server)
+        held = []
+        try:
+            for n in range(IDLE):
+                held.append(_connect(server, f"127.2.{n // 250}.{n % 250 + 1}"))
+            time.sleep(1.0)
+            assert server.request("/readyz", method="GET").status == 200
+            assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200
+            peak = _rss(server)
+        finally:
+            for sock in held:
+                sock.close()
+        # Memory goes back within a minute of the storm's end.
+        assert wait_until(lambda: _rss(server) - before < 24 * 1024 * 1024, timeout=60), \
+            (before, peak, _rss(server))
+        assert "EMFILE" not in server.log and "Too many open files" not in server.log
+        assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
