@@ -109,6 +109,8 @@ class Exchange:
         sent (`Content-Length`, `Connection` and `Date` are the connection's)."""
         if self.answer_started:
             return []
+        if status == 205:
+            body = b""  # RFC 9110 15.3.6: Reset Content has no content (Content-Length: 0)
         added = self._start_answer(status, reason, headers, False, False, body, whole=True)
         self.answered = True
         self.conn.answered(self)

@@ -23,7 +23,6 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypeVar, cast
-from urllib.parse import unquote
 
 from tornado import httputil
 
@@ -46,6 +45,7 @@ from service.http.errors import (
     ServiceError,
     UnauthorizedError,
 )
+from service.http.redaction import Redactor
 from service.http.event import build_event, client_ip, ip_allowed, parse_query, visible_headers
 
 if TYPE_CHECKING:
@@ -62,7 +62,9 @@ log = logging.getLogger("logic.http")
 access_log = logging.getLogger("logic.access")
 
 PREFIX = "/endpoints/"
-_ROUTE = re.compile(r"/endpoints/([^/]+)/([^/]+)/?")
+#: The one form of an endpoint's path: no trailing slash, no percent-encoding
+#: (anything else is 404, so history, statistics and limits see one form).
+_ROUTE = re.compile(r"/endpoints/([^/]+)/([^/]+)")
 _GUILD_ID = re.compile(r"\d{1,25}")
 _SCRIPT_ID = re.compile(r"logic_[A-Za-z0-9_-]{22}")
 _ALLOW = "POST, OPTIONS"
@@ -167,8 +169,6 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
 
         # 2. guild, script and endpoint exist
         guild_id, script_id = route.groups()
-        if "%" in path:
-            guild_id, script_id = unquote(guild_id), unquote(script_id)
         if not _GUILD_ID.fullmatch(guild_id) or not _SCRIPT_ID.fullmatch(script_id):
             raise EndpointNotFoundError()
         self.ip = client_ip(self.peer, headers.get("x-forwarded-for"),
@@ -303,7 +303,7 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         # (sandbox.event.FORBIDDEN_HEADERS, checked again on arrival).
         headers = [pair for pair in outcome.headers if pair[0].lower() not in _SERVICE_SET]
         headers += [("X-Request-Id", self.request_id), *self.rate_headers, *_REPLY_HEADERS]
-        if status in (204, 304):
+        if status in (204, 205, 304):
             # HTTP forbids a body (and its type) on these: the reply is dropped.
             self._answer(status, headers, b"")
             return
@@ -387,6 +387,9 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         if not self.accepted:
             return items
         outcome = self.outcome
+        # Only authenticated requests get here: the secret they presented is
+        # the endpoint's own, and is never kept (service.http.redaction).
+        redact = Redactor(presented_secret(self.headers))
         if history:
             error = None
             if outcome is not None and outcome.error_kind:
@@ -398,17 +401,20 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
             items.append(RequestRecordIn(
                 endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
                 method=self.method or "POST",
-                query=event["query"] if event else parse_query(self.query),
-                headers=event["headers"] if event else visible_headers(headers),
-                body=self.raw_body, ip=ip, user_agent=headers.get("user-agent", ""),
-                status=status, response_headers=dict(self.response_headers),
-                response_body=self.response_body, duration_ms=duration_ms,
-                output=outcome.output if outcome else "", error=error, keep=target.plan.history,
+                query=redact.mapping(event["query"] if event else parse_query(self.query)),
+                headers=redact.mapping(event["headers"] if event else visible_headers(headers)),
+                body=redact.data(self.raw_body), ip=ip,
+                user_agent=redact.text(headers.get("user-agent", "")),
+                status=status, response_headers=redact.mapping(dict(self.response_headers)),
+                response_body=redact.raw(self.response_body), duration_ms=duration_ms,
+                output=redact.text(outcome.output) if outcome else "",
+                error=redact.text(error) if error else error, keep=target.plan.history,
             ))
         if outcome is not None and outcome.error_kind and target.plan.error_logs:
             items.append(ErrorRecordIn(
                 endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
-                kind=outcome.error_kind, message=outcome.error_message or "",
-                line=outcome.error_line, traceback=outcome.traceback,
+                kind=outcome.error_kind, message=redact.text(outcome.error_message or ""),
+                line=outcome.error_line,
+                traceback=redact.text(outcome.traceback) if outcome.traceback else None,
             ))
         return items

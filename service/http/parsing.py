@@ -106,9 +106,10 @@ class ParsingConnection(Connection):
                 self._feed_manual(data[offset:])
             else:
                 self._stop_parsing(0)
-        except httptools.HttpParserError:
+        except httptools.HttpParserError as exc:
             self.server.bad_request(self.context.remote_ip, "malformed request")
-            self._stop_parsing(400)
+            # A version llhttp does not know (HTTP/1.2, HTTP/3.0): 505, not 400.
+            self._stop_parsing(505 if str(exc) == "Invalid HTTP version" else 400)
         else:
             if in_head and self._in_head and self._begun == begun:
                 # The whole slice belongs to a head that is still not complete:
@@ -161,6 +162,12 @@ class ParsingConnection(Connection):
         method = parser.get_method().decode("latin1")
         version = "HTTP/" + parser.get_http_version()
         target = self._url.decode("latin1")
+        if target[:1] != "/" and target[:8].lower().startswith(("http://", "https://")):
+            # Absolute form (RFC 9112 3.2.2: a server MUST accept it): routed
+            # and handed on by its path and query, like the origin form.
+            rest = target.partition("://")[2]
+            cut = len(rest.split("/", 1)[0].split("?", 1)[0])  # the authority's end
+            target = rest[cut:] if rest[cut:cut + 1] == "/" else "/" + rest[cut:]
         ex.delegate_factory = factory = self.server.delegate_for(target)
         headers: httputil.HTTPHeaders | dict[str, str]
         if getattr(factory, "plain_headers", False):
@@ -182,6 +189,8 @@ class ParsingConnection(Connection):
                 # and its message quotes the value, so it is not logged.
                 self.server.bad_request(self.context.remote_ip, "invalid header value")
                 raise ParseAbort(400) from None
+        hosts = sum(1 for raw_name, _ in self._raw_headers
+                    if len(raw_name) == 4 and raw_name.lower() == b"host")
         self._raw_headers = []
         ex.start_line = httputil.RequestStartLine(method, target, version)
         ex.headers = headers
@@ -189,8 +198,15 @@ class ParsingConnection(Connection):
         ex.keep_alive = bool(parser.should_keep_alive())
         if version not in ("HTTP/1.1", "HTTP/1.0"):
             raise ParseAbort(505)
-        if version == "HTTP/1.1" and headers.get("host") is None:
-            raise ParseAbort(400)  # RFC 9112 3.2: a server MUST answer 400
+        if version == "HTTP/1.1" and hosts != 1 or hosts > 1:
+            raise ParseAbort(400)  # RFC 9112 3.2: none or several Host: a server MUST answer 400
+        coding = headers.get("transfer-encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            # Not chunked last: the body cannot be framed (RFC 9112 6.3), 400.
+            # Chunked after another coding: llhttp accepts it, but no coding
+            # other than chunked is decoded here, so it is not implemented.
+            last = coding.rpartition(",")[2].strip().lower()
+            raise ParseAbort(501 if last == "chunked" else 400)
         declared = headers.get("content-length")
         if declared is not None:
             ex.declared = int(declared)  # llhttp checked it is a number
