@@ -116,3 +116,46 @@ def test_many_idle_connections_leave_normal_clients_and_the_pool_served(
         assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_pipelining_200_mib_without_reading_keeps_the_server_small(server: Server) -> None:
+    # The client never reads: the server must stop reading its requests
+    # rather than buffer their answers (1.1 M answers a minute before).
+    import threading
+
+    request = b"OPTIONS /endpoints/1/logic_" + b"x" * 22 + b" HTTP/1.1\r\nHost: t\r\n\r\n"
+    block = request * (1024 * 1024 // len(request))
+    before = _rss(server)
+    sent = [0]
+    sock = _connect(server)
+
+    def send() -> None:
+        try:
+            while sent[0] < 200 * 1024 * 1024:
+                sock.sendall(block)
+                sent[0] += len(block)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    last = -1
+    started = time.monotonic()
+    # Until sending stalls (the server stopped reading), all was sent, or a minute.
+    while sent[0] != last and thread.is_alive() and time.monotonic() - started < 60:
+        last = sent[0]
+        time.sleep(2.0)
+    grown = _rss(server) - before
+    # The connection is still served: reading resumes the answers, in order.
+    answers = 0
+    tail = b""
+    while answers < 5_000:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed by the server: {tail[-300:]!r}"
+        assert b"HTTP/1.1 4" not in tail[-20:] + chunk, chunk[:300]
+        answers += chunk.count(b"HTTP/1.1 204 ")
+        tail = chunk
+    sock.close()
+    thread.join(10)
+    assert grown < 32 * 1024 * 1024, (grown, sent[0])
+    assert server.request("/healthz", method="GET").status == 200
