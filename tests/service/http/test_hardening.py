@@ -115,7 +115,7 @@ def test_charset_names_are_refused_before_any_codec_lookup() -> None:
 # --- 9. numbers and strings the worker frame cannot carry ---------------------------------
 
 @pytest.mark.parametrize("body", [b'{"id": 99999999999999999999}', b"-9223372036854775809",
-                                  b'"\\ud800"', b'{"\\udc00": 1}'])
+                                  b'"\\ud800"', b'{"\\udc00": 1}', b'[1e400]'])
 def test_uncarriable_json_is_400_invalid_body_and_blames_no_script(
         server: Server, make_endpoint, read_errors, body: bytes) -> None:
     ep = make_endpoint(source=ECHO)
