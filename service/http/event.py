@@ -161,8 +161,17 @@ def _bounded_int(text: str) -> int:
     return value
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (_INF, -_INF):
+        raise _NumberOutOfRange("The request body has a number too large for a float.")
+    return value
+
+
+_INF = float("inf")
 #: One decoder for every body (json.loads with an argument builds one per call).
-_JSON = json.JSONDecoder(parse_constant=_reject_constant, parse_int=_bounded_int)
+_JSON = json.JSONDecoder(parse_constant=_reject_constant, parse_int=_bounded_int,
+                         parse_float=_finite_float)
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 #: Charsets a textual body may declare (lower case) -> the codec used. Any
