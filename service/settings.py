@@ -64,7 +64,7 @@ class RatelimitSettings:
 
 @dataclass(frozen=True)
 class RecordsSettings:
-    journal: str = "logic-records.journal"
+    journal: str = ""                   # "": beside a SQLite file, else ./logic-journal
     fsync: bool = False
 
 

@@ -21,7 +21,6 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from tornado import httputil
@@ -30,7 +29,6 @@ from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, ScriptRef
 from service.http.auth import VerifierBusy, presented_secret
 from service.http.base import error_body, new_request_id
-from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
 from service.http.errors import (
     OUTCOME_ERRORS,
     AuthThrottledError,
@@ -45,7 +43,7 @@ from service.http.errors import (
     ServiceError,
     UnauthorizedError,
 )
-from service.http.redaction import Redactor
+from service.http.journal import FIELDS, JournaledRequest, redacted_facts
 from service.http.event import build_event, client_ip, ip_allowed, parse_query, visible_headers
 
 if TYPE_CHECKING:
@@ -377,44 +375,42 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
 
     def records(self, history: bool) -> list[Any]:
         """Statistics hit, history record (if `history`) and error record of this request."""
+        return JournaledRequest(self.journal_facts()).records(history)
+
+    def journal_facts(self) -> tuple[Any, ...]:
+        """What its records are made of, as plain data with secrets redacted
+        (service.http.journal): journaled as the answer goes out."""
         target = self.target
         assert target is not None
-        when = datetime.fromtimestamp(self.started, tz=timezone.utc)
-        duration_ms = (self.finished - self.started) * 1000.0
-        status = self.status
-        ip = self.ip or self.peer
-        items: list[Any] = [StatHit(target.endpoint_id, when, status, duration_ms, ip)]
-        if not self.accepted:
-            return items
         outcome = self.outcome
+        facts: dict[str, Any] = {
+            "endpoint_id": target.endpoint_id, "keep": target.plan.history,
+            "error_logs": target.plan.error_logs, "accepted": self.accepted,
+            "request_id": self.request_id, "started": self.started, "finished": self.finished,
+            "status": self.status, "ip": self.ip or self.peer, "method": self.method or "POST",
+            "query": {}, "headers": {}, "body": b"", "user_agent": "", "response_headers": [],
+            "response_body": b"", "output": "", "error": None, "error_kind": None,
+            "error_message": "", "error_line": None, "traceback": None,
+        }
+        if not self.accepted:
+            return tuple(facts[name] for name in FIELDS)
+        event = self.event
+        headers = self.headers
+        error = None
+        if outcome is not None and outcome.error_kind:
+            error = f"{outcome.error_kind}: {outcome.error_message or ''}".strip()
+        elif self.error_code:
+            error = self.error_code
+        facts.update(
+            query=event["query"] if event else parse_query(self.query),
+            headers=event["headers"] if event else visible_headers(headers),
+            body=self.raw_body, user_agent=headers.get("user-agent", ""),
+            response_headers=[list(pair) for pair in self.response_headers],
+            response_body=self.response_body, error=error)
+        if outcome is not None:
+            facts.update(output=outcome.output, error_kind=outcome.error_kind or None,
+                         error_message=outcome.error_message or "", error_line=outcome.error_line,
+                         traceback=outcome.traceback)
         # Only authenticated requests get here: the secret they presented is
         # the endpoint's own, and is never kept (service.http.redaction).
-        redact = Redactor(presented_secret(self.headers))
-        if history:
-            error = None
-            if outcome is not None and outcome.error_kind:
-                error = f"{outcome.error_kind}: {outcome.error_message or ''}".strip()
-            elif self.error_code:
-                error = self.error_code
-            event = self.event
-            headers = self.headers
-            items.append(RequestRecordIn(
-                endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
-                method=self.method or "POST",
-                query=redact.mapping(event["query"] if event else parse_query(self.query)),
-                headers=redact.mapping(event["headers"] if event else visible_headers(headers)),
-                body=redact.data(self.raw_body), ip=ip,
-                user_agent=redact.text(headers.get("user-agent", "")),
-                status=status, response_headers=redact.mapping(dict(self.response_headers)),
-                response_body=redact.raw(self.response_body), duration_ms=duration_ms,
-                output=redact.text(outcome.output) if outcome else "",
-                error=redact.text(error) if error else error, keep=target.plan.history,
-            ))
-        if outcome is not None and outcome.error_kind and target.plan.error_logs:
-            items.append(ErrorRecordIn(
-                endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
-                kind=outcome.error_kind, message=redact.text(outcome.error_message or ""),
-                line=outcome.error_line,
-                traceback=redact.text(outcome.traceback) if outcome.traceback else None,
-            ))
-        return items
+        return redacted_facts(facts, presented_secret(headers))

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from typing import Any
@@ -27,6 +28,7 @@ _CREDENTIAL_WORDS = frozenset({
 _WORD = re.compile(r"[A-Za-z][a-z]*|[0-9]+")
 
 
+@functools.lru_cache(maxsize=4096)
 def credential_name(name: str) -> bool:
     """True when a parameter or header name says it carries a credential."""
     lowered = name.lower()
@@ -60,18 +62,19 @@ class Redactor:
                 return value.replace(raw, REDACTED.encode())
         return value
 
-    def _value(self, name: str, value: Any) -> Any:
+    def value(self, name: str, value: Any) -> Any:
+        """A parameter's or header's value as kept."""
         if credential_name(name):
             return REDACTED
         if isinstance(value, list):
-            return [self._value("", item) for item in value]
+            return [self.value("", item) for item in value]
         if isinstance(value, str) and self.secret and self.secret in value:
             return REDACTED
         return value
 
     def mapping(self, values: dict[str, Any]) -> dict[str, Any]:
         """Query parameters or headers, with credential values redacted."""
-        return {name: self._value(name, value) for name, value in values.items()}
+        return {name: self.value(name, value) for name, value in values.items()}
 
 
 #: Secret- and token-shaped text in a log line.

@@ -32,7 +32,8 @@ from service.http.context import AppContext
 from service.http.listener import HTTP1Server, ServerLimits
 from service.http.invoke import PREFIX, InvokeEndpoint
 from service.http.ratelimit import RateLimits
-from service.http.records import RecordWriter
+from service.http.journal import Journal, read_segments
+from service.http.records import RecordWriter, expand
 from service.settings import Settings
 
 log = logging.getLogger("logic.server")
@@ -52,6 +53,8 @@ def serve(settings: Settings, *, drain_seconds: float = 30.0) -> None:
 
     database = connect(settings.database.url)
     Runner(database).check()  # refuses a database that is behind (SchemaBehindError)
+    journal = Journal(journal_path(settings), fsync=settings.records.fsync)
+    replay_journal(journal)  # records a crashed process answered but had not written
     database.close()  # the loop thread and the writer thread each open their own
 
     # Bind first, so a taken port fails before anything is forked. The fork
@@ -66,13 +69,13 @@ def serve(settings: Settings, *, drain_seconds: float = 30.0) -> None:
     pool = Pool(size=settings.sandbox.workers, queue_timeout_ms=settings.sandbox.queue_timeout_ms)
     pool.start()  # forks; logs every isolation layer this host cannot provide
     try:
-        _event_loop_runner()(_run(settings, pool, database, sockets, drain_seconds))
+        _event_loop_runner()(_run(settings, pool, database, sockets, drain_seconds, journal))
     finally:
         database.close()
 
 
 async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socket.socket],
-               drain_seconds: float) -> None:
+               drain_seconds: float, journal: Journal | None = None) -> None:
     from service.core.invoke_target import TargetCache
     from service.core.records import write_batch
     from service.core.secrets import verify_secret
@@ -83,6 +86,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         write_batch,
         on_thread_start=lambda: db.connect(reuse_if_open=True),
         on_thread_stop=db.close,
+        journal=journal,
     )
     records.start()
 
@@ -142,6 +146,30 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     executor.shutdown(wait=False)
     log.info("stopped: %d records written, %d dropped (%d failed batches)", records.written,
              records.dropped, records.failed_batches)
+
+
+def journal_path(settings: Settings) -> str:
+    """`records.journal`, or beside a SQLite file, or ./logic-journal."""
+    if settings.records.journal:
+        return settings.records.journal
+    url = settings.database.url
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        return url[len("sqlite:///"):].split("?", 1)[0] + "-journal"
+    return "logic-journal"
+
+
+def replay_journal(journal: Journal, batch: int = 5000) -> None:
+    """Write the records journaled by a process that did not stop cleanly."""
+    from service.core.records import write_batch
+
+    leftovers = journal.leftovers()
+    if not leftovers:
+        return
+    entries = list(read_segments(leftovers))
+    for start in range(0, len(entries), batch):
+        write_batch(expand(entries[start:start + batch]))
+    journal.discard(leftovers)
+    log.info("replayed %d journaled requests from %d segments", len(entries), len(leftovers))
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:

@@ -105,7 +105,10 @@ def _start(http_env: Env, tmp_path: Path, **options: Any) -> Server:
         lines.append("trusted_proxies = [" + ", ".join(f'"{c}"' for c in options["trusted_proxies"])
                      + "]")
     lines.append(options.get("extra", ""))  # more TOML tables, e.g. "[ratelimit]\nipv6_prefix = 48"
-    config = tmp_path / f"server-{next(_guild_ids)}.toml"
+    n = next(_guild_ids)
+    if "[records]" not in options.get("extra", ""):
+        lines.append(f'[records]\njournal = "{tmp_path / f"journal-{n}"}"')
+    config = tmp_path / f"server-{n}.toml"
     config.write_text("\n".join(lines) + "\n" + CONFIG)
     return Server(http_env.database_url, str(config)).start()
 

@@ -1,0 +1,190 @@
+"""The records journal: answered requests survive a crash of the service process.
+
+Every finished invoke request is appended, as the answer is sent, to a local
+journal file (msgpack, one `os.write` per request into the page cache; no
+`fsync` unless `records.fsync = true`). The record writer seals the current
+segment each time it takes a batch from its queue, and deletes the sealed
+segments once their batch is in the database. At start-up, segments left by a
+process that died are written to the database first (`replay`), then removed.
+
+What this guarantees: a crash (SIGKILL, OOM kill, a segfault) of the service
+loses no answered request's records. Not a power loss or a kernel crash —
+what is in the page cache but not on disk is lost then — unless
+`records.fsync = true` (an fsync per request: slow). After a crash at the very
+moment a batch was committed but its segment not yet deleted, that batch's
+records are written twice.
+
+Nothing secret is journaled: the headers carrying secrets are left out, and
+every value holding the presented secret is redacted before it is written
+(as in history; `service.http.redaction`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+
+from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
+from service.http.redaction import Redactor
+
+log = logging.getLogger("logic.records")
+
+_SEGMENT = re.compile(r"segment-(\d{12})\.journal")
+
+#: The fields of a journaled request, in order (see `JournaledRequest`).
+FIELDS = ("endpoint_id", "keep", "error_logs", "accepted", "request_id", "started", "finished",
+          "status", "ip", "method", "query", "headers", "body", "user_agent",
+          "response_headers", "response_body", "output", "error", "error_kind",
+          "error_message", "error_line", "traceback")
+
+
+class JournalInUse(OSError):
+    """Another running process owns the journal directory."""
+
+
+class Journal:
+    """Append-only segment files in one directory; thread-safe."""
+
+    def __init__(self, directory: str | Path, fsync: bool = False) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # One process per journal: another one's live segment is no leftover.
+        self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._lock_fd)
+            raise JournalInUse(f"the records journal {self.directory} is used by another "
+                               "process; give each one its own records.journal") from None
+        self._fsync = fsync
+        self._lock = threading.Lock()
+        self._packer = msgpack.Packer(use_bin_type=True)
+        existing = [int(m.group(1)) for p in self.directory.iterdir()
+                    if (m := _SEGMENT.fullmatch(p.name))]
+        self._number = max(existing, default=0)
+        self._fd = -1
+        self._sealed: list[Path] = []
+        self._open_next()
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while appending: `RecordWriter` queues under it too, so a
+        sealed segment holds exactly the entries queued before the seal."""
+        return self._lock
+
+    def _path(self, number: int) -> Path:
+        return self.directory / f"segment-{number:012d}.journal"
+
+    def _open_next(self) -> None:
+        self._number += 1
+        self._current = self._path(self._number)
+        self._fd = os.open(self._current, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def append(self, facts: tuple[Any, ...]) -> None:
+        """Journal one request (call with `lock` held)."""
+        os.write(self._fd, self._packer.pack(facts))
+        if self._fsync:
+            os.fsync(self._fd)
+
+    def seal(self) -> list[Path]:
+        """Start a new segment (call with `lock` held); returns the ones sealed so far."""
+        if os.fstat(self._fd).st_size:
+            os.close(self._fd)
+            self._sealed.append(self._current)
+            self._open_next()
+        sealed, self._sealed = self._sealed, []
+        return sealed
+
+    def discard(self, segments: list[Path]) -> None:
+        """Their records are in the database."""
+        for path in segments:
+            path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+                if not self._current.stat().st_size:
+                    self._current.unlink(missing_ok=True)
+            os.close(self._lock_fd)
+
+    def leftovers(self) -> list[Path]:
+        """Segments of an earlier process (all but the one this process writes)."""
+        return sorted(p for p in self.directory.iterdir()
+                      if _SEGMENT.fullmatch(p.name) and p != self._current)
+
+
+def read_segments(paths: list[Path]) -> Iterator[JournaledRequest]:
+    """The requests journaled in `paths`; a torn last entry (the crash) is skipped."""
+    for path in paths:
+        unpacker = msgpack.Unpacker(raw=False, use_list=True, strict_map_key=False)
+        unpacker.feed(path.read_bytes())
+        try:
+            for facts in unpacker:
+                if isinstance(facts, list) and len(facts) == len(FIELDS):
+                    yield JournaledRequest(tuple(facts))
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+            log.warning("journal %s ends in a torn entry; skipped", path.name)
+
+
+def redacted_facts(facts: dict[str, Any], secret: str | None) -> tuple[Any, ...]:
+    """`facts` (by field name) as journaled: values with the secret redacted."""
+    redact = Redactor(secret)
+    if facts["accepted"]:
+        facts["query"] = redact.mapping(facts["query"])
+        facts["headers"] = redact.mapping(facts["headers"])
+        facts["body"] = redact.data(facts["body"])
+        facts["user_agent"] = redact.text(facts["user_agent"])
+        facts["response_headers"] = [[n, redact.value(n, v)] for n, v in facts["response_headers"]]
+        facts["response_body"] = redact.raw(facts["response_body"])
+        for name in ("output", "error", "error_message", "traceback"):
+            if facts[name]:
+                facts[name] = redact.text(facts[name])
+    return tuple(facts[name] for name in FIELDS)
+
+
+class JournaledRequest:
+    """A finished request as plain facts: what `RecordWriter` converts to records."""
+
+    __slots__ = ("facts",)
+
+    def __init__(self, facts: tuple[Any, ...]) -> None:
+        self.facts = facts
+
+    def history_slot(self) -> tuple[int, int] | None:
+        f = self.facts
+        return (f[0], f[1]) if f[3] else None
+
+    def records(self, history: bool) -> list[Any]:
+        (endpoint_id, keep, error_logs, accepted, request_id, started, finished, status, ip,
+         method, query, headers, body, user_agent, response_headers, response_body, output,
+         error, error_kind, error_message, error_line, traceback) = self.facts
+        when = datetime.fromtimestamp(started, tz=timezone.utc)
+        duration_ms = (finished - started) * 1000.0
+        items: list[Any] = [StatHit(endpoint_id, when, status, duration_ms, ip)]
+        if not accepted:
+            return items
+        if history:
+            items.append(RequestRecordIn(
+                endpoint_id=endpoint_id, request_id=request_id, time=when, method=method,
+                query=query, headers=headers, body=body, ip=ip, user_agent=user_agent,
+                status=status, response_headers=dict(response_headers),
+                response_body=response_body, duration_ms=duration_ms, output=output,
+                error=error, keep=keep,
+            ))
+        if error_kind and error_logs:
+            items.append(ErrorRecordIn(
+                endpoint_id=endpoint_id, request_id=request_id, time=when, kind=error_kind,
+                message=error_message, line=error_line, traceback=traceback,
+            ))
+        return items
