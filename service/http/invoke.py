@@ -43,7 +43,7 @@ from service.http.errors import (
     ServiceError,
     UnauthorizedError,
 )
-from service.http.journal import FIELDS, JournaledRequest, redacted_facts
+from service.http.journal import JournaledRequest, without_secret
 from service.http.event import build_event, client_ip, ip_allowed, parse_query, visible_headers
 
 if TYPE_CHECKING:
@@ -378,39 +378,35 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         return JournaledRequest(self.journal_facts()).records(history)
 
     def journal_facts(self) -> tuple[Any, ...]:
-        """What its records are made of, as plain data with secrets redacted
-        (service.http.journal): journaled as the answer goes out."""
+        """What its records are made of, as plain data in `journal.FIELDS`
+        order, the presented secret redacted: journaled as the answer goes out."""
         target = self.target
         assert target is not None
-        outcome = self.outcome
-        facts: dict[str, Any] = {
-            "endpoint_id": target.endpoint_id, "keep": target.plan.history,
-            "error_logs": target.plan.error_logs, "accepted": self.accepted,
-            "request_id": self.request_id, "started": self.started, "finished": self.finished,
-            "status": self.status, "ip": self.ip or self.peer, "method": self.method or "POST",
-            "query": {}, "headers": {}, "body": b"", "user_agent": "", "response_headers": [],
-            "response_body": b"", "output": "", "error": None, "error_kind": None,
-            "error_message": "", "error_line": None, "traceback": None,
-        }
+        plan = target.plan
+        ip = self.ip or self.peer
         if not self.accepted:
-            return tuple(facts[name] for name in FIELDS)
+            return (target.endpoint_id, plan.history, plan.error_logs, False, self.request_id,
+                    self.started, self.finished, self.status, ip, self.method or "POST", {}, {},
+                    b"", "", [], b"", "", None, None, "", None, None)
         event = self.event
         headers = self.headers
+        outcome = self.outcome
         error = None
         if outcome is not None and outcome.error_kind:
             error = f"{outcome.error_kind}: {outcome.error_message or ''}".strip()
         elif self.error_code:
             error = self.error_code
-        facts.update(
-            query=event["query"] if event else parse_query(self.query),
-            headers=event["headers"] if event else visible_headers(headers),
-            body=self.raw_body, user_agent=headers.get("user-agent", ""),
-            response_headers=[list(pair) for pair in self.response_headers],
-            response_body=self.response_body, error=error)
-        if outcome is not None:
-            facts.update(output=outcome.output, error_kind=outcome.error_kind or None,
-                         error_message=outcome.error_message or "", error_line=outcome.error_line,
-                         traceback=outcome.traceback)
+        facts = (
+            target.endpoint_id, plan.history, plan.error_logs, True, self.request_id,
+            self.started, self.finished, self.status, ip, self.method or "POST",
+            event["query"] if event else parse_query(self.query),
+            event["headers"] if event else visible_headers(headers),
+            self.raw_body, headers.get("user-agent", ""),
+            [list(pair) for pair in self.response_headers], self.response_body,
+            outcome.output if outcome else "", error,
+            (outcome.error_kind or None) if outcome else None,
+            (outcome.error_message or "") if outcome else "",
+            outcome.error_line if outcome else None, outcome.traceback if outcome else None)
         # Only authenticated requests get here: the secret they presented is
         # the endpoint's own, and is never kept (service.http.redaction).
-        return redacted_facts(facts, presented_secret(headers))
+        return without_secret(facts, presented_secret(headers))

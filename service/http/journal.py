@@ -73,6 +73,9 @@ class Journal:
         self._number = max(existing, default=0)
         self._fd = -1
         self._sealed: list[Path] = []
+        self._pending: list[bytes] = []
+        #: Appends of one event-loop turn are written together (RecordWriter).
+        self.buffered = False
         self._open_next()
 
     @property
@@ -90,13 +93,25 @@ class Journal:
         self._fd = os.open(self._current, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def append(self, facts: tuple[Any, ...]) -> None:
-        """Journal one request (call with `lock` held)."""
-        os.write(self._fd, self._packer.pack(facts))
-        if self._fsync:
-            os.fsync(self._fd)
+        """Journal one request (call with `lock` held): into the page cache now,
+        or, when `buffered`, at `flush()` (the end of this event-loop turn)."""
+        if self._fsync or not self.buffered:
+            os.write(self._fd, self._packer.pack(facts))
+            if self._fsync:
+                os.fsync(self._fd)
+            return
+        self._pending.append(self._packer.pack(facts))
+
+    def flush(self) -> None:
+        """Write what `append` buffered (call with `lock` held)."""
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            os.write(self._fd, data)
 
     def seal(self) -> list[Path]:
         """Start a new segment (call with `lock` held); returns the ones sealed so far."""
+        self.flush()
         if os.fstat(self._fd).st_size:
             os.close(self._fd)
             self._sealed.append(self._current)
@@ -112,6 +127,7 @@ class Journal:
     def close(self) -> None:
         with self._lock:
             if self._fd >= 0:
+                self.flush()
                 os.close(self._fd)
                 self._fd = -1
                 if not self._current.stat().st_size:
@@ -137,20 +153,38 @@ def read_segments(paths: list[Path]) -> Iterator[JournaledRequest]:
             log.warning("journal %s ends in a torn entry; skipped", path.name)
 
 
-def redacted_facts(facts: dict[str, Any], secret: str | None) -> tuple[Any, ...]:
-    """`facts` (by field name) as journaled: values with the secret redacted."""
+def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...]:
+    """`facts` with every value that holds `secret` redacted (as history keeps it).
+
+    Cheap when the secret appears nowhere (the usual case): a substring test
+    per value. Credential-named parameters are redacted later, by name, when
+    records are made (`JournaledRequest.records`).
+    """
+    if not secret or not facts[3]:
+        return facts
+    raw = secret.encode("utf-8", "surrogatepass")
+    query, headers, body, response_headers, response_body = (
+        facts[10], facts[11], facts[12], facts[14], facts[15])
+    texts = [facts[13], facts[16], facts[17] or "", facts[19] or "", facts[21] or ""]
+    if not (any(secret in v for v in headers.values())
+            or any(secret in str(v) for v in query.values())
+            or any(secret in v for _, v in response_headers)
+            or any(secret in v for v in texts)
+            or raw in (body if isinstance(body, bytes) else body.encode("utf-8", "replace"))
+            or raw in response_body):
+        return facts
     redact = Redactor(secret)
-    if facts["accepted"]:
-        facts["query"] = redact.mapping(facts["query"])
-        facts["headers"] = redact.mapping(facts["headers"])
-        facts["body"] = redact.data(facts["body"])
-        facts["user_agent"] = redact.text(facts["user_agent"])
-        facts["response_headers"] = [[n, redact.value(n, v)] for n, v in facts["response_headers"]]
-        facts["response_body"] = redact.raw(facts["response_body"])
-        for name in ("output", "error", "error_message", "traceback"):
-            if facts[name]:
-                facts[name] = redact.text(facts[name])
-    return tuple(facts[name] for name in FIELDS)
+    out = list(facts)
+    out[10] = redact.mapping(query)
+    out[11] = redact.mapping(headers)
+    out[12] = redact.data(body)
+    out[13] = redact.text(facts[13])
+    out[14] = [[n, redact.value(n, v)] for n, v in response_headers]
+    out[15] = redact.raw(response_body)
+    for index in (16, 17, 19, 21):
+        if out[index]:
+            out[index] = redact.text(out[index])
+    return tuple(out)
 
 
 class JournaledRequest:
@@ -175,10 +209,12 @@ class JournaledRequest:
         if not accepted:
             return items
         if history:
+            by_name = Redactor(None)  # credential-named values (the secret went at journaling)
             items.append(RequestRecordIn(
                 endpoint_id=endpoint_id, request_id=request_id, time=when, method=method,
-                query=query, headers=headers, body=body, ip=ip, user_agent=user_agent,
-                status=status, response_headers=dict(response_headers),
+                query=by_name.mapping(query), headers=by_name.mapping(headers), body=body,
+                ip=ip, user_agent=user_agent, status=status,
+                response_headers=by_name.mapping(dict(response_headers)),
                 response_body=response_body, duration_ms=duration_ms, output=output,
                 error=error, keep=keep,
             ))

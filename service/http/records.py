@@ -18,6 +18,7 @@ converted (docs/performance.md).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -85,6 +86,9 @@ class RecordWriter:
         journal: Journal | None = None,
     ) -> None:
         self._journal = journal
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._flush_scheduled = False
+        self._journal_errors = 0
         self._write_batch = write_batch
         self._interval = interval
         self._max_batch = max_batch
@@ -120,12 +124,41 @@ class RecordWriter:
             # process loses nothing that was answered.
             entry = JournaledRequest(facts())
             with journal.lock:
-                journal.append(entry.facts)
+                try:
+                    journal.append(entry.facts)
+                except OSError as err:
+                    self._journal_failed(err)
                 queue.append(entry)
+            if journal.buffered and not self._flush_scheduled and self._loop is not None:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush_journal)
         else:
             queue.append(entry)  # deque.append is atomic: no lock needed
         if len(queue) >= self._max_batch:
             self._wake.set()
+
+    def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Requests are put from `loop`: journal them once per turn of it
+        (one write for all the answers of a turn)."""
+        self._loop = loop
+        if self._journal is not None:
+            self._journal.buffered = True
+
+    def _flush_journal(self) -> None:
+        self._flush_scheduled = False
+        journal = self._journal
+        assert journal is not None
+        with journal.lock:
+            try:
+                journal.flush()
+            except OSError as err:
+                self._journal_failed(err)
+
+    def _journal_failed(self, err: OSError) -> None:
+        self._journal_errors += 1
+        if self._journal_errors in (1, 10, 100) or self._journal_errors % 1000 == 0:
+            log.warning("writing the records journal failed (%d times): %s",
+                        self._journal_errors, err.strerror or err)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Write everything queued, then end the thread."""

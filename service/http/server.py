@@ -53,8 +53,10 @@ def serve(settings: Settings, *, drain_seconds: float = 30.0) -> None:
 
     database = connect(settings.database.url)
     Runner(database).check()  # refuses a database that is behind (SchemaBehindError)
-    journal = Journal(journal_path(settings), fsync=settings.records.fsync)
-    replay_journal(journal)  # records a crashed process answered but had not written
+    journal = None
+    if settings.records.journal != "off":
+        journal = Journal(journal_path(settings), fsync=settings.records.fsync)
+        replay_journal(journal)  # records a crashed process answered but had not written
     database.close()  # the loop thread and the writer thread each open their own
 
     # Bind first, so a taken port fails before anything is forked. The fork
@@ -88,6 +90,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         on_thread_stop=db.close,
         journal=journal,
     )
+    records.attach_loop(asyncio.get_running_loop())
     records.start()
 
     def db_ping() -> bool:
@@ -149,12 +152,14 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
 
 
 def journal_path(settings: Settings) -> str:
-    """`records.journal`, or beside a SQLite file, or ./logic-journal."""
+    """`records.journal`, or beside a SQLite file (`FILE.records-journal`), or
+    ./logic-journal (`off`: none)."""
     if settings.records.journal:
         return settings.records.journal
     url = settings.database.url
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        return url[len("sqlite:///"):].split("?", 1)[0] + "-journal"
+        # Not "-journal": that is SQLite's own rollback journal file.
+        return url[len("sqlite:///"):].split("?", 1)[0] + ".records-journal"
     return "logic-journal"
 
 
