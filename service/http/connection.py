@@ -56,8 +56,6 @@ answer; the connection writes its own `Connection` header in every case.
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import struct
 import termios
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -65,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from tornado import httputil
 
+from service.http.deadlines import sweep
 from service.http.exchange import Exchange
 from service.http.wire import CONTINUE, PeerContext, ServerLimits, http_date, log
 
@@ -379,62 +378,6 @@ class Connection(asyncio.Protocol):
         return (self._active is None and self._parsing is None and not self._queue
                 and not self._stash)
 
-    def _unsent(self) -> int:
-        """Bytes of answers not yet read by the client: ours and the kernel's."""
-        transport = self.transport
-        if transport is None or self.closed:
-            return 0
-        pending = transport.get_write_buffer_size()
-        if self._fd >= 0:
-            try:
-                # The kernel's send queue: a slow reader drains it long before
-                # the socket turns writable again and our buffer moves.
-                pending += struct.unpack("i", fcntl.ioctl(self._fd, termios.TIOCOUTQ,
-                                                          b"\0\0\0\0"))[0]
-            except OSError:
-                self._fd = -1
-        return pending
-
     def sweep(self, now: float) -> None:
-        """Called about every second: enforce the connection's deadline."""
-        transport = self.transport
-        pending = self._unsent()
-        if pending:
-            # An answer is still going out. A slow reader is not an idle
-            # client: it has idle_timeout to read on each time it stalls, and
-            # the deadlines below start once everything was handed over. Only
-            # bytes the client took count as progress: a buffer that grows
-            # (more answers written) is not a client that reads.
-            delivered = self._written - pending
-            if delivered > self._last_delivered or not self._last_pending:
-                self._progress = now
-            self._last_delivered = delivered
-            self._last_pending = pending
-            if now - self._progress < self.limits.idle_timeout:
-                return
-            # A send timeout: the client took nothing for idle_timeout, whatever
-            # it still sends and whatever the handler is doing.
-            if not self.lingering:
-                log.debug("closing connection from %s: answers not read", self.context.remote_ip)
-            self.close_now()
-            return
-        elif self._last_pending:
-            self._last_pending = 0
-            wait = self.limits.linger_seconds if self.lingering else self.limits.idle_timeout
-            self.deadline = max(self.deadline, now + wait)
-        if self.deadline and now > self.deadline:
-            ex = self._active
-            if ex is not None and ex.request_done and not self.lingering:
-                return  # the request is being answered; its handler has the clock
-            if not self.lingering:
-                log.debug("closing connection from %s: timed out", self.context.remote_ip)
-                if self._in_head and not self._queue and self._active is None:
-                    self._stop_parsing(408)  # a head that never ended: say so, then close
-                    return
-            if transport is not None and transport.get_write_buffer_size():
-                self.close_now()  # a client that stopped reading: drop what is buffered
-            elif transport is not None and not self.closed:
-                # Gracefully: what the kernel still holds of an answer reaches a
-                # slow reader before the FIN.
-                transport.close()
-
+        """Called about every second: enforce the connection's deadlines."""
+        sweep(self, now)
