@@ -159,3 +159,38 @@ def test_pipelining_200_mib_without_reading_keeps_the_server_small(server: Serve
     thread.join(10)
     assert grown < 32 * 1024 * 1024, (grown, sent[0])
     assert server.request("/healthz", method="GET").status == 200
+
+
+def test_at_the_descriptor_limit_the_pool_still_respawns_workers(make_server,
+                                                                  make_endpoint) -> None:
+    # 700 descriptors: the derived cap leaves 256 + 8 per worker for the pool
+    # and the rest of the process; clients past the cap get 503 and a close.
+    server: Server = make_server(nofile=700, workers=2,
+                                 extra="[server]\nmax_connections_per_ip = 1000000")
+    ep = make_endpoint(source=ECHO)
+    assert "at most 428 connections" in server.log
+    held = []
+    refused = 0
+    try:
+        for n in range(750):  # more than the descriptor limit
+            sock = _connect(server, f"127.3.{n // 250}.{n % 250 + 1}")
+            held.append(sock)
+        time.sleep(1.0)
+        for sock in held[-100:]:
+            if _refused(sock) is not None:
+                refused += 1
+        assert refused == 100
+        # A worker dies while every client slot is taken: it is respawned.
+        assert server.proc is not None
+        workers = psutil.Process(server.proc.pid).children(recursive=True)
+        victim = max(workers, key=lambda p: p.pid)
+        victim.kill()
+        for sock in held[:20]:
+            sock.close()
+        assert wait_until(lambda: server.request("/readyz", method="GET").json.get("workers") == 2,
+                          timeout=20)
+        assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200
+    finally:
+        for sock in held:
+            sock.close()
+    assert "Too many open files" not in server.log and "EMFILE" not in server.log
