@@ -18,7 +18,6 @@ converted (docs/performance.md).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -86,8 +85,6 @@ class RecordWriter:
         journal: Journal | None = None,
     ) -> None:
         self._journal = journal
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._flush_scheduled = False
         self._journal_errors = 0
         self._write_batch = write_batch
         self._interval = interval
@@ -129,30 +126,10 @@ class RecordWriter:
                 except OSError as err:
                     self._journal_failed(err)
                 queue.append(entry)
-            if journal.buffered and not self._flush_scheduled and self._loop is not None:
-                self._flush_scheduled = True
-                self._loop.call_soon(self._flush_journal)
         else:
             queue.append(entry)  # deque.append is atomic: no lock needed
         if len(queue) >= self._max_batch:
             self._wake.set()
-
-    def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Requests are put from `loop`: journal them once per turn of it
-        (one write for all the answers of a turn)."""
-        self._loop = loop
-        if self._journal is not None:
-            self._journal.buffered = True
-
-    def _flush_journal(self) -> None:
-        self._flush_scheduled = False
-        journal = self._journal
-        assert journal is not None
-        with journal.lock:
-            try:
-                journal.flush()
-            except OSError as err:
-                self._journal_failed(err)
 
     def _journal_failed(self, err: OSError) -> None:
         self._journal_errors += 1

@@ -90,7 +90,6 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         on_thread_stop=db.close,
         journal=journal,
     )
-    records.attach_loop(asyncio.get_running_loop())
     records.start()
 
     def db_ping() -> bool:
