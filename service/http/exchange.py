@@ -104,21 +104,26 @@ class Exchange:
 
     # --- the whole answer in one call --------------------------------------
     def respond(self, status: int, headers: Sequence[tuple[str, str]], body: bytes = b"",
-                reason: str | None = None) -> list[tuple[str, str]]:
+                reason: str | None = None,
+                before_send: Callable[[list[tuple[str, str]]], None] | None = None
+                ) -> list[tuple[str, str]]:
         """Write status, headers and body and finish; returns the headers as
-        sent (`Content-Length`, `Connection` and `Date` are the connection's)."""
+        sent (`Content-Length`, `Connection` and `Date` are the connection's).
+        `before_send` gets them just before the first byte is written."""
         if self.answer_started:
             return []
         if status == 205:
             body = b""  # RFC 9110 15.3.6: Reset Content has no content (Content-Length: 0)
-        added = self._start_answer(status, reason, headers, False, False, body, whole=True)
+        added = self._start_answer(status, reason, headers, False, False, body, whole=True,
+                                   before_send=before_send)
         self.answered = True
         self.conn.answered(self)
         return added
 
     # --- internals ---------------------------------------------------------
     def _start_answer(self, status: int, reason: str | None, headers: Sequence[tuple[str, str]],
-                      has_length: bool, has_te: bool, chunk: bytes, whole: bool = False
+                      has_length: bool, has_te: bool, chunk: bytes, whole: bool = False,
+                      before_send: Callable[[list[tuple[str, str]]], None] | None = None
                       ) -> list[tuple[str, str]]:
         if self.answer_started:
             raise RuntimeError("the answer was already started")
@@ -180,9 +185,11 @@ class Exchange:
         data = head.encode("latin1") + b"\r\n\r\n"
         if chunk and not no_body:
             data += self._frame(chunk)
+        sent = [(name, value) for name, _, value in (line.partition(": ") for line in lines[1:])]
+        if before_send is not None:
+            before_send(sent)
         conn.write(data)
-        return [(name, value) for name, _, value in
-                (line.partition(": ") for line in lines[1:])]
+        return sent
 
     def _frame(self, chunk: bytes) -> bytes:
         if self.remaining_out is not None:

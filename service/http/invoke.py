@@ -334,9 +334,18 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         self.response_body = body
         conn, self.conn = self.conn, None  # no cycle with the connection once answered
         if conn is not None:
-            # History keeps what was sent, the connection's own headers included.
-            self.response_headers = conn.respond(status, headers, body)
+            # History keeps what was sent, the connection's own headers
+            # included; the records are queued (and journaled) before the
+            # answer's first byte goes out, so no answered request is lost.
+            conn.respond(status, headers, body, before_send=self._record)
         self._done()
+
+    def _record(self, sent_headers: list[tuple[str, str]]) -> None:
+        self.response_headers = sent_headers
+        self.finished = time.time()
+        if self.target is not None:
+            # Converted to records in the writer's thread (service.http.records).
+            self.context.records.put(self)
 
     def on_connection_close(self) -> None:
         # The client went away before its request was complete: nothing ran.
@@ -350,7 +359,8 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
             self.context.request_ended()
 
     def _done(self) -> None:
-        self.finished = time.time()
+        if not self.finished:  # answered without a connection (it had gone)
+            self._record(self.response_headers)
         self._ended()
         status = self.status
         internal = status >= 500 and self.error_code in (None, "internal_error")
@@ -358,12 +368,9 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         if access_log.isEnabledFor(level):
             access_log.log(level, "%s %s %s %d %.1fms", self.request_id, self.method or "-",
                            self.path, status, 1000.0 * (self.finished - self.started))
-        if self.target is not None:
-            event = self.event
-            if event is not None:  # history needs only these of it: free the body
-                self.event = {"query": event["query"], "headers": event["headers"]}
-            # Converted to records later, in the writer's thread (service.http.records).
-            self.context.records.put(self)
+        event = self.event
+        if event is not None:  # history needs only these of it: free the body
+            self.event = {"query": event["query"], "headers": event["headers"]}
 
     # --- records (called in the record writer's thread, once answered) ----------------
     def history_slot(self) -> tuple[int, int] | None:
