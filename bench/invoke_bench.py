@@ -12,7 +12,10 @@ CPU 0 and the server under test to CPU 1 (workers included), as in
 
 `--no-journal` adds a third server in the same alternating rounds: logic serve
 with `records.journal = "off"`, so the journal's cost is the ratio of the two
-logic-endpoints runs (printed at the end).
+logic-endpoints runs (printed at the end). `--before DIR` does the same with
+the `service` package of another tree (e.g. `git archive main service | tar
+-x -C DIR`), imported first through PYTHONPATH: the cost of a branch's changes
+to the service, measured in one run.
 
 Prints, per connection count: requests/s, p50/p99 latency, the ratio to the bare
 handler, and CPU time per request: all of the server's core (kernel network
@@ -180,6 +183,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-journal", action="store_true",
                         help="also run logic serve without the records journal")
+    parser.add_argument("--before", default=None,
+                        help="also run logic serve with the service package found in DIR")
     args = parser.parse_args()
     conns = [int(c) for c in args.connections.split(",")]
     if not shutil.which("wrk"):
@@ -224,12 +229,14 @@ def main() -> None:
         bare_url = f"http://127.0.0.1:{bare_port}{path}"
         our_url = f"http://127.0.0.1:{port}{path}"
         nojournal = None
-        if args.no_journal:
+        if args.no_journal or args.before:
             plain_port = free_port()
+            other_env = ({**env, "PYTHONPATH": args.before} if args.before
+                         else {**env, "LOGIC_RECORDS_JOURNAL": "off"})
             nojournal = subprocess.Popen(
                 ["taskset", "-c", str(SERVER_CPU), LOGIC, "--database-url", db, "--config",
                  str(cfg), "serve", "--port", str(plain_port)], stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True, env={**env, "LOGIC_RECORDS_JOURNAL": "off"})
+                stderr=subprocess.STDOUT, text=True, env=other_env)
             procs.append(nojournal)
             wait_listening(nojournal)
             plain_url = f"http://127.0.0.1:{plain_port}{path}"
@@ -246,8 +253,9 @@ def main() -> None:
                 runs_ours.append(measure("logic-endpoints", svc.pid, our_url, str(lua), c,
                                          args.duration))
                 if nojournal is not None:
-                    runs_plain.append(measure("no journal", nojournal.pid, plain_url, str(lua),
-                                              c, args.duration))
+                    runs_plain.append(measure("before" if args.before else "no journal",
+                                              nojournal.pid, plain_url, str(lua), c,
+                                              args.duration))
             base[c], ours[c] = median_run(runs_bare), median_run(runs_ours)
             if runs_plain:
                 plain[c] = median_run(runs_plain)
@@ -271,7 +279,7 @@ def main() -> None:
               f"p99 {ours[c]['p99']:.2f} vs {base[c]['p99']:.2f} ms   "
               f"core/req {ours[c]['cpu_us']:.0f} vs {base[c]['cpu_us']:.0f} us")
     if plain:
-        print("\nthe records journal's cost (logic-endpoints / no journal):")
+        print("\nlogic-endpoints / " + ("before" if args.before else "no journal") + ":")
         for c in conns:
             print(f"  c={c:<3} throughput {ours[c]['rps'] / plain[c]['rps']:6.1%}   "
                   f"core/req {ours[c]['cpu_us']:.0f} vs {plain[c]['cpu_us']:.0f} us")

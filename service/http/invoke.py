@@ -409,7 +409,7 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
             event["query"] if event else parse_query(self.query),
             event["headers"] if event else visible_headers(headers),
             self.raw_body, headers.get("user-agent", ""),
-            [list(pair) for pair in self.response_headers], self.response_body,
+            self.response_headers, self.response_body,
             outcome.output if outcome else "", error,
             (outcome.error_kind or None) if outcome else None,
             (outcome.error_message or "") if outcome else "",

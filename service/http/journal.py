@@ -185,16 +185,9 @@ def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...
     """
     if not secret or not facts[3]:
         return facts
-    raw = secret.encode("utf-8", "surrogatepass")
     query, headers, body, response_headers, response_body = (
         facts[10], facts[11], facts[12], facts[14], facts[15])
-    texts = [facts[13], facts[16], facts[17] or "", facts[19] or "", facts[21] or ""]
-    if not (any(secret in v for v in headers.values())
-            or any(secret in str(v) for v in query.values())
-            or any(secret in v for _, v in response_headers)
-            or any(secret in v for v in texts)
-            or raw in (body if isinstance(body, bytes) else body.encode("utf-8", "replace"))
-            or raw in response_body):
+    if not _holds(secret, facts, query, headers, body, response_headers, response_body):
         return facts
     redact = Redactor(secret)
     out = list(facts)
@@ -208,6 +201,27 @@ def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...
         if out[index]:
             out[index] = redact.text(out[index])
     return tuple(out)
+
+
+def _holds(secret: str, facts: tuple[Any, ...], query: dict[str, Any], headers: dict[str, str],
+           body: bytes | str, response_headers: list[Any], response_body: bytes) -> bool:
+    """Whether `secret` appears anywhere in what is journaled (plain loops: hot path)."""
+    for value in headers.values():
+        if secret in value:
+            return True
+    for value in query.values():
+        if secret in str(value):
+            return True
+    for pair in response_headers:
+        if secret in pair[1]:
+            return True
+    for index in (13, 16, 17, 19, 21):
+        text = facts[index]
+        if text and secret in text:
+            return True
+    raw = secret.encode("utf-8", "surrogatepass")
+    return raw in (body if isinstance(body, bytes) else body.encode("utf-8", "replace")) \
+        or raw in response_body
 
 
 class JournaledRequest:
