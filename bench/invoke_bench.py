@@ -8,6 +8,14 @@ CPU 0 and the server under test to CPU 1 (workers included), as in
 ../shared/PERFORMANCE.md.
 
     python bench/invoke_bench.py [--duration 5] [--rounds 3] [--connections 4,16,64]
+                                 [--no-journal]
+
+`--no-journal` adds a third server in the same alternating rounds: logic serve
+with `records.journal = "off"`, so the journal's cost is the ratio of the two
+logic-endpoints runs (printed at the end). `--before DIR` does the same with
+the `service` package of another tree (e.g. `git archive main service | tar
+-x -C DIR`), imported first through PYTHONPATH: the cost of a branch's changes
+to the service, measured in one run.
 
 Prints, per connection count: requests/s, p50/p99 latency, the ratio to the bare
 handler, and CPU time per request: all of the server's core (kernel network
@@ -88,10 +96,12 @@ def logic(db: str, cfg: str, *args: str) -> dict[str, object]:
 
 def wait_listening(proc: subprocess.Popen[str]) -> None:
     assert proc.stdout is not None
+    seen = []
     for line in proc.stdout:
         if "listening on" in line:
             return
-    raise RuntimeError("server did not start")
+        seen.append(line)
+    raise RuntimeError("server did not start:\n" + "".join(seen[-5:]))
 
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
@@ -171,6 +181,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating runs per server")
     parser.add_argument("--connections", default="4,16,64")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--no-journal", action="store_true",
+                        help="also run logic serve without the records journal")
+    parser.add_argument("--before", default=None,
+                        help="also run logic serve with the service package found in DIR")
     args = parser.parse_args()
     conns = [int(c) for c in args.connections.split(",")]
     if not shutil.which("wrk"):
@@ -194,6 +208,7 @@ def main() -> None:
     procs: list[subprocess.Popen[str]] = []
     base: dict[int, dict[str, float]] = {}
     ours: dict[int, dict[str, float]] = {}
+    plain: dict[int, dict[str, float]] = {}
     try:
         # Both servers run side by side on the same core, only one of them
         # loaded at a time: the runs alternate, so a shared machine that
@@ -214,20 +229,42 @@ def main() -> None:
         wait_listening(svc)
         bare_url = f"http://127.0.0.1:{bare_port}{path}"
         our_url = f"http://127.0.0.1:{port}{path}"
+        nojournal = None
+        if args.no_journal or args.before:
+            plain_port = free_port()
+            other_env = ({**env, "PYTHONPATH": args.before} if args.before
+                         else {**env, "LOGIC_RECORDS_JOURNAL": "off"})
+            nojournal = subprocess.Popen(
+                ["taskset", "-c", str(SERVER_CPU), LOGIC, "--database-url", db, "--config",
+                 str(cfg), "serve", "--port", str(plain_port)], stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, env=other_env)
+            procs.append(nojournal)
+            wait_listening(nojournal)
+            plain_url = f"http://127.0.0.1:{plain_port}{path}"
+            run_wrk(plain_url, str(lua), 4, 2)
         run_wrk(bare_url, str(lua), 4, 2)  # warm up: caches, compiled script in every worker
         run_wrk(our_url, str(lua), 4, 2)
         print(f"bare: a Tornado handler doing the work in-process; logic-endpoints: logic serve, "
               f"{args.workers} workers, secret, rate limit, sandbox, history, statistics. "
               f"{args.rounds} alternating rounds of {args.duration}s", flush=True)
         for c in conns:
-            runs_bare, runs_ours = [], []
+            runs_bare, runs_ours, runs_plain = [], [], []
             for _ in range(args.rounds):
                 runs_bare.append(measure("bare", bare.pid, bare_url, str(lua), c, args.duration))
                 runs_ours.append(measure("logic-endpoints", svc.pid, our_url, str(lua), c,
                                          args.duration))
+                if nojournal is not None:
+                    runs_plain.append(measure("before" if args.before else "no journal",
+                                              nojournal.pid, plain_url, str(lua), c,
+                                              args.duration))
             base[c], ours[c] = median_run(runs_bare), median_run(runs_ours)
+            if runs_plain:
+                plain[c] = median_run(runs_plain)
         svc.send_signal(signal.SIGTERM)
         svc.wait(60)
+        if nojournal is not None:
+            nojournal.send_signal(signal.SIGTERM)
+            nojournal.wait(60)
         bare.send_signal(signal.SIGTERM)
         bare.wait(10)
     finally:
@@ -242,6 +279,11 @@ def main() -> None:
               f"p50 {ours[c]['p50']:.2f} vs {base[c]['p50']:.2f} ms   "
               f"p99 {ours[c]['p99']:.2f} vs {base[c]['p99']:.2f} ms   "
               f"core/req {ours[c]['cpu_us']:.0f} vs {base[c]['cpu_us']:.0f} us")
+    if plain:
+        print("\nlogic-endpoints / " + ("before" if args.before else "no journal") + ":")
+        for c in conns:
+            print(f"  c={c:<3} throughput {ours[c]['rps'] / plain[c]['rps']:6.1%}   "
+                  f"core/req {ours[c]['cpu_us']:.0f} vs {plain[c]['cpu_us']:.0f} us")
 
 
 if __name__ == "__main__":

@@ -31,8 +31,14 @@ FORBIDDEN_HEADERS = frozenset({
     "te", "trailer", "host",
     "x-request-id", "ratelimit-limit", "ratelimit-remaining", "ratelimit-reset",
     "set-cookie", "set-cookie2", "strict-transport-security", "alt-svc",
-    "clear-site-data",
+    "clear-site-data", "nel", "report-to", "reporting-endpoints", "accept-ch",
+    "critical-ch", "set-login", "origin-agent-cluster", "expect-ct", "public-key-pins",
+    "public-key-pins-report-only", "service-worker-allowed", "x-sendfile",
 })
+# Proxy-control headers: a reverse proxy in front (nginx's X-Accel-*, Apache's
+# and lighttpd's X-Sendfile*, LiteSpeed's X-LiteSpeed-*) obeys them, so a
+# script could make it serve another location or change its buffering.
+FORBIDDEN_PREFIXES = ("proxy-", "x-accel-", "x-sendfile", "x-litespeed-", "x-lighttpd-")
 _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789"
                          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -256,7 +262,7 @@ def header_problem(name: Any, value: Any) -> str | None:
     if not name or len(name) > MAX_HEADER_NAME or not _TOKEN_CHARS.issuperset(name):
         return f"invalid header name {name[:MAX_HEADER_NAME]!r}"
     lowered = name.lower()
-    if lowered in FORBIDDEN_HEADERS or lowered.startswith("proxy-"):
+    if lowered in FORBIDDEN_HEADERS or lowered.startswith(FORBIDDEN_PREFIXES):
         return f"header {name!r} is set by the server and cannot be set by a script"
     if len(value) > MAX_HEADER_VALUE:
         return f"header {name!r} value is longer than {MAX_HEADER_VALUE} characters"

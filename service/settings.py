@@ -32,6 +32,10 @@ class ServerSettings:
     port: int = 8080
     base_url: str = "http://127.0.0.1:8080"
     trusted_proxies: tuple[IPNetwork, ...] = ()
+    max_connections: int = 0            # 0: derived from the descriptor limit
+    max_connections_per_ip: int = 256
+    max_pipelined: int = 64
+    write_buffer_bytes: int = 262144
     #: Signs dashboard session cookies; `logic serve` refuses to start without it.
     cookie_secret: str = field(default="", repr=False)
 
@@ -64,6 +68,15 @@ class SandboxSettings:
 @dataclass(frozen=True)
 class RatelimitSettings:
     storage: str = "memory://"
+    ipv6_prefix: int = 64
+    auth_queue: int = 64
+    auth_queue_per_endpoint: int = 8
+
+
+@dataclass(frozen=True)
+class RecordsSettings:
+    journal: str = ""                   # "": beside a SQLite file, else ./logic-journal
+    fsync: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,7 @@ class Settings:
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
     ratelimit: RatelimitSettings = field(default_factory=RatelimitSettings)
     chat: ChatSettings = field(default_factory=ChatSettings)
+    records: RecordsSettings = field(default_factory=RecordsSettings)
     plans: Mapping[str, Plan] = field(default_factory=lambda: DEFAULT_PLANS)
     dashboard: DashboardSettings = field(default_factory=DashboardSettings)
 
@@ -130,6 +144,13 @@ def _share(value: Any) -> float:
     if not 0.0 < share <= 1.0:
         raise ValueError("expected a fraction above 0 and at most 1")
     return share
+
+
+def _env_bool(value: Any) -> bool:
+    # A setting that also comes from the environment or a flag: "true"/"false" too.
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    return _bool(value)
 
 
 def _workers(value: Any) -> int | None:
@@ -203,12 +224,17 @@ def _chat_path(value: Any) -> str:
 
 _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "server": {"host": _str, "port": _int(0, 65535), "base_url": _http_url,
-               "trusted_proxies": _networks, "cookie_secret": _cookie_secret},
+               "trusted_proxies": _networks, "cookie_secret": _cookie_secret,
+               "max_connections": _int(0, 10_000_000),
+               "max_connections_per_ip": _int(1, 10_000_000), "max_pipelined": _int(1, 100_000),
+               "write_buffer_bytes": _int(4096, 1 << 30)},
     "database": {"url": _db_url},
     "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000),
                 "max_workers": _int(0, 4096), "guild_share": _share,
                 "guild_budget_s": _int(0, 3600)},
-    "ratelimit": {"storage": _storage},
+    "ratelimit": {"storage": _storage, "ipv6_prefix": _int(8, 128),
+                  "auth_queue": _int(1, 1_000_000), "auth_queue_per_endpoint": _int(1, 1_000_000)},
+    "records": {"journal": _str, "fsync": _env_bool},
     "chat": {"public_key": _public_key, "path": _chat_path, "api_url": _http_url,
              "answer_within_ms": _int(0, 2500)},
     "dashboard": {"session_idle_minutes": _int(1, 7 * 24 * 60),
@@ -219,6 +245,7 @@ _SECTION_TYPES: dict[str, type] = {
     "sandbox": SandboxSettings, "ratelimit": RatelimitSettings,
     "chat": ChatSettings,
     "dashboard": DashboardSettings,
+    "records": RecordsSettings,
 }
 _PLAN_PARSERS: dict[str, Callable[[Any], Any]] = {
     "endpoints": _int(0, 10_000), "memory_kb": _int(0, 16 * 1024 * 1024),

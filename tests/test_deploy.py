@@ -18,7 +18,7 @@ def test_example_config_loads_and_states_the_defaults() -> None:
 def test_example_config_names_every_key() -> None:
     text = (DEPLOY / "logic.toml.example").read_text()
     defaults = load_settings(None, env={})
-    for section in ("server", "database", "sandbox", "ratelimit", "dashboard"):
+    for section in ("server", "database", "sandbox", "ratelimit", "records", "dashboard"):
         assert f"[{section}]" in text
         for key in vars(getattr(defaults, section)):
             assert f"{key} =" in text, f"{section}.{key} is missing from the example"

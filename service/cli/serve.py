@@ -12,10 +12,13 @@ from service.cli.base import EXIT_ERROR, EXIT_USAGE, CommandError, State, cli, p
 
 
 def _configure_logging() -> None:
+    from service.http.redaction import RedactingFormatter
+
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     for handler in root.handlers:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        # Never a secret-shaped word in the log, tracebacks included (service.http.redaction).
+        handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     # Per-request lines go to "logic.access" at DEBUG (see service.http.app.log_request):
     # not shown at INFO, so a flood of bad requests cannot fill the disk.
 

@@ -11,9 +11,10 @@ digest of the presented secret is kept, and it is compared in constant time.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 
@@ -41,15 +42,40 @@ def _digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
 
 
-class SecretVerifier:
-    """Checks presented secrets against stored argon2id hashes, with a positive cache."""
+class VerifierBusy(Exception):
+    """The verification queue (or the endpoint's share of it) is full: nothing was hashed."""
 
-    def __init__(self, verify: Callable[[str, str], bool], executor: Executor) -> None:
+
+class SecretVerifier:
+    """Checks presented secrets against stored argon2id hashes, with a positive cache.
+
+    Verifications wait in one queue per endpoint and are started in turn
+    across endpoints (round robin), at most `workers` at a time: a flood of
+    secrets for one endpoint delays another endpoint's first valid secret by
+    at most one verification per worker. At most `max_pending` wait in all and
+    `per_endpoint` per endpoint; past that `check()` raises `VerifierBusy`
+    before any hashing.
+    """
+
+    def __init__(self, verify: Callable[[str, str], bool], executor: Executor, *,
+                 workers: int = 2, max_pending: int = 64, per_endpoint: int = 8) -> None:
         self._verify = verify
         self._executor = executor
+        self._workers = max(1, workers)
+        self._max_pending = max_pending
+        self._per_endpoint = per_endpoint
         # endpoint id -> (stored hash, digest of the secret that verified against it)
         self._cache: OrderedDict[int, tuple[str, bytes]] = OrderedDict()
         self._inflight: dict[tuple[int, str, bytes], asyncio.Future[bool]] = {}
+        #: endpoint id -> verifications waiting, in the order endpoints take turns
+        self._queues: OrderedDict[int, deque[_Job]] = OrderedDict()
+        self._pending = 0  # waiting, not yet started
+        self._running = 0
+
+    @property
+    def pending(self) -> int:
+        """Verifications waiting for a worker."""
+        return self._pending
 
     def cached(self, endpoint_id: int, stored_hash: str | None, secret: str | None) -> bool:
         """True when this secret already verified against this very hash (no hashing)."""
@@ -60,7 +86,7 @@ class SecretVerifier:
                 and hmac.compare_digest(hit[1], _digest(secret)))
 
     async def check(self, endpoint_id: int, stored_hash: str | None, secret: str | None) -> bool:
-        """True when `secret` matches the endpoint's stored hash."""
+        """True when `secret` matches the endpoint's stored hash; `VerifierBusy` when full."""
         if not stored_hash or not secret:
             return False
         if self.cached(endpoint_id, stored_hash, secret):
@@ -70,21 +96,62 @@ class SecretVerifier:
         pending = self._inflight.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
+        queue = self._queues.get(endpoint_id)
+        if self._pending >= self._max_pending or (
+                queue is not None and len(queue) >= self._per_endpoint):
+            raise VerifierBusy()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
         self._inflight[key] = future
+        if queue is None:
+            queue = self._queues[endpoint_id] = deque()
+        queue.append(_Job(key, stored_hash, secret, future))
+        self._pending += 1
+        self._dispatch(loop)
         try:
-            ok = await loop.run_in_executor(self._executor, self._verify, stored_hash, secret)
-        except Exception as exc:  # pragma: no cover - verify() returns False on mismatch
-            future.set_exception(exc)
-            future.exception()  # mark retrieved
-            raise
+            ok = await asyncio.shield(future)
         finally:
             self._inflight.pop(key, None)
-        future.set_result(ok)
         if ok:
             self._cache[endpoint_id] = (stored_hash, digest)
             self._cache.move_to_end(endpoint_id)
             if len(self._cache) > _CACHE_SIZE:
                 self._cache.popitem(last=False)
         return ok
+
+    def _dispatch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start waiting verifications, one endpoint's turn after another."""
+        while self._running < self._workers and self._queues:
+            endpoint_id, queue = next(iter(self._queues.items()))
+            job = queue.popleft()
+            if queue:
+                self._queues.move_to_end(endpoint_id)  # the next endpoint's turn
+            else:
+                del self._queues[endpoint_id]
+            self._pending -= 1
+            self._running += 1
+            done = loop.run_in_executor(self._executor, self._verify, job.stored_hash, job.secret)
+            done.add_done_callback(functools.partial(self._finished, loop, job))
+
+    def _finished(self, loop: asyncio.AbstractEventLoop, job: _Job,
+                  done: asyncio.Future[bool]) -> None:
+        self._running -= 1
+        if not job.future.done():
+            if done.cancelled():
+                job.future.cancel()
+            elif done.exception() is not None:
+                job.future.set_exception(done.exception())  # type: ignore[arg-type]
+            else:
+                job.future.set_result(done.result())
+        self._dispatch(loop)
+
+
+class _Job:
+    __slots__ = ("key", "stored_hash", "secret", "future")
+
+    def __init__(self, key: tuple[int, str, bytes], stored_hash: str, secret: str,
+                 future: asyncio.Future[bool]) -> None:
+        self.key = key
+        self.stored_hash = stored_hash
+        self.secret = secret
+        self.future = future

@@ -50,7 +50,7 @@ def error_body(code: str, message: str, request_id: str) -> bytes:
 
 def status_message(status: int) -> str:
     """The client message for an error status that has no error class of its own."""
-    if status >= 500:
+    if status >= 500 and status not in (501, 505):
         return "Internal server error."
     try:
         return HTTPStatus(status).phrase + "."

@@ -160,6 +160,8 @@ STATUS_CODES: dict[int, str] = {
     431: "headers_too_large",
     429: "rate_limited",
     500: "internal_error",
+    408: "request_timeout",
+    501: "not_implemented",
     503: "busy",
     505: "http_version_not_supported",
 }

@@ -110,9 +110,14 @@ def parse_body(content_type: str, raw: bytes) -> tuple[Any, str | bytes]:
         or mtype == "application/x-www-form-urlencoded"
     if not textual:
         return (raw if raw else None), raw
+    codec = CHARSETS.get(charset or "utf-8")
+    if codec is None:
+        # Refused before any codec lookup: every name looked up would stay
+        # in the codec registry's cache for the life of the process.
+        raise InvalidBodyError("The request body's charset is not supported (use utf-8).")
     try:
-        text = raw.decode(charset or "utf-8")
-    except (LookupError, UnicodeDecodeError) as exc:
+        text = raw.decode(codec)
+    except UnicodeError as exc:
         raise InvalidBodyError("The request body is not valid text in its declared charset.") from exc
     if not raw:
         return None, text
@@ -121,9 +126,19 @@ def parse_body(content_type: str, raw: bytes) -> tuple[Any, str | bytes]:
     if mtype.startswith("text/"):
         return text, text
     try:
-        return _JSON.decode(text), text
+        body = _JSON.decode(text)
+    except _NumberOutOfRange as exc:
+        raise InvalidBodyError(str(exc)) from None
     except (ValueError, RecursionError) as exc:
         raise InvalidBodyError("The request body is not valid JSON.") from exc
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        # "\ud800" alone is valid JSON but no text: a script gets Unicode strings.
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidBodyError("The request body has a lone surrogate (\\ud800-\\udfff) "
+                                   "in a string.") from None
+    return body, text
 
 
 HINT_HEADER = "X-Logic-Hint"
@@ -157,8 +172,43 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+class _NumberOutOfRange(ValueError):
+    pass
+
+
+#: Integers a script can be handed (the sandbox frame carries 64 bits).
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+
+
+def _bounded_int(text: str) -> int:
+    value = int(text)
+    if not _INT_MIN <= value <= _INT_MAX:
+        raise _NumberOutOfRange("The request body has an integer outside -2^63 .. 2^64-1; "
+                                "send it as a string.")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (_INF, -_INF):
+        raise _NumberOutOfRange("The request body has a number too large for a float.")
+    return value
+
+
+_INF = float("inf")
 #: One decoder for every body (json.loads with an argument builds one per call).
-_JSON = json.JSONDecoder(parse_constant=_reject_constant)
+_JSON = json.JSONDecoder(parse_constant=_reject_constant, parse_int=_bounded_int,
+                         parse_float=_finite_float)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+#: Charsets a textual body may declare (lower case) -> the codec used. Any
+#: other name is refused before a codec is looked up.
+CHARSETS = {
+    "utf-8": "utf-8", "utf8": "utf-8", "us-ascii": "ascii", "ascii": "ascii",
+    "iso-8859-1": "latin-1", "latin1": "latin-1", "latin-1": "latin-1",
+    "iso-8859-15": "iso8859-15", "windows-1252": "cp1252", "cp1252": "cp1252",
+    "utf-16": "utf-16", "utf-16le": "utf-16-le", "utf-16be": "utf-16-be",
+}
 _stamp_second: dict[int, str] = {}
 
 

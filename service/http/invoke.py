@@ -21,17 +21,14 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypeVar, cast
-from urllib.parse import unquote
 
 from tornado import httputil
 
 from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, ScriptRef
-from service.http.auth import presented_secret
+from service.http.auth import VerifierBusy, presented_secret
 from service.http.base import error_body, new_request_id
-from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
 from service.http.errors import (
     OUTCOME_ERRORS,
     AuthThrottledError,
@@ -48,6 +45,7 @@ from service.http.errors import (
 )
 from service.http.event import (HINT_HEADER, body_hint, build_event, client_ip, ip_allowed,
                                 parse_query, visible_headers)
+from service.http.journal import JournaledRequest, without_secret
 
 if TYPE_CHECKING:
     import asyncio
@@ -55,7 +53,7 @@ if TYPE_CHECKING:
     from sandbox.pool import Outcome
     from service.http.context import AppContext
     from service.core.invoke_target import InvokeTarget
-    from service.http.connection import Exchange
+    from service.http.exchange import Exchange
 
 _T = TypeVar("_T")
 
@@ -63,7 +61,9 @@ log = logging.getLogger("logic.http")
 access_log = logging.getLogger("logic.access")
 
 PREFIX = "/endpoints/"
-_ROUTE = re.compile(r"/endpoints/([^/]+)/([^/]+)/?")
+#: The one form of an endpoint's path: no trailing slash, no percent-encoding
+#: (anything else is 404, so history, statistics and limits see one form).
+_ROUTE = re.compile(r"/endpoints/([^/]+)/([^/]+)")
 _GUILD_ID = re.compile(r"\d{1,25}")
 _SCRIPT_ID = re.compile(r"logic_[A-Za-z0-9_-]{22}")
 _ALLOW = "POST, OPTIONS"
@@ -170,8 +170,6 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
 
         # 2. guild, script and endpoint exist
         guild_id, script_id = route.groups()
-        if "%" in path:
-            guild_id, script_id = unquote(guild_id), unquote(script_id)
         if not _GUILD_ID.fullmatch(guild_id) or not _SCRIPT_ID.fullmatch(script_id):
             raise EndpointNotFoundError()
         self.ip = client_ip(self.peer, headers.get("x-forwarded-for"),
@@ -194,13 +192,15 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         if not ip_allowed(self.ip, target.whitelist):
             raise IpNotAllowedError()
 
-        # 5. secret (throttled per IP before any hash is computed)
-        if wait:
-            raise AuthThrottledError(headers={"Retry-After": str(wait)})
+        # 5. secret (throttled per IP before any hash is computed; a secret
+        # already verified costs no hash, so it is answered even then: a
+        # client sharing an address with an attacker is not locked out)
         secret = presented_secret(headers)
         if ctx.verifier.cached(target.endpoint_id, target.secret_hash, secret):
             self._authenticated()
             return None
+        if wait:
+            raise AuthThrottledError(headers={"Retry-After": str(wait)})
         return self._verify(secret)  # argon2 off the loop; reading waits for it
 
     async def _verify(self, secret: str | None) -> None:
@@ -208,7 +208,12 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         assert target is not None
         ctx = self.context
         try:
-            if not await ctx.verifier.check(target.endpoint_id, target.secret_hash, secret):
+            try:
+                ok = await ctx.verifier.check(target.endpoint_id, target.secret_hash, secret)
+            except VerifierBusy:
+                raise BusyError("Too many secrets are being checked; retry shortly.",
+                                headers={"Retry-After": "1"}) from None
+            if not ok:
                 if secret is not None:
                     ctx.limits.auth_failed(self.ip)
                 raise UnauthorizedError(headers={"WWW-Authenticate": "Bearer"})
@@ -329,10 +334,10 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         # (sandbox.event.FORBIDDEN_HEADERS, checked again on arrival).
         headers = [pair for pair in outcome.headers if pair[0].lower() not in _SERVICE_SET]
         headers += [("X-Request-Id", self.request_id), *self.rate_headers, *_REPLY_HEADERS]
-        hint = body_hint(self.headers.get("content-type", ""), self.raw_body)   # issue 17
+        hint = body_hint(self.headers.get("content-type", ""), self.raw_body)
         if hint is not None:
             headers.append((HINT_HEADER, hint))
-        if status in (204, 304):
+        if status in (204, 205, 304):
             # HTTP forbids a body (and its type) on these: the reply is dropped.
             self._answer(status, headers, b"")
             return
@@ -365,9 +370,18 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         self.response_body = body
         conn, self.conn = self.conn, None  # no cycle with the connection once answered
         if conn is not None:
-            # History keeps what was sent, the connection's own headers included.
-            self.response_headers = conn.respond(status, headers, body)
+            # History keeps what was sent, the connection's own headers
+            # included; the records are queued (and journaled) before the
+            # answer's first byte goes out, so no answered request is lost.
+            conn.respond(status, headers, body, before_send=self._record)
         self._done()
+
+    def _record(self, sent_headers: list[tuple[str, str]]) -> None:
+        self.response_headers = sent_headers
+        self.finished = time.time()
+        if self.target is not None:
+            # Converted to records in the writer's thread (service.http.records).
+            self.context.records.put(self)
 
     def on_connection_close(self) -> None:
         # The client went away before its request was complete: nothing ran.
@@ -381,7 +395,8 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
             self.context.request_ended()
 
     def _done(self) -> None:
-        self.finished = time.time()
+        if not self.finished:  # answered without a connection (it had gone)
+            self._record(self.response_headers)
         self._ended()
         status = self.status
         internal = status >= 500 and self.error_code in (None, "internal_error")
@@ -389,12 +404,9 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         if access_log.isEnabledFor(level):
             access_log.log(level, "%s %s %s %d %.1fms", self.request_id, self.method or "-",
                            self.path, status, 1000.0 * (self.finished - self.started))
-        if self.target is not None:
-            event = self.event
-            if event is not None:  # history needs only these of it: free the body
-                self.event = {"query": event["query"], "headers": event["headers"]}
-            # Converted to records later, in the writer's thread (service.http.records).
-            self.context.records.put(self)
+        event = self.event
+        if event is not None:  # history needs only these of it: free the body
+            self.event = {"query": event["query"], "headers": event["headers"]}
 
     # --- records (called in the record writer's thread, once answered) ----------------
     def history_slot(self) -> tuple[int, int] | None:
@@ -406,46 +418,44 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
 
     def records(self, history: bool) -> list[Any]:
         """Statistics hit, history record (if `history`) and error record of this request."""
+        return JournaledRequest(self.journal_facts()).records(history)
+
+    def journal_facts(self) -> tuple[Any, ...]:
+        """What its records are made of, as plain data in `journal.FIELDS`
+        order, the presented secret redacted: journaled as the answer goes out."""
         target = self.target
         assert target is not None
-        when = datetime.fromtimestamp(self.started, tz=timezone.utc)
-        duration_ms = (self.finished - self.started) * 1000.0
-        status = self.status
+        plan = target.plan
         ip = self.ip or self.peer
         outcome = self.outcome
-        if outcome is not None:
-            hit = StatHit(target.endpoint_id, when, status, duration_ms, ip, queued=outcome.waited,
-                          deprioritised=outcome.deprioritised)
-        else:
-            hit = StatHit(target.endpoint_id, when, status, duration_ms, ip, queued=self.waited)
-        items: list[Any] = [hit]
+        # Sandbox scheduling, for the statistics: waited for a worker (a 503
+        # after waiting has no outcome), and while the guild was deprioritised.
+        queued = outcome.waited if outcome is not None else self.waited
+        deprioritised = outcome.deprioritised if outcome is not None else False
         if not self.accepted:
-            return items
-        outcome = self.outcome
-        if history:
-            error = None
-            if outcome is not None and outcome.error_kind:
-                error = f"{outcome.error_kind}: {outcome.error_message or ''}".strip()
-            elif self.error_code:
-                error = self.error_code
-            event = self.event
-            headers = self.headers
-            items.append(RequestRecordIn(
-                endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
-                method=self.method or "POST",
-                query=event["query"] if event else parse_query(self.query),
-                headers=event["headers"] if event else visible_headers(headers),
-                body=self.raw_body, ip=ip, user_agent=headers.get("user-agent", ""),
-                status=status, response_headers=dict(self.response_headers),
-                response_body=self.response_body, duration_ms=duration_ms,
-                output=outcome.output if outcome else "", error=error, keep=target.plan.history,
-                script_version=target.script_version,
-            ))
-        if outcome is not None and outcome.error_kind and target.plan.error_logs:
-            items.append(ErrorRecordIn(
-                endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
-                kind=outcome.error_kind, message=outcome.error_message or "",
-                line=outcome.error_line, traceback=outcome.traceback,
-                script_version=target.script_version,
-            ))
-        return items
+            return (target.endpoint_id, plan.history, plan.error_logs, False, self.request_id,
+                    self.started, self.finished, self.status, ip, self.method or "POST", {}, {},
+                    b"", "", [], b"", "", None, None, "", None, None, queued, deprioritised,
+                    target.script_version)
+        event = self.event
+        headers = self.headers
+        error = None
+        if outcome is not None and outcome.error_kind:
+            error = f"{outcome.error_kind}: {outcome.error_message or ''}".strip()
+        elif self.error_code:
+            error = self.error_code
+        facts = (
+            target.endpoint_id, plan.history, plan.error_logs, True, self.request_id,
+            self.started, self.finished, self.status, ip, self.method or "POST",
+            event["query"] if event else parse_query(self.query),
+            event["headers"] if event else visible_headers(headers),
+            self.raw_body, headers.get("user-agent", ""),
+            self.response_headers, self.response_body,
+            outcome.output if outcome else "", error,
+            (outcome.error_kind or None) if outcome else None,
+            (outcome.error_message or "") if outcome else "",
+            outcome.error_line if outcome else None, outcome.traceback if outcome else None,
+            queued, deprioritised, target.script_version)
+        # Only authenticated requests get here: the secret they presented is
+        # the endpoint's own, and is never kept (service.http.redaction).
+        return without_secret(facts, presented_secret(headers))

@@ -17,6 +17,7 @@ entries), for what a deque does in a few lines.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
 from collections import deque
@@ -135,8 +136,9 @@ class RateLimits:
     """Per-endpoint request quotas and per-IP failed-secret throttling."""
 
     def __init__(self, storage_uri: str = "memory://",
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, ipv6_prefix: int = 64) -> None:
         self._clock = clock
+        self._ipv6_prefix = ipv6_prefix
         self._windows: _Windows | _LibraryWindows = (
             _Windows(clock) if storage_uri.startswith("memory://") else _LibraryWindows(storage_uri))
 
@@ -170,14 +172,27 @@ class RateLimits:
         if not allowed:
             reset = max(1, reset)
         return Decision(allowed, per_minute, max(0, per_minute - count), reset)
+    def auth_key(self, ip: str) -> str:
+        """Whose failures `ip`'s count with: an IPv4 address itself, an IPv6
+        address its network of `ipv6_prefix` bits (one subscriber's /64 holds
+        more addresses than anyone could rotate through)."""
+        if ":" not in ip:
+            return ip
+        try:
+            address = ipaddress.IPv6Address(ip)
+        except ValueError:
+            return ip
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, self._ipv6_prefix), strict=False))
 
     def auth_throttled(self, ip: str) -> int:
         """Seconds the IP must wait before its secrets are checked again; 0 if not throttled."""
-        count, oldest = self._windows.peek(f"auth:{ip}", AUTH_FAILURES_PER_MINUTE)
+        count, oldest = self._windows.peek(f"auth:{self.auth_key(ip)}", AUTH_FAILURES_PER_MINUTE)
         if count < AUTH_FAILURES_PER_MINUTE:
             return 0
         return max(1, self._reset(count, oldest))
 
     def auth_failed(self, ip: str) -> None:
         """Record one wrong secret presented from `ip`."""
-        self._windows.hit(f"auth:{ip}", AUTH_FAILURES_PER_MINUTE)
+        self._windows.hit(f"auth:{self.auth_key(ip)}", AUTH_FAILURES_PER_MINUTE)

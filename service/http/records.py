@@ -5,7 +5,8 @@ a deque: no database work, no lock and no thread wake-up on the event loop.
 One background thread wakes every `interval` seconds (sooner when `max_batch`
 entries are waiting), takes everything queued and writes it in one transaction
 through the service layer. `stop()` writes everything still queued, so a
-SIGTERM loses no record; a crash loses at most the last `interval`.
+SIGTERM loses no record; with a `Journal` (as `logic serve` runs it) a crash
+of the process loses none either (service.http.journal).
 
 Entries are converted to records in the writer thread, and only as far as
 they can be kept: a plan keeps the newest N requests of an endpoint, so of a
@@ -22,7 +23,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
+
+from service.http.journal import Journal, JournaledRequest
 
 log = logging.getLogger("logic.records")
 
@@ -78,7 +82,10 @@ class RecordWriter:
         max_queued: int = 200_000,
         on_thread_start: Callable[[], object] | None = None,
         on_thread_stop: Callable[[], object] | None = None,
+        journal: Journal | None = None,
     ) -> None:
+        self._journal = journal
+        self._journal_errors = 0
         self._write_batch = write_batch
         self._interval = interval
         self._max_batch = max_batch
@@ -107,9 +114,28 @@ class RecordWriter:
         if len(queue) >= self._max_queued or self._stopping:
             self.dropped += 1
             return
-        queue.append(entry)  # deque.append is atomic: no lock needed
+        journal = self._journal
+        facts = getattr(entry, "journal_facts", None) if journal is not None else None
+        if journal is not None and facts is not None:
+            # Journaled as it is queued (service.http.journal): a crash of the
+            # process loses nothing that was answered.
+            entry = JournaledRequest(facts())
+            with journal.lock:
+                try:
+                    journal.append(entry.facts)
+                except OSError as err:
+                    self._journal_failed(err)
+                queue.append(entry)
+        else:
+            queue.append(entry)  # deque.append is atomic: no lock needed
         if len(queue) >= self._max_batch:
             self._wake.set()
+
+    def _journal_failed(self, err: OSError) -> None:
+        self._journal_errors += 1
+        if self._journal_errors in (1, 10, 100) or self._journal_errors % 1000 == 0:
+            log.warning("writing the records journal failed (%d times): %s",
+                        self._journal_errors, err.strerror or err)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Write everything queued, then end the thread."""
@@ -128,17 +154,38 @@ class RecordWriter:
                 self._wake.wait(self._interval)
                 self._wake.clear()
                 stopping = self._stopping  # read before draining: nothing is left behind
+                queued, sealed = self._seal()
                 # What is queued now, in batches of at most max_batch; entries
                 # arriving meanwhile wait for the next turn (or the final drain).
-                for _ in range(-(-len(self._queue) // self._max_batch)):
-                    self._flush(self._take())
+                ok = True
+                for _ in range(-(-queued // self._max_batch)):
+                    ok = self._flush(self._take()) and ok
                 if stopping:
+                    queued, more = self._seal()
+                    sealed += more
                     while self._queue:
-                        self._flush(self._take())
+                        ok = self._flush(self._take()) and ok
+                self._settle(sealed, ok)
+                if stopping:
+                    if self._journal is not None:
+                        self._journal.close()
                     return
         finally:
             if self._on_stop:
                 self._on_stop()
+
+    def _seal(self) -> tuple[int, list[Path]]:
+        """How many entries are queued now, and the journal segments holding them."""
+        journal = self._journal
+        if journal is None:
+            return len(self._queue), []
+        with journal.lock:
+            return len(self._queue), journal.seal()
+
+    def _settle(self, sealed: list[Path], ok: bool) -> None:
+        if self._journal is not None and sealed and ok:
+            self._journal.discard(sealed)
+        # else: a batch failed; its segments stay and are replayed at the next start-up
 
     def _take(self) -> list[Any]:
         queue = self._queue
@@ -147,7 +194,7 @@ class RecordWriter:
             batch.append(queue.popleft())
         return batch
 
-    def _flush(self, batch: list[Any]) -> None:
+    def _flush(self, batch: list[Any]) -> bool:
         started = time.monotonic()
         for attempt in range(3):
             try:
@@ -155,7 +202,7 @@ class RecordWriter:
                 self.written += len(batch)
                 log.debug("wrote %d entries in %.1f ms", len(batch),
                           (time.monotonic() - started) * 1000)
-                return
+                return True
             except Exception:  # noqa: BLE001 - a bad batch must not kill the writer
                 log.warning("writing %d records failed (attempt %d)", len(batch), attempt + 1,
                             exc_info=True)
@@ -163,3 +210,4 @@ class RecordWriter:
                     time.sleep(0.1 * (attempt + 1))
         self.failed_batches += 1
         self.dropped += len(batch)
+        return False

@@ -31,13 +31,17 @@ from service.http.app import make_app
 from service.http.auth import SecretVerifier
 from service.http.base import render_connection_error
 from service.http.context import AppContext
-from service.http.connection import HTTP1Server, ServerLimits
+from service.http.listener import HTTP1Server, ServerLimits
 from service.http.invoke import PREFIX, InvokeEndpoint
 from service.http.ratelimit import RateLimits
-from service.http.records import RecordWriter
+from service.http.journal import Journal, read_segments
+from service.http.records import RecordWriter, expand
 from service.settings import Settings
 
 log = logging.getLogger("logic.server")
+
+#: Descriptors never used for client connections (plus 8 per sandbox worker).
+FD_RESERVE = 256
 
 
 def serve(settings: Settings, *, drain_seconds: float = 30.0) -> None:
@@ -51,6 +55,10 @@ def serve(settings: Settings, *, drain_seconds: float = 30.0) -> None:
 
     database = connect(settings.database.url)
     Runner(database).check()  # refuses a database that is behind (SchemaBehindError)
+    journal = None
+    if settings.records.journal != "off":
+        journal = Journal(journal_path(settings), fsync=settings.records.fsync)
+        replay_journal(journal)  # records a crashed process answered but had not written
     database.close()  # the loop thread and the writer thread each open their own
 
     # Bind first, so a taken port fails before anything is forked. The fork
@@ -68,13 +76,13 @@ def serve(settings: Settings, *, drain_seconds: float = 30.0) -> None:
                 guild_budget_s=box.guild_budget_s)
     pool.start()  # forks; logs every isolation layer this host cannot provide
     try:
-        _event_loop_runner()(_run(settings, pool, database, sockets, drain_seconds))
+        _event_loop_runner()(_run(settings, pool, database, sockets, drain_seconds, journal))
     finally:
         database.close()
 
 
 async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socket.socket],
-               drain_seconds: float) -> None:
+               drain_seconds: float, journal: Journal | None = None) -> None:
     from service.core.invoke_target import TargetCache
     from service.core.records import write_batch
     from service.core.secrets import verify_secret
@@ -90,6 +98,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         write_batch,
         on_thread_start=lambda: db.connect(reuse_if_open=True),
         on_thread_stop=db.close,
+        journal=journal,
     )
     records.start()
 
@@ -103,8 +112,10 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     context = AppContext(
         settings=settings,
         pool=pool,
-        limits=RateLimits(settings.ratelimit.storage),
-        verifier=SecretVerifier(verify_secret, executor),
+        limits=RateLimits(settings.ratelimit.storage, ipv6_prefix=settings.ratelimit.ipv6_prefix),
+        verifier=SecretVerifier(verify_secret, executor, workers=2,
+                                max_pending=settings.ratelimit.auth_queue,
+                                per_endpoint=settings.ratelimit.auth_queue_per_endpoint),
         records=records,
         load_target=TargetCache(settings.plans, feed=feed),
         change_feed=feed,
@@ -113,13 +124,21 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     max_body = max((p.body_bytes for p in settings.plans.values()), default=0) + 1
     server = HTTP1Server(make_app(context), prefixes=[(PREFIX, InvokeEndpoint(context))],
                          limits=ServerLimits(max_body_bytes=max_body, idle_timeout=60,
-                                             body_timeout=30),
-                         render_error=render_connection_error)
+                                             body_timeout=30,
+                                             max_pipelined=settings.server.max_pipelined,
+                                             write_high_water=settings.server.write_buffer_bytes),
+                         render_error=render_connection_error,
+                         max_connections=settings.server.max_connections,
+                         max_connections_per_ip=settings.server.max_connections_per_ip,
+                         # Descriptors kept free for the pool (a worker's pipes
+                         # and socket on respawn), the database and the log.
+                         fd_reserve=FD_RESERVE + 8 * settings.sandbox.worker_count,
+                         cap_exempt=settings.server.trusted_proxies)
     await server.add_sockets(sockets)
     port = sockets[0].getsockname()[1]
-    log.info("listening on http://%s:%d (%d sandbox workers, %s event loop)",
-             settings.server.host, port, pool.live_workers,
-             type(asyncio.get_running_loop()).__module__.split(".")[0])
+    log.info("listening on http://%s:%d (%d sandbox workers, %s event loop, "
+             "at most %d connections)", settings.server.host, port, pool.live_workers,
+             type(asyncio.get_running_loop()).__module__.split(".")[0], server.max_connections)
 
     pool.attach()  # watch the workers from the loop now, not at the first request
     _tune_gc()
@@ -142,6 +161,32 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         feed.stop()
     log.info("stopped: %d records written, %d dropped (%d failed batches)", records.written,
              records.dropped, records.failed_batches)
+
+
+def journal_path(settings: Settings) -> str:
+    """`records.journal`, or beside a SQLite file (`FILE.records-journal`), or
+    ./logic-journal (`off`: none)."""
+    if settings.records.journal:
+        return settings.records.journal
+    url = settings.database.url
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        # Not "-journal": that is SQLite's own rollback journal file.
+        return url[len("sqlite:///"):].split("?", 1)[0] + ".records-journal"
+    return "logic-journal"
+
+
+def replay_journal(journal: Journal, batch: int = 5000) -> None:
+    """Write the records journaled by a process that did not stop cleanly."""
+    from service.core.records import write_batch
+
+    leftovers = journal.leftovers()
+    if not leftovers:
+        return
+    entries = list(read_segments(leftovers))
+    for start in range(0, len(entries), batch):
+        write_batch(expand(entries[start:start + batch]))
+    journal.discard(leftovers)
+    log.info("replayed %d journaled requests from %d segments", len(entries), len(leftovers))
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:

@@ -104,9 +104,13 @@ def _start(http_env: Env, tmp_path: Path, **options: Any) -> Server:
         lines.append("[server]")
         lines.append("trusted_proxies = [" + ", ".join(f'"{c}"' for c in options["trusted_proxies"])
                      + "]")
-    config = tmp_path / f"server-{next(_guild_ids)}.toml"
+    lines.append(options.get("extra", ""))  # more TOML tables, e.g. "[ratelimit]\nipv6_prefix = 48"
+    n = next(_guild_ids)
+    if "[records]" not in options.get("extra", ""):
+        lines.append(f'[records]\njournal = "{tmp_path / f"journal-{n}"}"')
+    config = tmp_path / f"server-{n}.toml"
     config.write_text("\n".join(lines) + "\n" + CONFIG)
-    return Server(http_env.database_url, str(config)).start()
+    return Server(http_env.database_url, str(config), nofile=options.get("nofile")).start()
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,8 @@ class Server:
     port: int = 0
     proc: subprocess.Popen[str] | None = None
     log_lines: list[str] = field(default_factory=list)
+    #: A descriptor limit (soft and hard) for the server process, if set.
+    nofile: int | None = None
 
     def start(self, timeout: float = 20.0) -> Server:
         args = [LOGIC, "--database-url", self.database_url]
@@ -55,8 +57,16 @@ class Server:
             args += ["--config", self.config]
         args += ["serve", "--host", "127.0.0.1", "--port", "0", *self.extra_args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        limit = self.nofile
+
+        def limit_descriptors() -> None:
+            if limit is not None:
+                import resource
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=env)
+                                     text=True, env=env,
+                                     preexec_fn=limit_descriptors if limit is not None else None)
         ready = threading.Event()
 
         def pump() -> None:

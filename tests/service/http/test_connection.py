@@ -28,7 +28,9 @@ import tornado.web
 from tornado import httputil
 from tornado.netutil import bind_sockets
 
-from service.http.connection import ErrorRenderer, Exchange, HTTP1Server, ServerLimits
+from service.http.listener import HTTP1Server
+from service.http.exchange import Exchange
+from service.http.wire import ErrorRenderer, ServerLimits
 
 T = TypeVar("T")
 

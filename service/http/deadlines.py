@@ -1,0 +1,83 @@
+"""Deadlines of a `Connection`, enforced by the listener's sweep about every second.
+
+The head must arrive within `idle_timeout` (else 408), a body within
+`body_timeout`, an idle keep-alive connection closes after `idle_timeout`, a
+lingering one after `linger_seconds`; and the send timeout: a client that takes
+no byte of its answers for `idle_timeout` is cut off, however much it still
+sends and whatever its handler is doing. A slow reader that keeps reading is
+not cut off: only bytes the client took count as progress.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import struct
+import termios
+from typing import TYPE_CHECKING
+
+from service.http.wire import log
+
+if TYPE_CHECKING:
+    from service.http.connection import Connection
+
+
+def unsent(conn: Connection) -> int:
+    """Bytes of answers not yet read by the client: ours and the kernel's."""
+    transport = conn.transport
+    if transport is None or conn.closed:
+        return 0
+    pending = transport.get_write_buffer_size()
+    if conn._fd >= 0:
+        try:
+            # The kernel's send queue: a slow reader drains it long before
+            # the socket turns writable again and our buffer moves.
+            pending += struct.unpack("i", fcntl.ioctl(conn._fd, termios.TIOCOUTQ,
+                                                      b"\0\0\0\0"))[0]
+        except OSError:
+            conn._fd = -1
+    return pending
+
+
+def sweep(conn: Connection, now: float) -> None:
+    """Called about every second: enforce the connection's deadline."""
+    transport = conn.transport
+    pending = unsent(conn)
+    if pending:
+        # An answer is still going out. A slow reader is not an idle
+        # client: it has idle_timeout to read on each time it stalls, and
+        # the deadlines below start once everything was handed over. Only
+        # bytes the client took count as progress: a buffer that grows
+        # (more answers written) is not a client that reads.
+        delivered = conn._written - pending
+        if delivered > conn._last_delivered or not conn._last_pending:
+            conn._progress = now
+        conn._last_delivered = delivered
+        conn._last_pending = pending
+        if now - conn._progress < conn.limits.idle_timeout:
+            return
+        # A send timeout: the client took nothing for idle_timeout, whatever
+        # it still sends and whatever the handler is doing.
+        if not conn.lingering:
+            log.debug("closing connection from %s: answers not read", conn.context.remote_ip)
+        conn.close_now()
+        return
+    if conn._last_pending:
+        conn._last_pending = 0
+        wait = conn.limits.linger_seconds if conn.lingering else conn.limits.idle_timeout
+        conn.deadline = max(conn.deadline, now + wait)
+    if conn.deadline and now > conn.deadline:
+        ex = conn._active
+        if ex is not None and ex.request_done and not conn.lingering:
+            return  # the request is being answered; its handler has the clock
+        if not conn.lingering:
+            log.debug("closing connection from %s: timed out", conn.context.remote_ip)
+            if conn._in_head and not conn._queue and conn._active is None:
+                conn._stop_parsing(408)  # a head that never ended: say so, then close
+                return
+        if transport is not None and transport.get_write_buffer_size():
+            conn.close_now()  # a client that stopped reading: drop what is buffered
+        elif transport is not None and not conn.closed:
+            # Gracefully: what the kernel still holds of an answer reaches a
+            # slow reader before the FIN.
+            transport.close()
+

@@ -1,0 +1,266 @@
+"""The records journal: answered requests survive a crash of the service process.
+
+Every finished invoke request is appended, as the answer is sent, to a local
+journal file: msgpack copied into a shared memory mapping of the file, so it
+is in the page cache at once with no system call per request (no `fsync`
+unless `records.fsync = true`). The record writer seals the current
+segment each time it takes a batch from its queue, and deletes the sealed
+segments once their batch is in the database. At start-up, segments left by a
+process that died are written to the database first (`replay`), then removed.
+
+What this guarantees: a crash (SIGKILL, OOM kill, a segfault) of the service
+loses no answered request's records. Not a power loss or a kernel crash —
+what is in the page cache but not on disk is lost then — unless
+`records.fsync = true` (an fsync per request: slow). After a crash at the very
+moment a batch was committed but its segment not yet deleted, that batch's
+records are written twice.
+
+Nothing secret is journaled: the headers carrying secrets are left out, and
+every value holding the presented secret is redacted before it is written
+(as in history; `service.http.redaction`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import mmap
+import os
+import re
+import struct
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+
+from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
+from service.http.redaction import Redactor
+
+log = logging.getLogger("logic.records")
+
+_SEGMENT = re.compile(r"segment-(\d{12})\.journal")
+_LENGTH = struct.Struct("<I")
+#: Size of a segment file (sparse: only what is written takes disk space).
+SEGMENT_BYTES = 8 * 1024 * 1024
+
+#: The fields of a journaled request, in order (see `JournaledRequest`).
+FIELDS = ("endpoint_id", "keep", "error_logs", "accepted", "request_id", "started", "finished",
+          "status", "ip", "method", "query", "headers", "body", "user_agent",
+          "response_headers", "response_body", "output", "error", "error_kind",
+          "error_message", "error_line", "traceback", "queued", "deprioritised", "script_version")
+
+
+class JournalInUse(OSError):
+    """Another running process owns the journal directory."""
+
+
+class Journal:
+    """Append-only segment files in one directory; thread-safe."""
+
+    def __init__(self, directory: str | Path, fsync: bool = False) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # One process per journal: another one's live segment is no leftover.
+        self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._lock_fd)
+            raise JournalInUse(f"the records journal {self.directory} is used by another "
+                               "process; give each one its own records.journal") from None
+        self._fsync = fsync
+        self._lock = threading.Lock()
+        self._packer = msgpack.Packer(use_bin_type=True)
+        existing = [int(m.group(1)) for p in self.directory.iterdir()
+                    if (m := _SEGMENT.fullmatch(p.name))]
+        self._number = max(existing, default=0)
+        self._fd = -1
+        self._sealed: list[Path] = []
+        self._open_next()
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while appending: `RecordWriter` queues under it too, so a
+        sealed segment holds exactly the entries queued before the seal."""
+        return self._lock
+
+    def _path(self, number: int) -> Path:
+        return self.directory / f"segment-{number:012d}.journal"
+
+    def _open_next(self, size: int = SEGMENT_BYTES) -> None:
+        """A new segment: a sparse file of `size` bytes, mapped shared."""
+        self._number += 1
+        self._current = self._path(self._number)
+        self._fd = os.open(self._current, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(self._fd, size)
+        self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._offset = 0
+
+    def append(self, facts: tuple[Any, ...]) -> None:
+        """Journal one request (call with `lock` held).
+
+        A copy into a shared mapping of the segment: in the page cache at
+        once (a process crash cannot lose it), and no system call. The length
+        is written after the entry, so a torn entry reads as the end.
+        """
+        data = self._packer.pack(facts)
+        size = len(data)
+        if self._offset + 4 + size + 4 > len(self._map):
+            self._finish_segment()
+            self._open_next(max(SEGMENT_BYTES, size + 8))
+        start = self._offset + 4
+        self._map[start:start + size] = data
+        _LENGTH.pack_into(self._map, self._offset, size)
+        self._offset = start + size
+        if self._fsync:
+            self._map.flush()
+
+    def _finish_segment(self) -> None:
+        """Unmap the current segment and cut it to what was written."""
+        self._map.close()
+        os.ftruncate(self._fd, self._offset)
+        os.close(self._fd)
+        self._fd = -1
+        if self._offset:
+            self._sealed.append(self._current)
+        else:
+            self._current.unlink(missing_ok=True)
+
+    def seal(self) -> list[Path]:
+        """Start a new segment (call with `lock` held); returns the ones sealed so far."""
+        if self._offset:
+            self._finish_segment()
+            self._open_next()
+        sealed, self._sealed = self._sealed, []
+        return sealed
+
+    def discard(self, segments: list[Path]) -> None:
+        """Their records are in the database."""
+        for path in segments:
+            path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                self._finish_segment()  # what it holds stays for the next start-up
+                self._sealed.clear()
+            os.close(self._lock_fd)
+
+    def leftovers(self) -> list[Path]:
+        """Segments of an earlier process (all but the one this process writes)."""
+        return sorted(p for p in self.directory.iterdir()
+                      if _SEGMENT.fullmatch(p.name) and p != self._current)
+
+
+def read_segments(paths: list[Path]) -> Iterator[JournaledRequest]:
+    """The requests journaled in `paths`, up to the first empty or torn entry
+    (where the writing process stopped)."""
+    for path in paths:
+        data = path.read_bytes()
+        offset = 0
+        while offset + 4 <= len(data):
+            size = _LENGTH.unpack_from(data, offset)[0]
+            if size == 0 or offset + 4 + size > len(data):
+                break
+            try:
+                facts = msgpack.unpackb(data[offset + 4:offset + 4 + size], raw=False,
+                                        use_list=True, strict_map_key=False)
+            except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+                log.warning("journal %s holds an unreadable entry; skipped", path.name)
+            else:
+                if isinstance(facts, list) and len(facts) == len(FIELDS):
+                    yield JournaledRequest(tuple(facts))
+            offset += 4 + size
+
+
+def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...]:
+    """`facts` with every value that holds `secret` redacted (as history keeps it).
+
+    Cheap when the secret appears nowhere (the usual case): a substring test
+    per value. Credential-named parameters are redacted later, by name, when
+    records are made (`JournaledRequest.records`).
+    """
+    if not secret or not facts[3]:
+        return facts
+    query, headers, body, response_headers, response_body = (
+        facts[10], facts[11], facts[12], facts[14], facts[15])
+    if not _holds(secret, facts, query, headers, body, response_headers, response_body):
+        return facts
+    redact = Redactor(secret)
+    out = list(facts)
+    out[10] = redact.mapping(query)
+    out[11] = redact.mapping(headers)
+    out[12] = redact.data(body)
+    out[13] = redact.text(facts[13])
+    out[14] = [[n, redact.value(n, v)] for n, v in response_headers]
+    out[15] = redact.raw(response_body)
+    for index in (16, 17, 19, 21):
+        if out[index]:
+            out[index] = redact.text(out[index])
+    return tuple(out)
+
+
+def _holds(secret: str, facts: tuple[Any, ...], query: dict[str, Any], headers: dict[str, str],
+           body: bytes | str, response_headers: list[Any], response_body: bytes) -> bool:
+    """Whether `secret` appears anywhere in what is journaled (plain loops: hot path)."""
+    for value in headers.values():
+        if secret in value:
+            return True
+    for value in query.values():
+        if secret in str(value):
+            return True
+    for pair in response_headers:
+        if secret in pair[1]:
+            return True
+    for index in (13, 16, 17, 19, 21):
+        text = facts[index]
+        if text and secret in text:
+            return True
+    raw = secret.encode("utf-8", "surrogatepass")
+    return raw in (body if isinstance(body, bytes) else body.encode("utf-8", "replace")) \
+        or raw in response_body
+
+
+class JournaledRequest:
+    """A finished request as plain facts: what `RecordWriter` converts to records."""
+
+    __slots__ = ("facts",)
+
+    def __init__(self, facts: tuple[Any, ...]) -> None:
+        self.facts = facts
+
+    def history_slot(self) -> tuple[int, int] | None:
+        f = self.facts
+        return (f[0], f[1]) if f[3] else None
+
+    def records(self, history: bool) -> list[Any]:
+        (endpoint_id, keep, error_logs, accepted, request_id, started, finished, status, ip,
+         method, query, headers, body, user_agent, response_headers, response_body, output,
+         error, error_kind, error_message, error_line, traceback, queued, deprioritised,
+         script_version) = self.facts
+        when = datetime.fromtimestamp(started, tz=timezone.utc)
+        duration_ms = (finished - started) * 1000.0
+        items: list[Any] = [StatHit(endpoint_id, when, status, duration_ms, ip, queued=queued,
+                                    deprioritised=deprioritised)]
+        if not accepted:
+            return items
+        if history:
+            by_name = Redactor(None)  # credential-named values (the secret went at journaling)
+            items.append(RequestRecordIn(
+                endpoint_id=endpoint_id, request_id=request_id, time=when, method=method,
+                query=by_name.mapping(query), headers=by_name.mapping(headers), body=body,
+                ip=ip, user_agent=user_agent, status=status,
+                response_headers=by_name.mapping(dict(response_headers)),
+                response_body=response_body, duration_ms=duration_ms, output=output,
+                error=error, keep=keep, script_version=script_version,
+            ))
+        if error_kind and error_logs:
+            items.append(ErrorRecordIn(
+                endpoint_id=endpoint_id, request_id=request_id, time=when, kind=error_kind,
+                message=error_message, line=error_line, traceback=traceback,
+                script_version=script_version,
+            ))
+        return items

@@ -1,0 +1,184 @@
+"""`HTTP1Server`: accepts connections on listening sockets, caps them, sweeps their deadlines.
+
+Connection caps: at most `max_connections` in all and `max_connections_per_ip`
+from one peer address (addresses in `cap_exempt`, e.g. the trusted reverse
+proxy, are counted only in the total); past either, the connection gets one
+503 `busy` with `Retry-After` and is closed. `max_connections = 0` derives the
+cap from the descriptor limit (raised to its hard limit first) minus a
+reserve, so the sandbox pool can always open the pipes and sockets of a
+worker it respawns. After a storm of connections closes, freed memory is
+handed back to the OS (`malloc_trim`, glibc).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import gc
+import ipaddress
+import resource
+import socket
+import time
+from collections.abc import Sequence
+
+from tornado import httputil
+
+from service.http.connection import Connection
+from service.http.parsing import ParsingConnection
+from service.http.wire import ErrorRenderer, ServerLimits, log, plain_error
+
+__all__ = ["HTTP1Server", "ServerLimits"]
+
+#: Seconds between two log lines about malformed requests.
+BAD_REQUEST_LOG_INTERVAL = 10.0
+#: Connections at once that count as a storm (memory is handed back after one).
+STORM = 1000
+
+
+def derived_connection_cap(reserve: int) -> int:
+    """The descriptor limit (soft raised to hard where allowed) minus `reserve`."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        soft = 1_048_576
+    return max(16, soft - reserve)
+
+
+def release_memory() -> None:
+    """Return free heap pages to the OS (glibc's malloc_trim; elsewhere nothing)."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
+
+
+class HTTP1Server:
+    """Serves an `HTTPServerConnectionDelegate` (e.g. a Tornado `Application`)."""
+
+    def __init__(self, delegate: httputil.HTTPServerConnectionDelegate, *,
+                 prefixes: Sequence[tuple[str, httputil.HTTPServerConnectionDelegate]] = (),
+                 limits: ServerLimits | None = None,
+                 render_error: ErrorRenderer | None = None, max_connections: int = 0,
+                 max_connections_per_ip: int = 256, fd_reserve: int = 256,
+                 cap_exempt: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = ()
+                 ) -> None:
+        self.delegate = delegate
+        self.max_connections = max_connections or derived_connection_cap(fd_reserve)
+        self.max_connections_per_ip = max_connections_per_ip
+        self.cap_exempt = tuple(cap_exempt)
+        self._per_ip: dict[str, int] = {}
+        self._admitted: set[Connection] = set()
+        self._peak = 0  # most connections since memory was last handed back
+        self.prefixes = tuple(prefixes)
+        self.limits = limits or ServerLimits()
+        self.render_error = render_error or plain_error
+        self.connections: set[Connection] = set()
+        self._servers: list[asyncio.AbstractServer] = []
+        self._sweeper: asyncio.TimerHandle | None = None
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self._bad = 0  # malformed requests since the last log line about them
+        self._bad_logged = -BAD_REQUEST_LOG_INTERVAL
+
+    def bad_request(self, ip: str, reason: str) -> None:
+        """A malformed request was refused: one INFO line per interval at most,
+        with a count, an address and a fixed reason, never the request's content."""
+        self._bad += 1
+        now = time.monotonic()
+        if now - self._bad_logged >= BAD_REQUEST_LOG_INTERVAL:
+            log.info("refused %d malformed request(s) in %.0f s; latest from %s: %s",
+                     self._bad, min(now - self._bad_logged, BAD_REQUEST_LOG_INTERVAL), ip,
+                     reason)
+            self._bad = 0
+            self._bad_logged = now
+
+    def admit(self, conn: Connection) -> bool:
+        """Count a new connection in; False (not counted) past a cap."""
+        ip = conn.context.remote_ip
+        per_ip = self._per_ip.get(ip, 0)
+        if len(self._admitted) >= self.max_connections or (
+                per_ip >= self.max_connections_per_ip and not self._exempt(ip)):
+            self.bad_request(ip, "connection refused: connection cap reached")
+            return False
+        self._per_ip[ip] = per_ip + 1
+        self._admitted.add(conn)
+        self._peak = max(self._peak, len(self._admitted))
+        return True
+
+    def release(self, conn: Connection) -> None:
+        """A connection closed."""
+        self.connections.discard(conn)
+        if conn in self._admitted:
+            self._admitted.discard(conn)
+            ip = conn.context.remote_ip
+            left = self._per_ip.get(ip, 1) - 1
+            if left > 0:
+                self._per_ip[ip] = left
+            else:
+                self._per_ip.pop(ip, None)
+
+    def _exempt(self, ip: str) -> bool:
+        if not self.cap_exempt:
+            return False
+        try:
+            address = ipaddress.ip_address(ip)
+        except ValueError:
+            return False
+        return any(address in net for net in self.cap_exempt)
+
+    def delegate_for(self, path: str) -> httputil.HTTPServerConnectionDelegate:
+        for prefix, delegate in self.prefixes:
+            if path.startswith(prefix):
+                return delegate
+        return self.delegate
+
+    async def add_sockets(self, sockets: Sequence[socket.socket]) -> None:
+        """Serve on already bound, listening sockets (see `tornado.netutil.bind_sockets`)."""
+        self.loop = asyncio.get_running_loop()
+        for sock in sockets:
+            server = await self.loop.create_server(lambda: ParsingConnection(self), sock=sock,
+                                                   backlog=1024)
+            self._servers.append(server)
+        if self._sweeper is None:
+            self._sweeper = self.loop.call_later(self.limits.sweep_interval, self._sweep)
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        for conn in list(self.connections):
+            conn.sweep(now)
+        if self._peak >= STORM and len(self._admitted) < self._peak // 4:
+            # A storm of connections is over: give the freed memory back.
+            self._peak = len(self._admitted)
+            gc.collect()
+            release_memory()
+        self._sweeper = self.loop.call_later(self.limits.sweep_interval, self._sweep)
+
+    def stop(self) -> None:
+        """Stop accepting connections; open ones stay until `close_all_connections`."""
+        for server in self._servers:
+            server.close()
+        self._servers = []
+
+    async def close_all_connections(self, timeout: float = 5.0) -> None:
+        """Close idle connections now, busy ones after their answer; wait until all are gone."""
+        for conn in list(self.connections):
+            conn.closing = True
+            if conn.idle:
+                conn.close_now()
+        deadline = self.loop.time() + timeout
+        while self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        for conn in list(self.connections):
+            conn.close_now()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None

@@ -1,0 +1,93 @@
+"""Redaction: what of a request may be kept in history, error logs and the service log.
+
+- History and error logs (`Redactor`): a query parameter or header whose
+  value contains the endpoint's secret, or whose name looks like a credential
+  (`secret`, `token`, `key`, `password`, `auth`, ... as a word of the name),
+  is kept as ``[redacted]``; the secret itself is cut out of bodies, the
+  script's output and error messages wherever it appears.
+- The service log (`RedactingFormatter`): anything shaped like a secret or a
+  token (``lsk_...``, ``lat_...``, ``Bearer ...``) is replaced, including in
+  tracebacks — a last line of defence behind never logging request content.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from typing import Any
+
+REDACTED = "[redacted]"
+
+#: A name with one of these words (split on - _ . and case changes) is a credential.
+_CREDENTIAL_WORDS = frozenset({
+    "secret", "secrets", "token", "tokens", "key", "keys", "apikey", "password", "passwd",
+    "pwd", "pass", "auth", "authorization", "credential", "credentials", "session",
+    "sessionid", "sig", "signature", "cookie", "jwt", "bearer", "otp",
+})
+_WORD = re.compile(r"[A-Za-z][a-z]*|[0-9]+")
+
+
+@functools.lru_cache(maxsize=4096)
+def credential_name(name: str) -> bool:
+    """True when a parameter or header name says it carries a credential."""
+    lowered = name.lower()
+    if lowered in _CREDENTIAL_WORDS:
+        return True
+    return any(word.lower() in _CREDENTIAL_WORDS for word in _WORD.findall(name.replace("-", "_")))
+
+
+class Redactor:
+    """Redacts one request's values, knowing the secret it presented (if any)."""
+
+    __slots__ = ("secret",)
+
+    def __init__(self, secret: str | None) -> None:
+        self.secret = secret if secret and len(secret) >= 8 else None
+
+    def text(self, value: str) -> str:
+        if self.secret and self.secret in value:
+            return value.replace(self.secret, REDACTED)
+        return value
+
+    def data(self, value: bytes | str) -> bytes | str:
+        if isinstance(value, str):
+            return self.text(value)
+        return self.raw(value)
+
+    def raw(self, value: bytes) -> bytes:
+        if self.secret:
+            raw = self.secret.encode("utf-8", "surrogatepass")
+            if raw in value:
+                return value.replace(raw, REDACTED.encode())
+        return value
+
+    def value(self, name: str, value: Any) -> Any:
+        """A parameter's or header's value as kept."""
+        if credential_name(name):
+            return REDACTED
+        if isinstance(value, list):
+            return [self.value("", item) for item in value]
+        if isinstance(value, str) and self.secret and self.secret in value:
+            return REDACTED
+        return value
+
+    def mapping(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Query parameters or headers, with credential values redacted."""
+        return {name: self.value(name, value) for name, value in values.items()}
+
+
+#: Secret- and token-shaped text in a log line.
+_SECRET_SHAPES = re.compile(r"\b(lsk|lat)_[A-Za-z0-9_\-]{6,}|(?i:\b(bearer|basic)\s+)[^\s'\",;]+")
+
+
+def scrub(text: str) -> str:
+    """`text` with every secret-shaped word replaced."""
+    return _SECRET_SHAPES.sub(REDACTED, text)
+
+
+class RedactingFormatter(logging.Formatter):
+    """A `logging.Formatter` whose output never carries a secret-shaped word."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(super().format(record))

@@ -1,0 +1,121 @@
+"""The argon2 queue and the wrong-secret throttle: bounded, fair between
+endpoints, per IPv6 /64, and never in the way of a secret already verified."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from service.core.secrets import hash_secret, verify_secret
+from service.http.auth import SecretVerifier
+from tests.service.http.harness import Server
+from tests.service.http.test_checks import ECHO, assert_error
+
+
+def test_one_endpoints_flood_does_not_delay_another_endpoints_first_secret() -> None:
+    # Real argon2 on one thread; the first verification is held so the queue
+    # fills in a known order: 6 secrets for endpoint 1, then one for endpoint 2.
+    stored = hash_secret("lsk_right")
+    order: list[str] = []
+    gate = threading.Event()
+
+    def verify(hashed: str, secret: str) -> bool:
+        gate.wait(10)
+        order.append(secret)
+        return verify_secret(hashed, secret)
+
+    async def main() -> list[bool]:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            verifier = SecretVerifier(verify, pool, workers=1)
+            flood = [asyncio.ensure_future(verifier.check(1, stored, f"lsk_wrong{n}"))
+                     for n in range(6)]
+            await asyncio.sleep(0.05)
+            valid = asyncio.ensure_future(verifier.check(2, stored, "lsk_right"))
+            await asyncio.sleep(0.05)
+            gate.set()
+            return await asyncio.gather(*flood, valid)
+
+    results = asyncio.run(main())
+    assert results == [False] * 6 + [True]
+    # Endpoint 2 had its turn right after the verification that was running.
+    assert order.index("lsk_right") <= 2, order
+
+
+def test_queue_is_bounded_per_endpoint_before_hashing() -> None:
+    stored = hash_secret("lsk_right")
+    calls: list[str] = []
+    gate = threading.Event()
+
+    def verify(hashed: str, secret: str) -> bool:
+        gate.wait(10)
+        calls.append(secret)
+        return False
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            verifier = SecretVerifier(verify, pool, workers=1, max_pending=64, per_endpoint=3)
+            tasks = [asyncio.ensure_future(verifier.check(1, stored, f"lsk_w{n}"))
+                     for n in range(10)]
+            await asyncio.sleep(0.05)
+            gate.set()
+            return await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = asyncio.run(main())
+    busy = [r for r in results if isinstance(r, Exception)]
+    assert len(busy) == 6 and all(type(r).__name__ == "VerifierBusy" for r in busy)
+    assert len(calls) == 4  # one running and three waiting were hashed, nothing else
+
+
+def test_full_queue_answers_503_busy_with_retry_after(make_server, make_endpoint,
+                                                      source_ip) -> None:
+    server: Server = make_server(extra="[ratelimit]\nauth_queue = 1\nauth_queue_per_endpoint = 1")
+    ep = make_endpoint(source=ECHO)
+    results: list[int] = []
+    busy = []
+
+    def one(n: int) -> None:
+        resp = server.request_from(source_ip(), ep.path, json_body={}, secret=f"lsk_wrong{n}")
+        results.append(resp.status)
+        if resp.status == 503:
+            busy.append(resp)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert busy, results
+    assert_error(busy[0], 503, "busy")
+    assert busy[0].headers["retry-after"] == "1"
+    assert set(results) <= {401, 503}
+
+
+def test_throttled_address_still_gets_its_verified_secret_answered(server: Server,
+                                                                   make_endpoint,
+                                                                   source_ip) -> None:
+    ep = make_endpoint(source=ECHO)
+    ip = source_ip()
+    assert server.request_from(ip, ep.path, json_body={}, secret=ep.secret).status == 200
+    for n in range(21):
+        server.request_from(ip, ep.path, json_body={}, secret=f"lsk_wrong{n}")
+    assert_error(server.request_from(ip, ep.path, json_body={}, secret="lsk_wrong"), 429,
+                 "auth_throttled")
+    # The right secret was verified before: checking it again costs no hash.
+    assert server.request_from(ip, ep.path, json_body={}, secret=ep.secret).status == 200
+
+
+def test_ipv6_addresses_of_one_64_share_the_throttle(make_server, make_endpoint) -> None:
+    server: Server = make_server(trusted_proxies=["127.0.0.1/32"])
+    ep = make_endpoint(source=ECHO)
+    statuses = []
+    for n in range(21):
+        resp = server.request(ep.path, json_body={}, secret=f"lsk_wrong{n}",
+                              headers={"X-Forwarded-For": f"2001:db8:1:2::{n + 1:x}"})
+        statuses.append(resp.status)
+    assert statuses[:20] == [401] * 20
+    assert statuses[20] == 429
+    # Another /64 is not throttled.
+    other = server.request(ep.path, json_body={}, secret="lsk_wrong",
+                           headers={"X-Forwarded-For": "2001:db8:1:3::1"})
+    assert other.status == 401

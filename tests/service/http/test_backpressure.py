@@ -1,0 +1,120 @@
+"""Back-pressure of `service.http.connection`: a client that sends requests
+faster than it reads answers, pipelining depth, the send timeout, a head cut
+by the idle timeout, and heads counted across large reads.
+
+A real `HTTP1Server` on loopback (tests.service.http.test_connection's
+`serving`), driven with raw sockets.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from service.http.wire import ServerLimits
+from tests.service.http.test_connection import RELAXED, Running, build, serving, wait_until
+
+
+def _buffered(running: Running) -> int:
+    """Answer bytes the server holds for its connections (its own buffers)."""
+    def total() -> int:
+        return sum(conn.transport.get_write_buffer_size() for conn in running.server.connections
+                   if conn.transport is not None)
+    return running.call_sync(total)
+
+
+def _queued(running: Running) -> int:
+    return running.call_sync(lambda: max((len(c._queue) for c in running.server.connections),
+                                         default=0))
+
+
+def test_a_client_that_does_not_read_stops_being_read() -> None:
+    # 400 pipelined requests for 100 kB answers each, nothing read: without
+    # back-pressure the server would parse them all and buffer 40 MB.
+    with serving(RELAXED) as running, running.client(rcvbuf=4096) as c:
+        block = build("GET", "/big?n=100000") * 400
+        sender = threading.Thread(target=c.send, args=(block,), daemon=True)
+        sender.start()
+        time.sleep(1.5)
+        assert _buffered(running) < 1_000_000
+        # Reading again resumes the stream: every answer arrives, in order.
+        for _ in range(400):
+            r = c.read_response()
+            assert r.status == 200 and len(r.body) == 100_000
+        sender.join(10)
+        assert not sender.is_alive()
+
+
+def test_send_timeout_fires_on_a_client_that_keeps_sending_but_never_reads() -> None:
+    # Each new answer changes the size of what is buffered; the client still
+    # takes nothing, so it is cut after idle_timeout of taking nothing.
+    limits = ServerLimits(idle_timeout=0.5, body_timeout=10, sweep_interval=0.05)
+    with serving(limits) as running, running.client(rcvbuf=4096) as c:
+        c.sock.sendall(build("GET", "/big?n=100000"))
+        assert wait_until(lambda: running.connection_count() == 1)
+        started = time.monotonic()
+        cut = False
+        while time.monotonic() - started < 8.0:
+            try:
+                c.sock.sendall(build("GET", "/big?n=100000"))
+            except (BrokenPipeError, ConnectionResetError):
+                cut = True
+                break
+            if running.connection_count() == 0:
+                cut = True
+                break
+            time.sleep(0.05)
+        assert cut, "the connection stayed open although its client read nothing for 8 s"
+
+
+def test_pipelining_depth_is_bounded_and_every_request_is_answered() -> None:
+    # One send of 30,000 small requests behind a slow one: the server parses
+    # only a bounded number ahead (reading pauses), yet answers all of them,
+    # in order, with no spurious 431 from reads that start and end inside a head.
+    with serving(RELAXED) as running, running.client(timeout=20) as c:
+        count = 30_000
+        c.send(build("GET", "/slow?delay=1.0"))
+        sender = threading.Thread(
+            target=c.send, args=(b"".join(build("GET", f"/raw/{n}") for n in range(count)),),
+            daemon=True)
+        sender.start()
+        time.sleep(0.6)
+        assert _queued(running) <= 2 * RELAXED.max_pipelined + 2 * 16384 // 20
+        assert c.read_response().body == b"slow /slow?delay=1.0"
+        for n in range(count):
+            r = c.read_response()
+            assert (r.status, r.body) == (200, f"raw /raw/{n} ".encode()), n
+        sender.join(10)
+
+
+def test_a_head_that_times_out_gets_408() -> None:
+    limits = ServerLimits(idle_timeout=0.3, body_timeout=10, sweep_interval=0.05)
+    with serving(limits) as running, running.client() as c:
+        c.send(b"GET /echo HTTP/1.1\r\nHost: test\r\nX-Slow: ")
+        r = c.read_response()
+        assert r.status == 408 and r.closes
+        assert c.read_all() == b""
+        assert running.events.all() == []
+
+
+def test_a_large_read_inside_one_head_is_still_bounded() -> None:
+    # The head-size bound still holds for a head that is one endless header.
+    with serving(RELAXED) as running, running.client() as c:
+        try:
+            c.send(b"GET /echo HTTP/1.1\r\nHost: test\r\nX-Big: " + b"a" * 200_000)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        r = c.read_response()
+        assert r.status == 431
+        assert running.events.all() == []
+
+
+def test_idle_connection_still_served_while_another_is_back_pressured() -> None:
+    with serving(RELAXED) as running, running.client(rcvbuf=4096) as hog:
+        hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        threading.Thread(target=hog.send, args=(build("GET", "/big?n=100000") * 200,),
+                         daemon=True).start()
+        time.sleep(0.5)
+        with running.client() as other:
+            assert other.request("GET", "/echo").status == 200

@@ -1,0 +1,196 @@
+"""Connection caps (total and per IP), the descriptor reserve and memory after
+a storm of idle connections, against a real `logic serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import time
+
+import psutil
+import pytest
+
+from tests.service.http.harness import Server, wait_until
+from tests.service.http.test_checks import ECHO
+
+
+def _connect(server: Server, ip: str = "127.0.0.1") -> socket.socket:
+    sock = socket.socket()
+    sock.settimeout(10)
+    sock.bind((ip, 0))
+    sock.connect(("127.0.0.1", server.port))
+    return sock
+
+
+def _refused(sock: socket.socket) -> dict[str, object] | None:
+    """The 503 a refused connection gets (None if the server says nothing in 0.5 s)."""
+    sock.settimeout(0.5)
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    if not data:
+        return None
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 "), head
+    assert b"\r\nRetry-After: 1\r\n" in head + b"\r\n"
+    return json.loads(body)  # type: ignore[no-any-return]
+
+
+def test_connections_per_ip_are_capped(make_server) -> None:
+    server: Server = make_server(extra="[server]\nmax_connections_per_ip = 5")
+    held = [_connect(server, "127.0.0.9") for _ in range(5)]
+    try:
+        assert all(_refused(s) is None for s in held[:1])  # admitted: nothing said
+        extra = _connect(server, "127.0.0.9")
+        refused = _refused(extra)
+        assert refused is not None and refused["error"]["code"] == "busy"  # type: ignore[index]
+        extra.close()
+        # Another address is still served, and a slot frees when one closes.
+        assert server.request_from("127.0.0.10", "/healthz", method="GET").status == 200
+        held.pop().close()
+        assert wait_until(lambda: server.request_from("127.0.0.9", "/healthz", method="GET").status == 200)
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_connections_in_all_are_capped(make_server) -> None:
+    server: Server = make_server(extra="[server]\nmax_connections = 6")
+    held = [_connect(server, f"127.0.1.{n + 1}") for n in range(6)]
+    try:
+        time.sleep(0.3)
+        extra = _connect(server, "127.0.1.99")
+        refused = _refused(extra)
+        extra.close()
+        assert refused is not None and refused["error"]["code"] == "busy"  # type: ignore[index]
+    finally:
+        for sock in held:
+            sock.close()
+    assert wait_until(lambda: server.request("/healthz", method="GET").status == 200)
+
+
+def _rss(server: Server) -> int:
+    assert server.proc is not None
+    return int(psutil.Process(server.proc.pid).memory_info().rss)
+
+
+#: Idle connections held at once; each side needs a descriptor per connection.
+IDLE = int(os.environ.get("LOGIC_TEST_IDLE_CONNECTIONS", "4000"))
+
+
+def test_many_idle_connections_leave_normal_clients_and_the_pool_served(
+        make_server, make_endpoint) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = IDLE + 200
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.skip(f"needs a descriptor limit of {need} (hard limit here: {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+    try:
+        server: Server = make_server(extra="[server]\nmax_connections_per_ip = 1000000")
+        ep = make_endpoint(source=ECHO)
+        assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200
+        before = _rss(server)
+        held = []
+        try:
+            for n in range(IDLE):
+                held.append(_connect(server, f"127.2.{n // 250}.{n % 250 + 1}"))
+            time.sleep(1.0)
+            assert server.request("/readyz", method="GET").status == 200
+            assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200
+            peak = _rss(server)
+        finally:
+            for sock in held:
+                sock.close()
+        # Memory goes back within a minute of the storm's end.
+        assert wait_until(lambda: _rss(server) - before < 24 * 1024 * 1024, timeout=60), \
+            (before, peak, _rss(server))
+        assert "EMFILE" not in server.log and "Too many open files" not in server.log
+        assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_pipelining_200_mib_without_reading_keeps_the_server_small(server: Server) -> None:
+    # The client never reads: the server must stop reading its requests
+    # rather than buffer their answers (1.1 M answers a minute before).
+    import threading
+
+    request = b"OPTIONS /endpoints/1/logic_" + b"x" * 22 + b" HTTP/1.1\r\nHost: t\r\n\r\n"
+    block = request * (1024 * 1024 // len(request))
+    before = _rss(server)
+    sent = [0]
+    sock = _connect(server)
+
+    def send() -> None:
+        try:
+            while sent[0] < 200 * 1024 * 1024:
+                sock.sendall(block)
+                sent[0] += len(block)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    last = -1
+    started = time.monotonic()
+    # Until sending stalls (the server stopped reading), all was sent, or a minute.
+    while sent[0] != last and thread.is_alive() and time.monotonic() - started < 60:
+        last = sent[0]
+        time.sleep(2.0)
+    grown = _rss(server) - before
+    # The connection is still served: reading resumes the answers, in order.
+    answers = 0
+    tail = b""
+    while answers < 5_000:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed by the server: {tail[-300:]!r}"
+        assert b"HTTP/1.1 4" not in tail[-20:] + chunk, chunk[:300]
+        answers += chunk.count(b"HTTP/1.1 204 ")
+        tail = chunk
+    sock.close()
+    thread.join(10)
+    assert grown < 32 * 1024 * 1024, (grown, sent[0])
+    assert server.request("/healthz", method="GET").status == 200
+
+
+def test_at_the_descriptor_limit_the_pool_still_respawns_workers(make_server,
+                                                                  make_endpoint) -> None:
+    # 700 descriptors: the derived cap leaves 256 + 8 per worker for the pool
+    # and the rest of the process; clients past the cap get 503 and a close.
+    server: Server = make_server(nofile=700, workers=2,
+                                 extra="[server]\nmax_connections_per_ip = 1000000")
+    ep = make_endpoint(source=ECHO)
+    assert "at most 428 connections" in server.log
+    held = []
+    refused = 0
+    try:
+        for n in range(750):  # more than the descriptor limit
+            sock = _connect(server, f"127.3.{n // 250}.{n % 250 + 1}")
+            held.append(sock)
+        time.sleep(1.0)
+        for sock in held[-100:]:
+            if _refused(sock) is not None:
+                refused += 1
+        assert refused == 100
+        # A worker dies while every client slot is taken: it is respawned.
+        assert server.proc is not None
+        workers = psutil.Process(server.proc.pid).children(recursive=True)
+        victim = max(workers, key=lambda p: p.pid)
+        victim.kill()
+        for sock in held[:20]:
+            sock.close()
+        assert wait_until(lambda: server.request("/readyz", method="GET").json.get("workers") == 2,
+                          timeout=20)
+        assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200
+    finally:
+        for sock in held:
+            sock.close()
+    assert "Too many open files" not in server.log and "EMFILE" not in server.log

@@ -1,0 +1,221 @@
+"""Findings of the attack pass on the HTTP front, each against a real `logic serve`:
+malformed requests and the log, proxy and origin-wide headers from scripts,
+charsets, numbers and surrogates in JSON bodies, RFC 9112 points, canonical
+paths, and redaction of secrets in history.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from tests.service.http.harness import Server
+from tests.service.http.test_checks import ECHO, assert_error
+
+ECHO_EVENT = """
+on endpoint(event):
+    event.reply({"body": event.body, "query": event.query, "headers": event.headers})
+"""
+
+
+def raw(server: Server, data: bytes, timeout: float = 10.0) -> tuple[int, bytes, bytes]:
+    """Send `data`, read until the server closes: (first status, head, rest)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    out = b"".join(chunks)
+    head, _, rest = out.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
+    return status, head, rest
+
+
+def post(path: str, secret: str, body: bytes = b"{}", extra: str = "",
+         content_type: str = "application/json") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {secret}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n{extra}"
+            f"Connection: close\r\n\r\n").encode("latin1") + body
+
+
+# --- 3. malformed requests: 400, no traceback, no header value in the log ------------------
+
+def test_bad_header_value_is_400_without_traceback_or_value_in_log(server: Server) -> None:
+    secret = "lsk_" + "S" * 43
+    before = len(server.log)
+    for _ in range(200):
+        status, _, _ = raw(server, (f"GET /healthz HTTP/1.1\r\nHost: t\r\n"
+                                    f"Authorization: Bearer {secret} \r\n\r\n").encode())
+        assert status == 400
+    added = server.log[before:]
+    assert secret not in added
+    assert "ERROR" not in added and "Traceback" not in added
+    assert added.count("\n") <= 2  # one rate-limited line, not one per request
+
+
+# --- 4. proxy-control and origin-wide headers from scripts --------------------------------
+
+@pytest.mark.parametrize("name", [
+    "X-Accel-Redirect", "X-Accel-Buffering", "X-Sendfile", "X-Sendfile-Type",
+    "X-LiteSpeed-Location", "NEL", "Report-To", "Reporting-Endpoints", "Accept-CH",
+    "Set-Login", "Origin-Agent-Cluster", "Expect-CT", "Public-Key-Pins",
+])
+def test_script_cannot_send_proxy_control_or_origin_wide_headers(server: Server, make_endpoint,
+                                                                 name: str) -> None:
+    ep = make_endpoint(source=f"""
+on endpoint(event):
+    event.header("{name}", "/healthz")
+    event.reply("mine")
+""")
+    resp = server.request(ep.path, json_body={}, secret=ep.secret)
+    assert_error(resp, 500, "invalid_reply")
+    assert name.lower() not in resp.headers
+
+
+# --- 8. charsets: a fixed set, refused before any codec lookup ------------------------------
+
+@pytest.mark.parametrize("charset", ["undefined", "x" * 200, "rot13", "utf-7", "idna"])
+def test_unknown_charset_is_400_invalid_body(server: Server, make_endpoint, charset: str) -> None:
+    ep = make_endpoint(source=ECHO)
+    resp = server.request(ep.path, body=b"hello", secret=ep.secret,
+                          headers={"Content-Type": f"text/plain; charset={charset}"})
+    assert_error(resp, 400, "invalid_body")
+
+
+def test_known_charsets_are_decoded(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source=ECHO_EVENT)
+    resp = server.request(ep.path, body="café".encode("latin-1"), secret=ep.secret,
+                          headers={"Content-Type": "text/plain; charset=ISO-8859-1"})
+    assert resp.status == 200 and resp.json["body"] == "café"
+
+
+def test_charset_names_are_refused_before_any_codec_lookup() -> None:
+    # Each name looked up stays in the codec registry's cache for the life of
+    # the process (the service's, in production): unknown names never get there.
+    import encodings
+
+    from service.http.errors import InvalidBodyError
+    from service.http.event import parse_body
+
+    before = len(encodings._cache)  # type: ignore[attr-defined]
+    for n in range(50):
+        with pytest.raises(InvalidBodyError):
+            parse_body(f"text/plain; charset=c{n}{'y' * 1000}", b"x")
+    assert len(encodings._cache) == before  # type: ignore[attr-defined]
+
+
+# --- 9. numbers and strings the worker frame cannot carry ---------------------------------
+
+@pytest.mark.parametrize("body", [b'{"id": 99999999999999999999}', b"-9223372036854775809",
+                                  b'"\\ud800"', b'{"\\udc00": 1}', b'[1e400]'])
+def test_uncarriable_json_is_400_invalid_body_and_blames_no_script(
+        server: Server, make_endpoint, read_errors, body: bytes) -> None:
+    ep = make_endpoint(source=ECHO)
+    resp = server.request(ep.path, body=body, secret=ep.secret,
+                          headers={"Content-Type": "application/json"})
+    assert_error(resp, 400, "invalid_body")
+    assert read_errors(ep) == []
+
+
+def test_largest_carriable_integers_reach_the_script(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source=ECHO_EVENT)
+    body = json.dumps([-(1 << 63), (1 << 64) - 1, "\U0001F600"]).encode()
+    resp = server.request(ep.path, body=body, secret=ep.secret,
+                          headers={"Content-Type": "application/json"})
+    assert resp.status == 200 and resp.json["body"] == [-(1 << 63), (1 << 64) - 1, "\U0001F600"]
+
+
+# --- 10. RFC 9112 points ------------------------------------------------------------------
+
+def test_two_host_headers_are_400(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source=ECHO)
+    for path in (ep.path, "/healthz"):
+        status, _, _ = raw(server, post(path, ep.secret, extra="Host: b\r\n"))
+        assert status == 400, path
+
+
+def test_absolute_form_target_is_served(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source=ECHO)
+    data = post(f"http://t{ep.path}?a=1", ep.secret)
+    status, _, body = raw(server, data)
+    assert status == 200 and json.loads(body)["ok"] is True
+    status, _, _ = raw(server, b"GET http://t/healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    assert status == 200
+
+
+def test_205_is_sent_without_a_body(server: Server, make_endpoint) -> None:
+    ep = make_endpoint(source="""
+on endpoint(event):
+    event.status(205)
+    event.reply("should not be sent")
+""")
+    status, head, rest = raw(server, post(ep.path, ep.secret))
+    assert status == 205
+    assert b"\r\nContent-Length: 0" in head and rest == b""
+
+
+@pytest.mark.parametrize("version", [b"HTTP/1.2", b"HTTP/1.9", b"HTTP/3.0"])
+def test_unknown_http_versions_are_505(server: Server, version: bytes) -> None:
+    status, _, body = raw(server, b"GET /healthz " + version + b"\r\nHost: t\r\n\r\n")
+    assert status == 505 and b"http_version_not_supported" in body
+
+
+@pytest.mark.parametrize("coding", ["gzip, chunked", "deflate,chunked", "identity, chunked"])
+def test_transfer_codings_other_than_chunked_are_refused(server: Server, make_endpoint,
+                                                         coding: str) -> None:
+    ep = make_endpoint(source=ECHO)
+    data = (f"POST {ep.path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {ep.secret}\r\n"
+            f"Content-Type: application/json\r\nTransfer-Encoding: {coding}\r\n\r\n"
+            "2\r\n{}\r\n0\r\n\r\n").encode()
+    status, _, _ = raw(server, data)
+    assert status == 501
+
+
+# --- 11. one canonical path ---------------------------------------------------------------
+
+def test_percent_encoded_and_trailing_slash_paths_are_404(server: Server, make_endpoint,
+                                                          read_history) -> None:
+    ep = make_endpoint(source=ECHO)
+    encoded = "/endpoints/" + "".join(f"%{ord(c):02X}" for c in ep.guild_id) + "/" + ep.script_id
+    for path in (encoded, ep.path + "/", ep.path.replace("logic_", "logic%5F")):
+        resp = server.request(path, json_body={}, secret=ep.secret)
+        assert resp.status == 404, path
+    assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200
+    from tests.service.http.harness import wait_until
+    assert wait_until(lambda: len(read_history(ep)) == 1)
+
+
+# --- 12. secrets and credentials kept out of history and error logs -----------------------
+
+def test_secret_and_credential_params_are_redacted_in_history(server: Server, make_endpoint,
+                                                              read_history,
+                                                              read_errors) -> None:
+    ep = make_endpoint(source="""
+on endpoint(event):
+    raise ValueError("echo " + event.query.get("s", ""))
+""")
+    path = (f"{ep.path}?s={ep.secret}&access_token=abc123&apiKey=k1&page=2"
+            f"&note=mine-{ep.secret}-end")
+    resp = server.request(path, body=f'{{"copy": "{ep.secret}"}}', secret=ep.secret,
+                          headers={"Content-Type": "application/json", "X-Api-Key": "hunter2",
+                                   "X-Echo": ep.secret})
+    assert resp.status == 500
+    from tests.service.http.harness import wait_until
+    assert wait_until(lambda: len(read_history(ep)) == 1 and len(read_errors(ep)) == 1)
+    record = read_history(ep)[0]
+    assert record["query"]["page"] == "2"
+    for name in ("s", "access_token", "apiKey", "note"):
+        assert record["query"][name] == "[redacted]", name
+    assert record["headers"]["x-api-key"] == "[redacted]"
+    assert record["headers"]["x-echo"] == "[redacted]"
+    everything = json.dumps(record) + json.dumps(read_errors(ep))
+    assert ep.secret not in everything and "abc123" not in everything
+    assert "hunter2" not in everything

@@ -1,0 +1,59 @@
+"""The records journal: answered requests survive a SIGKILL of the service."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from service.http.journal import FIELDS, Journal, read_segments
+from tests.service.http.harness import Server, wait_until
+from tests.service.http.test_checks import ECHO
+
+
+def test_records_of_answered_requests_survive_sigkill(make_server, make_endpoint, read_history,
+                                                      http_env, bind, tmp_path: Path) -> None:
+    from service.core import reads
+    from service.core.access import Actor
+    from tests.service.http.conftest import OWNER
+
+    journal = tmp_path / "journal"
+    extra = f'[records]\njournal = "{journal}"'
+    server: Server = make_server(extra=extra)
+    ep = make_endpoint(source=ECHO, plan="bench")
+    for n in range(100):
+        assert server.request(ep.path + f"?n={n}", json_body={"n": n},
+                              secret=ep.secret).status == 200
+    server.kill()  # SIGKILL right after the last answer: the writer had no time
+    restarted: Server = make_server(extra=extra)
+    assert "replayed" in restarted.log or len(read_history(ep)) == 100
+
+    def total() -> Any:
+        bind()
+        return reads.stats(Actor.user(OWNER), ep.guild_id, ep.script_id,
+                           plans=http_env.plans)["total"]
+
+    assert wait_until(lambda: len(read_history(ep)) == 100 and total() == 100, timeout=20), \
+        (len(read_history(ep)), total())
+    history = read_history(ep)
+    assert sorted(int(r["query"]["n"]) for r in history) == list(range(100))
+    assert ep.secret not in str(history)
+    assert restarted.request("/healthz", method="GET").status == 200
+
+
+def test_journal_holds_no_secret_and_a_torn_entry_is_skipped(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j")
+    facts = {name: None for name in FIELDS}
+    facts.update(endpoint_id=1, keep=10, error_logs=True, accepted=True, request_id="req_1",
+                 started=1.0, finished=1.5, status=200, ip="127.0.0.1", method="POST",
+                 query={"a": "1"}, headers={}, body=b"{}", user_agent="", response_headers=[],
+                 response_body=b"", output="", error_message="")
+    with journal.lock:
+        journal.append(tuple(facts.values()))
+        journal.append(tuple(facts.values()))
+        sealed = journal.seal()
+    assert len(sealed) == 1
+    data = sealed[0].read_bytes()
+    sealed[0].write_bytes(data + data[: len(data) // 4])  # a crash mid-append
+    entries = list(read_segments(sealed))
+    assert len(entries) == 2 and entries[0].history_slot() == (1, 10)
+    journal.close()
