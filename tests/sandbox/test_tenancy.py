@@ -285,11 +285,14 @@ def test_a_guild_over_its_budget_is_logged_once_and_served_last(
         assert pool.scheduler.standing("A") < 0
         await pool.run(spin, event({"s": 0.05}), LIMITS, guild="A")
         # A holds the slot; then A and B both wait: B, in good standing, goes first.
+        # (waits on state, not on sleeps: the machine may be slow)
         held = asyncio.ensure_future(pool.run(spin, event({"s": 0.3}), LIMITS, guild="C"))
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: pool._busy == 1)
         a = asyncio.ensure_future(pool.run(ref(ECHO), event(), LIMITS, guild="A"))
-        await asyncio.sleep(0.01)
+        await wait_for(lambda: pool.scheduler.waiting == 1)
         b = asyncio.ensure_future(pool.run(ref(ECHO), event(), LIMITS, guild="B"))
+        await wait_for(lambda: pool.scheduler.waiting == 2)
+        assert not held.done(), "C's job should still hold the only worker"
         first = (await asyncio.wait([a, b], return_when=asyncio.FIRST_COMPLETED))[0].pop()
         assert first is b
         assert (await a).deprioritised and not (await b).deprioritised
