@@ -156,8 +156,8 @@ def script_stats(call: Call) -> str:
     if stats.get("latency"):
         lat = stats["latency"]
         if lat["p50"] is not None:
-            lines.append(f"Latency over 24 h: p50 ≤ {lat['p50']:g} ms, p90 ≤ {lat['p90']:g} ms, "
-                         f"p99 ≤ {lat['p99']:g} ms")
+            lines.append(f"Latency over 24 h (within 1 %): p50 {lat['p50']:g} ms, "
+                         f"p90 {lat['p90']:g} ms, p99 {lat['p99']:g} ms")
         top = ", ".join(f"`{t['ip']}` ({t['count']})" for t in stats.get("topIps", [])[:5])
         if top:
             lines.append(f"Top callers: {top}")

@@ -177,7 +177,7 @@ def test_history_and_stats(platform: Platform, make_guild: Any) -> None:
                                                       script=g.script_id))
         assert ephemeral
         assert re.search(r"Requests: 7 \(last 24 h: 7\); by status: 200: 7", content), content
-        assert "Latency over 24 h: p50" in content and "`127.0.0.1` (7)" in content
+        assert "Latency over 24 h (within 1 %): p50" in content and "`127.0.0.1` (7)" in content
     for sub in ("history", "stats"):
         content, ephemeral = message(platform.command("logic", "script", sub, guild_id=g.guild_id,
                                                       user_id=STRANGER, script=g.script_id))
