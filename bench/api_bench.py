@@ -80,7 +80,8 @@ def main() -> None:
     alone, loaded, api_rates = [], [], []
     try:
         port = free_port()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {"LOGIC_SERVER_COOKIE_SECRET": "bench-cookie-secret-" + "x" * 32, **os.environ,
+               "PYTHONUNBUFFERED": "1"}
         svc = subprocess.Popen(["taskset", "-c", str(SERVER_CPU), LOGIC, "--database-url", db,
                                 "--config", str(cfg), "serve", "--port", str(port)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

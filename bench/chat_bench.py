@@ -61,7 +61,8 @@ def main() -> None:
         config = f"{tmp}/logic.toml"
         with open(config, "w") as fh:
             fh.write(f'[chat]\npublic_key = "{key.verify_key.encode().hex()}"\n')
-        server = Server(url, config, extra_args=["--workers", "1"]).start()
+        server = Server(url, config, extra_args=["--workers", "1"],
+                        env={"LOGIC_SERVER_COOKIE_SECRET": "bench-cookie-secret-" + "x" * 32}).start()
         try:
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
             kinds = {

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import subprocess
 import sys
 import tempfile
@@ -129,7 +130,9 @@ def main() -> None:
     port = free_port()
     proc = subprocess.Popen([LOGIC, "--database-url", db, "--config", str(cfg), "serve",
                              "--port", str(port)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            env={"LOGIC_SERVER_COOKIE_SECRET": "bench-cookie-secret-" + "x" * 32,
+                                 **os.environ})
     try:
         wait_listening(proc)
         print(f"victim at {args.rate:.0f}/s, attacker 9 endpoints x 2/s, "
