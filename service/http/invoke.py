@@ -43,9 +43,8 @@ from service.http.errors import (
     ServiceError,
     UnauthorizedError,
 )
-from service.http.event import (HINT_HEADER, body_hint, build_event, client_ip, ip_allowed,
-                                parse_query, visible_headers)
-from service.http.journal import JournaledRequest, without_secret
+from service.http.event import HINT_HEADER, body_hint, build_event, client_ip, ip_allowed
+from service.http.journal import JournaledRequest, request_facts
 
 if TYPE_CHECKING:
     import asyncio
@@ -421,41 +420,5 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
         return JournaledRequest(self.journal_facts()).records(history)
 
     def journal_facts(self) -> tuple[Any, ...]:
-        """What its records are made of, as plain data in `journal.FIELDS`
-        order, the presented secret redacted: journaled as the answer goes out."""
-        target = self.target
-        assert target is not None
-        plan = target.plan
-        ip = self.ip or self.peer
-        outcome = self.outcome
-        # Sandbox scheduling, for the statistics: waited for a worker (a 503
-        # after waiting has no outcome), and while the guild was deprioritised.
-        queued = outcome.waited if outcome is not None else self.waited
-        deprioritised = outcome.deprioritised if outcome is not None else False
-        if not self.accepted:
-            return (target.endpoint_id, plan.history, plan.error_logs, False, self.request_id,
-                    self.started, self.finished, self.status, ip, self.method or "POST", {}, {},
-                    b"", "", [], b"", "", None, None, "", None, None, queued, deprioritised,
-                    target.script_version)
-        event = self.event
-        headers = self.headers
-        error = None
-        if outcome is not None and outcome.error_kind:
-            error = f"{outcome.error_kind}: {outcome.error_message or ''}".strip()
-        elif self.error_code:
-            error = self.error_code
-        facts = (
-            target.endpoint_id, plan.history, plan.error_logs, True, self.request_id,
-            self.started, self.finished, self.status, ip, self.method or "POST",
-            event["query"] if event else parse_query(self.query),
-            event["headers"] if event else visible_headers(headers),
-            self.raw_body, headers.get("user-agent", ""),
-            self.response_headers, self.response_body,
-            outcome.output if outcome else "", error,
-            (outcome.error_kind or None) if outcome else None,
-            (outcome.error_message or "") if outcome else "",
-            outcome.error_line if outcome else None, outcome.traceback if outcome else None,
-            queued, deprioritised, target.script_version)
-        # Only authenticated requests get here: the secret they presented is
-        # the endpoint's own, and is never kept (service.http.redaction).
-        return without_secret(facts, presented_secret(headers))
+        """What its records are made of (`service.http.journal.request_facts`)."""
+        return request_facts(self)

@@ -37,6 +37,8 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 
 from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
+from service.http.auth import presented_secret
+from service.http.event import parse_query, visible_headers
 from service.http.redaction import Redactor
 
 log = logging.getLogger("logic.records")
@@ -174,6 +176,48 @@ def read_segments(paths: list[Path]) -> Iterator[JournaledRequest]:
                 if isinstance(facts, list) and len(facts) == len(FIELDS):
                     yield JournaledRequest(tuple(facts))
             offset += 4 + size
+
+
+def request_facts(req: Any) -> tuple[Any, ...]:
+    """What a finished `service.http.invoke.InvokeRequest`'s records are made
+    of, as plain data in `FIELDS` order, the presented secret redacted:
+    journaled as the answer goes out (on the event loop: keep it cheap)."""
+    target = req.target
+    assert target is not None
+    plan = target.plan
+    ip = req.ip or req.peer
+    outcome = req.outcome
+    # Sandbox scheduling, for the statistics: waited for a worker (a 503
+    # after waiting has no outcome), and while the guild was deprioritised.
+    queued = outcome.waited if outcome is not None else req.waited
+    deprioritised = outcome.deprioritised if outcome is not None else False
+    if not req.accepted:
+        return (target.endpoint_id, plan.history, plan.error_logs, False, req.request_id,
+                req.started, req.finished, req.status, ip, req.method or "POST", {}, {},
+                b"", "", [], b"", "", None, None, "", None, None, queued, deprioritised,
+                target.script_version)
+    event = req.event
+    headers = req.headers
+    error = None
+    if outcome is not None and outcome.error_kind:
+        error = f"{outcome.error_kind}: {outcome.error_message or ''}".strip()
+    elif req.error_code:
+        error = req.error_code
+    facts = (
+        target.endpoint_id, plan.history, plan.error_logs, True, req.request_id,
+        req.started, req.finished, req.status, ip, req.method or "POST",
+        event["query"] if event else parse_query(req.query),
+        event["headers"] if event else visible_headers(headers),
+        req.raw_body, headers.get("user-agent", ""),
+        req.response_headers, req.response_body,
+        outcome.output if outcome else "", error,
+        (outcome.error_kind or None) if outcome else None,
+        (outcome.error_message or "") if outcome else "",
+        outcome.error_line if outcome else None, outcome.traceback if outcome else None,
+        queued, deprioritised, target.script_version)
+    # Only authenticated requests get here: the secret they presented is
+    # the endpoint's own, and is never kept (service.http.redaction).
+    return without_secret(facts, presented_secret(headers))
 
 
 def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...]:
