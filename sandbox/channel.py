@@ -28,7 +28,7 @@ class RequestState:
 
     __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker",
                  "ships_source", "asked_source", "guild", "queued", "deprioritised", "waited",
-                 "seated", "excess")
+                 "seated", "excess", "where")
 
     def __init__(self, future: "asyncio.Future[Any]", kind: str, ref: Any,
                  event: dict[str, Any], limits: "Limits", guild: str = "") -> None:
@@ -39,6 +39,8 @@ class RequestState:
         self.deprioritised = False  # queued while its guild was over its budget
         self.seated = False       # holds one of the scheduler's run slots
         self.excess = False       # ... beyond its guild's fair share (sandbox.scheduler)
+        #: (line, script traceback) the worker reported when the time limit passed
+        self.where: tuple[int | None, str] | None = None
         self.kind = kind  # "job", or "exec" for the test hook
         self.ref = ref
         self.event = event

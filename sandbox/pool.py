@@ -390,6 +390,12 @@ class Pool(Placement, Supervisor):
             return
         if req is None or msg["id"] != req.id:
             raise ProtocolError(f"unexpected {t!r} message")
+        if t == "where":
+            # Only the first report of a job counts, and it changes no deadline.
+            if req.kind != "job" or req.where is not None:
+                raise ProtocolError("unexpected where message")
+            req.where = (msg["line"], msg["tb"])
+            return
         if t == "compiled":
             if req.kind != "job" or not req.ships_source:
                 raise ProtocolError("worker compiled a source it was not sent")

@@ -16,6 +16,8 @@ worker -> parent
     ``{"t": "ready", "pid", "hard": {layer: bool}, "notes": [str]}``
     ``{"t": "need", "id"}``  (worker lacks the source for that script version)
     ``{"t": "compiled", "id"}``  (worker compiled the source it was sent; the run starts)
+    ``{"t": "where", "id", "line", "tb"}``  (the script's time ran out: where it was; the
+    supervisor's kill still ends it)
     ``{"t": "res", "id", "r": run_endpoint result, "peak", "over", "dur", "exit",
     "rss"}`` (``rss``: the worker's resident bytes after the job)
     ``{"t": "xres", "id", "ok", "value"}``
@@ -229,6 +231,10 @@ def check_reply(msg: Any) -> dict[str, Any]:
               and (msg.get("rss") is None or _is_int(msg.get("rss"))))
     elif t in ("need", "compiled"):
         ok = _is_int(msg.get("id"))
+    elif t == "where":
+        tb = msg.get("tb")
+        ok = (_is_int(msg.get("id")) and (msg.get("line") is None or _is_int(msg.get("line")))
+              and type(tb) is str and len(tb) <= MAX_TRACEBACK_CHARS)
     elif t == "ready":
         hard = msg.get("hard")
         ok = (_is_int(msg.get("pid")) and type(hard) is dict

@@ -132,8 +132,13 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
         finally:
             sys.setrecursionlimit(old_limit)
             state.sealed = True
-    except MemoryError:
+    except MemoryError as exc:
         error = _error("script_memory_exceeded", "the script used more memory than its plan allows")
+        try:  # where: the allocation that failed (the cap may refuse this too)
+            where = _describe(exc, script)
+            error["line"], error["traceback"] = where["line"], where["traceback"]
+        except BaseException:  # noqa: BLE001 - the kind and message stand without it
+            pass
     except BaseException as exc:  # noqa: BLE001 - everything the script raises is an outcome
         if state.invalid is None:
             error = _script_error(exc, script)
@@ -251,6 +256,19 @@ def _script_error(exc: BaseException, script: CompiledScript) -> dict[str, Any]:
         return _error("script_error", _clean(_type_name(exc)))
 
 
+def script_frames(frame: types.FrameType | None, script: CompiledScript) -> list[tuple[int, str]]:
+    """(line, function) of the script's own frames on the stack ending at
+    `frame`, outermost first (trusted code's frames left out)."""
+    frames: list[tuple[int, str]] = []
+    filename = script.code.co_filename
+    while frame is not None:
+        if frame.f_code.co_filename == filename:
+            frames.append((frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    frames.reverse()
+    return frames
+
+
 def _describe(exc: BaseException, script: CompiledScript) -> dict[str, Any]:
     name = _type_name(exc)
     text = _exception_text(exc)
@@ -264,6 +282,12 @@ def _describe(exc: BaseException, script: CompiledScript) -> dict[str, Any]:
             frames.append((tb.tb_lineno, code.co_name))
         tb = tb.tb_next
     line = frames[-1][0] if frames else None
+    return _error("script_error", message, line, script_traceback(frames, script, message))
+
+
+def script_traceback(frames: list[tuple[int, str]], script: CompiledScript, message: str) -> str:
+    """A traceback of the script's frames (outermost first), with their source lines."""
+    filename = script.code.co_filename
     lines = ["Traceback (most recent call last):"]
     if len(frames) > MAX_TRACEBACK_FRAMES:
         lines.append(f"  ... {len(frames) - MAX_TRACEBACK_FRAMES} earlier frames omitted")
@@ -275,4 +299,4 @@ def _describe(exc: BaseException, script: CompiledScript) -> dict[str, Any]:
             if source:
                 lines.append(f"    {source[:200]}")
     lines.append(message)
-    return _error("script_error", message, line, _clean("\n".join(lines), 20000))
+    return _clean("\n".join(lines), 20000)

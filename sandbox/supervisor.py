@@ -16,6 +16,7 @@ import signal
 import socket
 import time
 from collections import OrderedDict, deque
+from dataclasses import replace
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
@@ -327,9 +328,14 @@ class Supervisor:
         if req.kind == "job":
             self._c["timeouts"] += 1
         log.info("sandbox worker %d passed the %d ms limit; killed", w.pid, req.limits.time_ms)
-        self._replace(w, failure("script_timeout",
-                                 f"script ran longer than {req.limits.time_ms} ms",
-                                 (now - req.t0) * 1000.0), backoff=False)
+        message = f"script ran longer than {req.limits.time_ms} ms"
+        out = failure("script_timeout", message, (now - req.t0) * 1000.0)
+        if req.where is not None:
+            # Where the worker said the script was when its time ran out.
+            line, tb = req.where
+            at = f" (stopped at line {line})" if line is not None else ""
+            out = replace(out, error_message=message + at, error_line=line, traceback=tb)
+        self._replace(w, out, backoff=False)
 
     def _housekeeping(self) -> None:
         assert self._loop is not None

@@ -16,11 +16,13 @@ address-space bound (``limits.AddressSpaceLimit``).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, NoReturn
 
 from sandbox import hardening, limits, protocol
@@ -60,6 +62,10 @@ class _Runner:
 
     #: Tells the supervisor a compile finished, so the script's clock starts now.
     on_compiled: Callable[[int], object] | None = None
+    #: Tells the supervisor where a script was when its time ran out (SIGALRM).
+    send_where: Callable[[dict[str, Any]], object] | None = None
+    #: (job id, compiled script) while a script runs; the timer's handler reads it.
+    _running: tuple[int, Any] | None = None
 
     def __init__(self, cfg: WorkerConfig, accountant: limits.MemoryAccountant) -> None:
         from sandbox.compiler import compile_script
@@ -138,6 +144,10 @@ class _Runner:
         report = self._report_type()
         self._as.bound(self._mem.mapped, cap)
         self._acct.arm(cap)
+        # At the time limit the script is not stopped here (the supervisor
+        # kills the worker, as before): the timer only reports where it was.
+        self._running = (msg["id"], compiled.script)
+        signal.setitimer(signal.ITIMER_REAL, msg["ms"] / 1000.0)
         try:
             result = self._run(compiled.script, msg["event"], output_cap=OUTPUT_CAP,
                                report=report)
@@ -146,6 +156,8 @@ class _Runner:
             result = None
             failure = exc
         finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            self._running = None
             peak, over = self._acct.disarm()
             # The bound stays until the next job sets its own (no system call
             # while it does not change): the reply is encoded within it, from
@@ -156,20 +168,38 @@ class _Runner:
             # could run during the next guild's invocation: retire the worker.
             exit_after = True
         if over:
-            line, output = None, ""
+            line, tb, output = None, None, ""
             if result is not None:
                 output = result["output"]  # what it printed still helps its author
-                if result.get("error"):
-                    line = result["error"].get("line")
+                if result.get("error"):   # where the failing allocation was
+                    line, tb = result["error"].get("line"), result["error"].get("traceback")
             result = _error_result("script_memory_exceeded",
                                    f"script memory exceeded the {cap // 1024} KB cap", line)
             result["output"] = output
+            result["error"]["traceback"] = tb
             exit_after = True
         elif failure is not None:
             kind = "script_memory_exceeded" if isinstance(failure, MemoryError) else "crash"
             result = _error_result(kind, f"sandbox runtime failed: {type(failure).__name__}")
             exit_after = True
         return self._reply(msg["id"], result, peak, over, dur, exit_after)
+
+    def on_time_limit(self, signum: int, frame: FrameType | None) -> None:
+        """SIGALRM at the script's time limit: send the script line it is
+        executing and its script frames, once; the script runs on until the
+        supervisor's kill (a handler that stopped it could be caught by it)."""
+        running, self._running = self._running, None
+        if running is None or self.send_where is None:
+            return
+        job_id, script = running
+        try:
+            from sandbox.runtime import script_frames, script_traceback
+            frames = script_frames(frame, script)
+            self.send_where({"t": "where", "id": job_id,
+                             "line": frames[-1][0] if frames else None,
+                             "tb": script_traceback(frames, script, "stopped by the time limit")})
+        except BaseException:  # noqa: BLE001 - a report must never change what the script does
+            pass
 
     def _reply(self, job_id: int, result: Any, peak: int, over: bool, dur: float,
                exit_after: bool) -> dict[str, Any]:
@@ -242,6 +272,8 @@ def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
                    "judged after the run; RLIMIT_AS alone stops a growing loop")
         runner = _Runner(cfg, accountant)
         runner.on_compiled = lambda job_id: _send(sock, {"t": "compiled", "id": job_id})
+        runner.send_where = lambda message: _send(sock, message)
+        signal.signal(signal.SIGALRM, runner.on_time_limit)
         _send(sock, {"t": "ready", "pid": os.getpid(), "hard": report.layers,
                      "notes": report.notes})
         while True:

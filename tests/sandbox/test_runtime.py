@@ -114,10 +114,13 @@ def test_exception_without_message() -> None:
 
 
 def test_memory_error_outcome() -> None:
+    # Where the allocation failed is reported (line and script frames).
     out = run_block("raise MemoryError()")
-    assert out["error"] == {"kind": "script_memory_exceeded",
-                            "message": "the script used more memory than its plan allows",
-                            "line": None, "traceback": None}
+    error = out["error"]
+    assert {k: error[k] for k in ("kind", "message", "line")} == {
+        "kind": "script_memory_exceeded",
+        "message": "the script used more memory than its plan allows", "line": 2}
+    assert error["traceback"].endswith("raise MemoryError()\nMemoryError")
     assert out["status"] == 500
 
 

@@ -261,3 +261,21 @@ def test_history_keeps_the_headers_as_sent_and_date_is_the_servers(server: Serve
     assert sent["content-length"] == str(len(resp.body))
     assert sent["date"] == dates[0]
     assert sent["x-request-id"] == resp.headers["x-request-id"]
+
+
+def test_the_error_log_says_where_a_timed_out_script_was(server: Server, make_endpoint,
+                                                          read_errors) -> None:
+    source = ("def spin():\n"
+              "    n = 0\n"
+              "    while True:\n"
+              "        n += 1\n"
+              "on endpoint(event):\n"
+              "    spin()\n")
+    ep = make_endpoint(source)
+    resp = server.request(ep.path, secret=ep.secret, json_body={})
+    assert_error(resp, 504, "script_timeout")
+    assert wait_until(lambda: read_errors(ep))
+    record = read_errors(ep)[0]
+    assert record["kind"] == "script_timeout" and record["line"] in (3, 4), record
+    assert "stopped at line" in record["message"]
+    assert 'line 6, in' in record["traceback"] and "spin()" in record["traceback"]
