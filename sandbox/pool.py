@@ -39,9 +39,11 @@ from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import PoolBusyError, PoolClosedError, ProtocolError, SpawnError
 from sandbox.hardening import HardeningConfig
 from sandbox.limits import COMPILE_BUDGET_MS, Limits, current_address_space
-from sandbox.outcome import Outcome, failure, from_result
+from sandbox.outcome import Outcome, failure
+from sandbox.inbox import Inbox
 from sandbox.placement import Placement, QuarantineKey, derived_max_workers, sandbox_user
 from sandbox.scheduler import Scheduler
+from sandbox.shutdown import Shutdown
 from sandbox.supervisor import HOUSEKEEPING_S, TICK_S, Supervisor
 from sandbox.worker import WorkerConfig
 
@@ -66,7 +68,7 @@ class ScriptRef:
             raise TypeError("ScriptRef needs key: str, version: int, source: str")
 
 
-class Pool(Placement, Supervisor):
+class Pool(Placement, Inbox, Shutdown):
     """Hardened workers, one guild per worker, behind an asyncio API.  See docs/architecture.md."""
 
     def __init__(self, size: int | None = None, *, queue_timeout_ms: int = 2000,
@@ -374,71 +376,6 @@ class Pool(Placement, Supervisor):
                 self._note_crash(w.req, "sandbox worker sent an invalid reply", self._loop.time())
             self._replace(w, failure("crash", "sandbox worker sent an invalid reply",
                                      self._elapsed(w)), backoff=False)
-
-    def _on_message(self, w: WorkerHandle, msg: dict[str, Any]) -> None:
-        t = msg["t"]
-        req = w.req
-        if t == "ready":
-            if w.ready:
-                raise ProtocolError("second ready message")
-            w.ready = True
-            self._unready -= 1
-            self._merge_hardening(msg["hard"], msg["notes"])
-            if self._loop is not None:
-                self._loop.call_later(1.0, self._clear_failures, w)
-            self._on_spare(w)
-            return
-        if req is None or msg["id"] != req.id:
-            raise ProtocolError(f"unexpected {t!r} message")
-        if t == "where":
-            # Only the first report of a job counts, and it changes no deadline.
-            if req.kind != "job" or req.where is not None:
-                raise ProtocolError("unexpected where message")
-            req.where = (msg["line"], msg["tb"])
-            return
-        if t == "compiled":
-            if req.kind != "job" or not req.ships_source:
-                raise ProtocolError("worker compiled a source it was not sent")
-            req.ships_source = False
-            assert self._loop is not None
-            req.deadline = self._loop.time() + req.limits.time_ms / 1000.0 + self.kill_grace
-            return
-        if t == "need":
-            # Legitimate once, and only when the job went without the source:
-            # a compromised worker answering "need" again and again (or after
-            # "compiled") would reset its deadline to a new compile budget
-            # each time and hold the request and the slot for ever (R10).
-            if req.kind != "job" or req.ships_source or req.asked_source:
-                raise ProtocolError("worker asked again for a source it was sent")
-            req.asked_source = True
-            w.known.pop((req.ref.key, req.ref.version), None)
-            if req.kind != "job" or not w.send(w.job_frame(req), self._loop, self._on_writable):
-                raise ProtocolError("worker asked for a source it cannot have")
-            assert self._loop is not None
-            req.deadline = self._loop.time() + COMPILE_BUDGET_MS / 1000.0 + self.kill_grace
-            return
-        if (t == "res") != (req.kind == "job"):
-            raise ProtocolError(f"{t!r} answers a {req.kind!r} request")
-        w.req = None
-        self._busy -= 1
-        w.jobs += 1
-        loop = self._loop
-        assert loop is not None
-        now = loop.time()
-        self._end(req, now - req.t0)
-        if t == "xres":
-            req.resolve((msg["ok"], msg.get("value")))
-            self._replace(w, None, backoff=False)  # hooks may have changed it
-            return
-        if msg["over"]:
-            self._c["memory_kills"] += 1
-        req.resolve(from_result(msg["r"], msg["dur"], msg["peak"], req.waited,
-                                req.deprioritised))
-        if msg["exit"] or msg["over"] or w.jobs >= w.max_jobs:
-            self._replace(w, None, backoff=False)
-        else:
-            self._park(w, now)
-            self._pump()
 
     # --- deadlines and housekeeping ---------------------------------------
     def _ensure_tick(self) -> None:

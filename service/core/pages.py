@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
@@ -29,6 +28,7 @@ from service.core.audit import audit_view
 from service.core.errors import NotFoundError, QuotaError, ValidationError
 from service.core.guilds import guild_view
 from service.core.reads import _endpoint_and_plan, error_view, record_view
+from service.core.record_queries import parse_status
 from service.core.scripts import script_view
 from service.plans import DEFAULT_PLANS, Plan
 
@@ -36,7 +36,6 @@ DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
 # peewee's `fn` is untyped in its stubs: one typed alias instead of ignores.
 fn: Any = _fn
-_STATUS = re.compile(r"([1-5])xx|([1-5][0-9][0-9])")
 
 
 def encode_cursor(key: int | str) -> str:
@@ -105,9 +104,7 @@ def history_page(actor: Actor, guild_id: str, script_id: str, *, limit: int | No
     n = check_limit(limit)
     after = decode_cursor(cursor, int)
     when = parse_since(since)
-    match = _STATUS.fullmatch(status or "") if status else None
-    if status and match is None:
-        raise ValidationError("status must be 1xx-5xx or a code such as 404", code="invalid_status")
+    span = parse_status(status)   # the CLI's --status rule, one parser for both fronts
     endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read history", plans)
     if plan.history <= 0:
         return {"items": [], "nextCursor": None}
@@ -116,12 +113,8 @@ def history_page(actor: Actor, guild_id: str, script_id: str, *, limit: int | No
               .order_by(RequestRecord.id.desc()).limit(1).offset(plan.history - 1))
     query = RequestRecord.select().where((RequestRecord.endpoint == endpoint.id)
                                          & (RequestRecord.id >= _floor(newest)))
-    if match is not None:
-        if match.group(1):
-            low = int(match.group(1)) * 100
-            query = query.where((RequestRecord.status >= low) & (RequestRecord.status < low + 100))
-        else:
-            query = query.where(RequestRecord.status == int(match.group(2)))
+    if span is not None:
+        query = query.where(RequestRecord.status.between(*span))
     if when is not None:
         query = query.where(RequestRecord.time >= when)
     cursor_text = encode_cursor(after) if after is not None else None

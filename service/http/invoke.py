@@ -25,12 +25,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from tornado import httputil
 
-from sandbox.errors import PoolBusyError, PoolClosedError
-from sandbox.pool import Limits, ScriptRef
 from service.http.auth import VerifierBusy, presented_secret
 from service.http.base import error_body, new_request_id
 from service.http.errors import (
-    OUTCOME_ERRORS,
     AuthThrottledError,
     BusyError,
     EndpointDisabledError,
@@ -43,8 +40,9 @@ from service.http.errors import (
     ServiceError,
     UnauthorizedError,
 )
-from service.http.event import HINT_HEADER, body_hint, build_event, client_ip, ip_allowed
+from service.http.event import client_ip, ip_allowed
 from service.http.journal import JournaledRequest, request_facts
+from service.http.script_run import ScriptRun
 
 if TYPE_CHECKING:
     import asyncio
@@ -66,11 +64,6 @@ _ROUTE = re.compile(r"/endpoints/([^/]+)/([^/]+)")
 _GUILD_ID = re.compile(r"\d{1,25}")
 _SCRIPT_ID = re.compile(r"logic_[A-Za-z0-9_-]{22}")
 _ALLOW = "POST, OPTIONS"
-#: On every script reply: browsers treat it as a sandboxed origin with no
-#: scripts (it must never act as a page of the origin the dashboard shares).
-_REPLY_HEADERS = [("Content-Security-Policy", "sandbox"), ("X-Content-Type-Options", "nosniff")]
-#: Set by the service on every reply; a script's own value for them is dropped.
-_SERVICE_SET = frozenset({"content-security-policy", "x-content-type-options", "content-type"})
 
 
 class InvokeEndpoint(httputil.HTTPServerConnectionDelegate):
@@ -87,7 +80,7 @@ class InvokeEndpoint(httputil.HTTPServerConnectionDelegate):
         return InvokeRequest(self.context, cast("Exchange", request_conn))
 
 
-class InvokeRequest(httputil.HTTPMessageDelegate):
+class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
     """One invoke request, from its headers to its records."""
 
     __slots__ = ("context", "conn", "peer", "request_id", "started", "method", "path", "query",
@@ -258,90 +251,6 @@ class InvokeRequest(httputil.HTTPMessageDelegate):
     def finish(self) -> None:
         if not self.answered:
             self._guarded(self._submit)
-
-    def _submit(self) -> None:
-        target = self.target
-        assert target is not None
-        raw = b"".join(self.chunks)
-        self.chunks = []
-        self.raw_body = raw
-        # 9. the body parses for its content type
-        self.event = event = build_event(self.method, self.query, self.headers, raw, self.ip,
-                                         self.started)
-        # 10-11. a worker is free; the script runs
-        limits = Limits(time_ms=target.plan.time_limit_ms, memory_kb=target.plan.memory_kb)
-        ref = ScriptRef(key=target.script_id, version=target.script_version, source=target.source)
-        try:
-            future = self.context.pool.submit(ref, event, limits, target.guild_id)
-        except (PoolBusyError, PoolClosedError):
-            # Closed: the service is stopping; either way, another try soon may succeed.
-            raise self._busy() from None
-        if not future.done():
-            # The client leaving takes a queued request out of the pool's queue at once.
-            self.pending = future
-            conn = self.conn
-            if conn is not None:
-                conn.set_close_callback(self._client_left)
-                conn.eof_callback = self._client_left
-        future.add_done_callback(self._on_outcome)
-
-    def _client_left(self) -> None:
-        """The connection closed while the request waited for (or ran in) a worker.
-
-        A request still in the pool's queue leaves it at once (answered 503
-        busy, which the records keep: no script ran, the quota slot is given
-        back); one already running finishes and is answered as usual."""
-        future, self.pending = self.pending, None
-        if future is not None:
-            self.context.pool.withdraw(future)
-
-    def _busy(self) -> BusyError:
-        """503 busy: no script ran, so the request gives its quota slot back."""
-        target = self.target
-        if target is not None and self.accepted:
-            limits = self.context.limits
-            limits.refund_endpoint(target.endpoint_id, target.plan.requests_per_minute)
-            self.rate_headers = list(limits.peek_endpoint(
-                target.endpoint_id, target.plan.requests_per_minute).headers().items())
-        return BusyError(headers={"Retry-After": "1"})
-
-    def _on_outcome(self, future: asyncio.Future[Outcome]) -> None:
-        self._guarded(lambda: self._reply(self._outcome_of(future)))
-
-    def _outcome_of(self, future: asyncio.Future[Outcome]) -> Outcome:
-        self.pending = None
-        if future.cancelled():
-            self.waited = True
-            raise self._busy()
-        error = future.exception()
-        if isinstance(error, (PoolBusyError, PoolClosedError)):
-            self.waited = True
-            raise self._busy()
-        if error is not None:
-            raise error
-        self.outcome = outcome = future.result()
-        if outcome.error_kind:
-            raise OUTCOME_ERRORS.get(outcome.error_kind, OUTCOME_ERRORS["script_error"])()
-        return outcome
-
-    def _reply(self, outcome: Outcome) -> None:
-        status = outcome.status
-        if not 200 <= status <= 599:  # the worker promised this; never trust it blindly
-            raise OUTCOME_ERRORS["invalid_reply"]()
-        # A name the script set twice is sent twice. No script header can name
-        # X-Request-Id, RateLimit-* or the framing headers
-        # (sandbox.event.FORBIDDEN_HEADERS, checked again on arrival).
-        headers = [pair for pair in outcome.headers if pair[0].lower() not in _SERVICE_SET]
-        headers += [("X-Request-Id", self.request_id), *self.rate_headers, *_REPLY_HEADERS]
-        hint = body_hint(self.headers.get("content-type", ""), self.raw_body)
-        if hint is not None:
-            headers.append((HINT_HEADER, hint))
-        if status in (204, 205, 304):
-            # HTTP forbids a body (and its type) on these: the reply is dropped.
-            self._answer(status, headers, b"")
-            return
-        headers.append(("Content-Type", outcome.content_type))
-        self._answer(status, headers, outcome.body)
 
     # --- answers --------------------------------------------------------------------
     def _fail(self, err: ServiceError) -> None:

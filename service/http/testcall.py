@@ -42,16 +42,13 @@ from service.http.base import error_body
 from service.http.errors import (OUTCOME_ERRORS, BusyError, PayloadTooLargeError,
                                  RateLimitedError, ServiceError)
 from service.http.event import build_event, parse_query
+from service.http.script_run import REPLY_HEADERS, SERVICE_SET
 
 if TYPE_CHECKING:
     from sandbox.pool import Outcome
     from service.core.invoke_target import InvokeTarget
     from service.core.testcalls import TestRequest
     from service.http.context import AppContext
-
-#: Set by the service on every reply (as `service.http.invoke`).
-_SERVICE_SET = frozenset({"content-security-policy", "x-content-type-options", "content-type"})
-_REPLY_HEADERS = [("Content-Security-Policy", "sandbox"), ("X-Content-Type-Options", "nosniff")]
 
 
 @dataclass
@@ -119,8 +116,8 @@ def _reply(outcome: Outcome, request_id: str) -> tuple[int, list[tuple[str, str]
         err = OUTCOME_ERRORS.get(kind, OUTCOME_ERRORS["script_error"])()
         return (err.status, [("Content-Type", "application/json")],
                 error_body(err.code, err.message, request_id), err.code)
-    headers = [pair for pair in outcome.headers if pair[0].lower() not in _SERVICE_SET]
-    headers += _REPLY_HEADERS
+    headers = [pair for pair in outcome.headers if pair[0].lower() not in SERVICE_SET]
+    headers += REPLY_HEADERS
     if outcome.status in (204, 304):
         return outcome.status, headers, b"", None
     headers.append(("Content-Type", outcome.content_type))
