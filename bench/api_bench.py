@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import os
 import shutil
 import signal
@@ -29,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from invoke_bench import (BODY, CONFIG, LOGIC, SCRIPT, SERVER_CPU, WRK_LUA,  # noqa: E402
+from invoke_bench import (LOGIC, SERVE_ENV, SERVER_CPU, bench_endpoint,  # noqa: E402
                           free_port, logic, median_run, measure, run_wrk, wait_listening)
 
 CLIENT = """
@@ -60,19 +59,8 @@ def main() -> None:
         sys.exit("api_bench: wrk is not installed (apt-get install wrk)")
 
     tmp = Path(tempfile.mkdtemp(prefix="logic-api-bench-"))
-    db = f"sqlite:///{tmp / 'bench.db'}"
-    cfg = tmp / "bench.toml"
-    cfg.write_text(CONFIG.format(workers=args.workers))
-    (tmp / "script.py").write_text(SCRIPT)
-    logic(db, str(cfg), "db", "upgrade")
-    logic(db, str(cfg), "guild", "create", "1000", "--owner", "42", "--plan", "bench")
-    script_id = str(logic(db, str(cfg), "script", "create", "1000", "--name", "bench",
-                          "--file", str(tmp / "script.py"))["logicScriptId"])
-    logic(db, str(cfg), "endpoint", "enable", "1000", script_id)
-    secret = str(logic(db, str(cfg), "secret", "regenerate", "1000", script_id, "--as", "42")["secret"])
+    db, cfg, script_id, _, lua = bench_endpoint(tmp, args.workers)
     token = str(logic(db, str(cfg), "token", "create", "--user", "42")["token"])
-    lua = tmp / "post.lua"
-    lua.write_text(WRK_LUA.format(body=json.dumps(BODY), secret=secret))
     (tmp / "client.py").write_text(CLIENT)
     api_path = f"/api/v1/guilds/1000/scripts/{script_id}"
 
@@ -80,8 +68,7 @@ def main() -> None:
     alone, loaded, api_rates = [], [], []
     try:
         port = free_port()
-        env = {"LOGIC_SERVER_COOKIE_SECRET": "bench-cookie-secret-" + "x" * 32, **os.environ,
-               "PYTHONUNBUFFERED": "1"}
+        env = {**SERVE_ENV, **os.environ, "PYTHONUNBUFFERED": "1"}
         svc = subprocess.Popen(["taskset", "-c", str(SERVER_CPU), LOGIC, "--database-url", db,
                                 "--config", str(cfg), "serve", "--port", str(port)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench.invoke_bench import free_port, logic, wait_listening  # noqa: E402
+from bench.invoke_bench import SERVE_ENV, free_port, logic, wait_listening  # noqa: E402
 
 LOGIC = str(Path(sys.executable).parent / "logic")
 CONFIG = """
@@ -131,8 +131,7 @@ def main() -> None:
     proc = subprocess.Popen([LOGIC, "--database-url", db, "--config", str(cfg), "serve",
                              "--port", str(port)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
-                            env={"LOGIC_SERVER_COOKIE_SECRET": "bench-cookie-secret-" + "x" * 32,
-                                 **os.environ})
+                            env={**SERVE_ENV, **os.environ})
     try:
         wait_listening(proc)
         print(f"victim at {args.rate:.0f}/s, attacker 9 endpoints x 2/s, "

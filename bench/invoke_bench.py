@@ -175,6 +175,29 @@ def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
     return sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
 
 
+#: `logic serve` refuses to start without a cookie secret (it signs dashboard sessions).
+SERVE_ENV = {"LOGIC_SERVER_COOKIE_SECRET": "bench-cookie-secret-" + "x" * 32}
+
+
+def bench_endpoint(tmp: Path, workers: int) -> tuple[str, Path, str, str, Path]:
+    """A SQLite database in `tmp` with guild 1000 on the bench plan, the
+    echo-validate script's endpoint enabled, and a wrk script posting to it:
+    (database URL, config file, script id, secret, wrk Lua file)."""
+    db = f"sqlite:///{tmp / 'bench.db'}"
+    cfg = tmp / "bench.toml"
+    cfg.write_text(CONFIG.format(workers=workers))
+    (tmp / "script.py").write_text(SCRIPT)
+    logic(db, str(cfg), "db", "upgrade")
+    logic(db, str(cfg), "guild", "create", "1000", "--owner", "42", "--plan", "bench")
+    script_id = str(logic(db, str(cfg), "script", "create", "1000", "--name", "bench",
+                          "--file", str(tmp / "script.py"))["logicScriptId"])
+    logic(db, str(cfg), "endpoint", "enable", "1000", script_id)
+    secret = str(logic(db, str(cfg), "secret", "regenerate", "1000", script_id, "--as", "42")["secret"])
+    lua = tmp / "post.lua"
+    lua.write_text(WRK_LUA.format(body=json.dumps(BODY), secret=secret))
+    return db, cfg, script_id, secret, lua
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=int, default=5, help="seconds per run")
@@ -191,18 +214,7 @@ def main() -> None:
         sys.exit("invoke_bench: wrk is not installed (apt-get install wrk)")
 
     tmp = Path(tempfile.mkdtemp(prefix="logic-bench-"))
-    db = f"sqlite:///{tmp / 'bench.db'}"
-    cfg = tmp / "bench.toml"
-    cfg.write_text(CONFIG.format(workers=args.workers))
-    (tmp / "script.py").write_text(SCRIPT)
-    logic(db, str(cfg), "db", "upgrade")
-    logic(db, str(cfg), "guild", "create", "1000", "--owner", "42", "--plan", "bench")
-    script_id = str(logic(db, str(cfg), "script", "create", "1000", "--name", "bench",
-                          "--file", str(tmp / "script.py"))["logicScriptId"])
-    logic(db, str(cfg), "endpoint", "enable", "1000", script_id)
-    secret = str(logic(db, str(cfg), "secret", "regenerate", "1000", script_id, "--as", "42")["secret"])
-    lua = tmp / "post.lua"
-    lua.write_text(WRK_LUA.format(body=json.dumps(BODY), secret=secret))
+    db, cfg, script_id, secret, lua = bench_endpoint(tmp, args.workers)
     path = f"/endpoints/1000/{script_id}"
 
     procs: list[subprocess.Popen[str]] = []
@@ -220,8 +232,7 @@ def main() -> None:
         procs.append(bare)
         wait_listening(bare)
         port = free_port()
-        env = {"LOGIC_SERVER_COOKIE_SECRET": "bench-cookie-secret-" + "x" * 32, **os.environ,
-               "PYTHONUNBUFFERED": "1"}
+        env = {**SERVE_ENV, **os.environ, "PYTHONUNBUFFERED": "1"}
         svc = subprocess.Popen(["taskset", "-c", str(SERVER_CPU), LOGIC, "--database-url", db,
                                 "--config", str(cfg), "serve", "--port", str(port)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
