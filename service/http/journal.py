@@ -4,8 +4,8 @@ Every finished invoke request is appended, as the answer is sent, to a local
 journal file: msgpack copied into a shared memory mapping of the file, so it
 is in the page cache at once with no system call per request (no `fsync`
 unless `records.fsync = true`). The record writer seals the current
-segment each time it takes a batch from its queue, and deletes the sealed
-segments once their batch is in the database. At start-up, segments left by a
+segment each time it takes a batch from its queue, and empties the sealed
+segments once their batch is in the database (emptied segments are reused). At start-up, segments left by a
 process that died are written to the database first (`replay`), then removed.
 
 What this guarantees: a crash (SIGKILL, OOM kill, a segfault) of the service
