@@ -53,21 +53,23 @@ class AnsweredRequest(Protocol):
 
 
 class Histograms:
-    """Bucket counts (not cumulative) and sums of one histogram, per label value."""
+    """Bucket counts (not cumulative) and sum of one histogram, per label value.
 
-    __slots__ = ("counts", "sums")
+    One plain list per label value: a count per `BUCKETS` bound, one for +Inf,
+    and the sum of the observations last (one lookup per observation).
+    """
+
+    __slots__ = ("series",)
 
     def __init__(self) -> None:
-        self.counts: dict[str, list[int]] = {}
-        self.sums: dict[str, float] = {}
+        self.series: dict[str, list[float]] = {}
 
     def observe(self, key: str, seconds: float) -> None:
-        counts = self.counts.get(key)
-        if counts is None:
-            counts = self.counts[key] = [0] * (len(BUCKETS) + 1)
-            self.sums[key] = 0.0
-        counts[bisect_left(BUCKETS, seconds)] += 1  # the first bound >= seconds: "le"
-        self.sums[key] += seconds
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = [0] * (len(BUCKETS) + 2)
+        series[bisect_left(BUCKETS, seconds)] += 1  # the first bound >= seconds: "le"
+        series[-1] += seconds
 
 
 class Metrics:
@@ -96,10 +98,10 @@ class Metrics:
         key = (request.status, request.error_code or "", plan, guild)
         invoke = self.invoke
         invoke[key] = invoke.get(key, 0) + 1
-        self.service.observe(plan, max(0.0, request.finished - request.started))
+        self.service.observe(plan, request.finished - request.started)
         outcome = request.outcome
         if outcome is not None:
-            self.script.observe(plan, outcome.duration_ms / 1000.0)
+            self.script.observe(plan, outcome.duration_ms * 0.001)
 
     def http_answered(self, handler: object, status: int, error_code: str | None) -> None:
         """Count one request answered by a Tornado handler (API, dashboard, chat, health)."""
@@ -193,8 +195,8 @@ def request_families(m: Metrics) -> list[Family]:
                              ("logic_script_duration_seconds", m.script,
                               "Scripts' own run time in the sandbox worker, per plan.")):
         family = Family(name, "histogram", what, ("plan",))
-        for plan, counts in hist.counts.items():
-            family.buckets[(plan,)] = (list(counts), hist.sums[plan])
+        for plan, series in hist.series.items():
+            family.buckets[(plan,)] = ([int(n) for n in series[:-1]], series[-1])
         out.append(family)
     http = Family("logic_http_requests_total", "counter",
                   "Requests answered outside the invoke path, by front (api, dashboard, chat, "

@@ -249,7 +249,15 @@ def test_per_guild_labels_the_request_counter_only(restricted: Server, make_endp
     ep = make_endpoint(source=ECHO)
     assert invoke(restricted, ep).status == 200
     assert invoke(restricted, ep, secret="lsk_wrong").status == 401
-    samples = scrape(restricted, Authorization=f"Bearer {TOKEN}")
+    # A guild id nobody registered never becomes a label value.
+    unknown = f"/endpoints/987654321987/{ep.script_id}"
+    assert_error(restricted.request(unknown, json_body={}), 404, "endpoint_not_found")
+    resp = restricted.request("/metrics", method="GET",
+                              headers={"Authorization": f"Bearer {TOKEN}"})
+    assert "987654321987" not in resp.body.decode()
+    samples = parse(resp.body.decode())
+    assert value(samples, "logic_invoke_requests_total", status="404", code="endpoint_not_found",
+                 plan="", guild="") >= 1
     requests = "logic_invoke_requests_total"
     assert value(samples, requests, status="200", code="", plan="pro", guild=ep.guild_id) == 1
     assert value(samples, requests, status="401", code="unauthorized", plan="pro",
