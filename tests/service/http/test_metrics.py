@@ -6,6 +6,8 @@ as differences between two scrapes of the same server.
 
 from __future__ import annotations
 
+import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,9 +36,10 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def _start(http_env: Env, root: Path, extra: str, env: dict[str, str] | None = None,
-           workers: int = 2) -> Server:
+           workers: int = 2, queue_timeout_ms: int = 2000) -> Server:
     config = root / "logic.toml"
-    config.write_text(f"[sandbox]\nworkers = {workers}\n{extra}\n"
+    config.write_text(f"[sandbox]\nworkers = {workers}\nqueue_timeout_ms = {queue_timeout_ms}\n"
+                      f"{extra}\n"
                       f'[records]\njournal = "{root / "journal"}"\n{CONFIG}')
     return Server(http_env.database_url, str(config), env=env or {}).start()
 
@@ -219,6 +222,37 @@ def test_a_proxied_scrape_is_refused(plain: Server, header: str) -> None:
     assert b"logic_" not in resp.body
 
 
+def test_a_scrape_through_the_shipped_nginx_is_refused(plain: Server, tmp_path: Path) -> None:
+    """nginx on the same host reaches the service from loopback: its forwarding header
+    is what keeps the internet out."""
+    from tests.service.http.test_nginx import NGINX, _free_port, _test_config
+
+    if NGINX is None:
+        pytest.skip("the nginx binary is not installed (Debian package nginx; CI installs it)")
+    port = _free_port()
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(_test_config(plain.port, port, tmp_path))
+    proc = subprocess.Popen([NGINX, "-p", str(tmp_path), "-c", str(conf), "-g", "daemon off;"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        proxied = Server(plain.database_url, port=port)
+
+        def answered() -> bool:
+            try:
+                return proxied.request("/healthz", method="GET").status == 200
+            except OSError:
+                return False
+
+        assert wait_until(answered, timeout=10), "nginx did not start"
+        resp = proxied.request("/metrics", method="GET", headers={"Host": "endpoints.example.com"})
+        assert_error(resp, 404, "not_found")
+        assert b"logic_" not in resp.body
+        assert plain.request("/metrics", method="GET").status == 200  # directly: allowed
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_only_get(plain: Server) -> None:
     assert_error(plain.request("/metrics", method="POST", body=b"x"), 405, "method_not_allowed")
 
@@ -266,6 +300,36 @@ def test_per_guild_labels_the_request_counter_only(restricted: Server, make_endp
         if "guild" in dict(labels):
             assert name == requests, name
     assert total(samples, "logic_invoke_duration_seconds_count", plan="pro") >= 2
+
+
+def test_busy_answers_and_pool_gauges_under_load(http_env: Env, tmp_path: Path,
+                                                 make_endpoint) -> None:
+    # One run slot, a 100 ms queue wait and a 3 s time limit: while one script
+    # loops, another request of the same guild waits, then is answered 503 busy.
+    srv = _start(http_env, tmp_path, "[plans.pro]\ntime_limit_ms = 3000\n", workers=1,
+                 queue_timeout_ms=100)
+    try:
+        ep = make_endpoint(source=LOOP)
+        before = scrape(srv)
+        results: list[Response] = []
+        first = threading.Thread(target=lambda: results.append(invoke(srv, ep)))
+        first.start()
+        assert wait_until(lambda: value(scrape(srv), "logic_sandbox_workers_busy") == 1,
+                          timeout=10)
+        assert_error(invoke(srv, ep), 503, "busy")
+        first.join(30)
+        assert_error(results[0], 504, "script_timeout")
+        after = scrape(srv)
+        assert value(after, "logic_sandbox_workers_busy") == 0
+        assert value(after, "logic_sandbox_queue_depth") == 0
+        for name, labels in (("logic_invoke_busy_total", {"plan": "pro"}),
+                             ("logic_invoke_requests_total",
+                              {"status": "503", "code": "busy", "plan": "pro"}),
+                             ("logic_sandbox_queued_total", {}),
+                             ("logic_sandbox_timeouts_total", {})):
+            assert value(after, name, **labels) - value(before, name, **labels) == 1, name
+    finally:
+        srv.stop()
 
 
 def test_allow_empty_turns_metrics_off(http_env: Env, tmp_path: Path) -> None:
