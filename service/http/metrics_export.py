@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +110,7 @@ class MultiprocessFiles:
         if pid != self._pid:  # first write, or a fork: this process's own files
             self.close()
             self._pid = pid
+            self._set_aside(pid)
         written = self._written
         for f in found:
             prefix = _FILE_PREFIX[f.kind]
@@ -121,6 +123,21 @@ class MultiprocessFiles:
                         os.path.join(self.path, f"{prefix}_{pid}.db"))
                 target.write_value(key, float(value), 0.0)  # type: ignore[no-untyped-call]
                 written[key] = value
+
+    def _set_aside(self, pid: int) -> None:
+        """Keep what an exited process with this pid left (a pid reused within the run).
+
+        Its totals move to a file of their own (still summed: a total never
+        goes down); its gauges are dropped (that process is not alive).
+        """
+        for prefix in _FILE_PREFIX.values():
+            name = os.path.join(self.path, f"{prefix}_{pid}.db")
+            if not os.path.exists(name):
+                continue
+            if prefix.startswith("gauge"):
+                os.remove(name)
+            else:
+                os.rename(name, os.path.join(self.path, f"{prefix}_{pid}-{time.time_ns()}.db"))
 
     def collect(self) -> Iterable[Any]:
         """Every front's values, merged (counters summed, live gauges summed)."""

@@ -137,6 +137,28 @@ def test_a_front_rewrites_only_changed_values_and_keeps_its_own_file(run_dir: st
     assert value(samples, "logic_invoke_duration_seconds_count", plan="plus") == 2
 
 
+def test_a_reused_pid_keeps_the_exited_process_totals(run_dir: str) -> None:
+    path = prepare_multiprocess_dir(run_dir)
+    exited = Metrics()
+    for _ in range(2):
+        exited.invoke_answered(_request(200, None, "pro", 0.01, 1.0))  # type: ignore[arg-type]
+    gauge = Family("logic_sandbox_run_slots", "gauge", "Run slots.", samples={(): 2})
+    files = MultiprocessFiles(path)
+    files.write([*request_families(exited), gauge])
+    files.close()
+    # A new front that got the same pid (here: the same process) starts from zero.
+    fresh = Metrics()
+    fresh.invoke_answered(_request(200, None, "pro", 0.01, 1.0))  # type: ignore[arg-type]
+    files = MultiprocessFiles(path)
+    files.write(request_families(fresh))
+    files.close()
+    samples = _collect(path)
+    assert value(samples, "logic_invoke_requests_total", status="200", code="",
+                 plan="pro") == 3
+    assert value(samples, "logic_invoke_duration_seconds_count", plan="pro") == 3
+    assert ("logic_sandbox_run_slots", frozenset()) not in samples
+
+
 def test_two_serve_processes_report_their_sum(http_env: Env, tmp_path: Path, run_dir: str,
                                                make_endpoint) -> None:
     path = prepare_multiprocess_dir(run_dir)
