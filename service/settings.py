@@ -239,7 +239,8 @@ def _chat_path(value: Any) -> str:
     path = _str(value)
     if not re.fullmatch(r"/[A-Za-z0-9._~/-]{1,200}", path) or "//" in path:
         raise ValueError("expected an absolute path such as /interactions")
-    if path.rstrip("/") in ("/endpoints", "/healthz", "/readyz", "/metrics") or path.startswith("/endpoints/"):
+    taken = ("/endpoints", "/healthz", "/readyz", "/metrics")
+    if path.rstrip("/") in taken or path.startswith("/endpoints/"):
         raise ValueError("path is taken by another route")
     return path
 

@@ -1,8 +1,8 @@
 """The service's metrics: plain counters on the event loop, and what a scrape reports.
 
 The invoke path is the hot path, so no prometheus-client object is touched per
-request: `Metrics.invoke_answered` adds one to a dict entry and one to a
-histogram bucket in plain lists (a few hundred nanoseconds, on the loop, no
+request: `Metrics.invoke_answered` adds one to a dict entry and to two
+histogram buckets kept in plain lists (about a microsecond, on the loop, no
 lock). Everything else is read only when `GET /metrics` is scraped: the
 sandbox pool's counters (`Pool.counters`), the record writer's counters, and
 these dicts. `families` turns all of it into `Family` values, which
@@ -119,9 +119,9 @@ class Metrics:
 class Family:
     """One metric family as reported: `kind` is "counter", "gauge" or "histogram".
 
-    Counter names end in ``_total``. For a histogram, `samples` maps label
-    values to (bucket counts, not cumulative, one per `BUCKETS` bound plus
-    +Inf; sum of the observations).
+    Counter names end in ``_total``. Counters and gauges keep their values in
+    `samples`; a histogram's `buckets` maps label values to (bucket counts,
+    not cumulative, one per `BUCKETS` bound plus +Inf; sum of the observations).
     """
 
     name: str
@@ -175,8 +175,9 @@ def request_families(m: Metrics) -> list[Family]:
                        "Invoke requests refused 429 auth_throttled (too many wrong secrets "
                        "from the address).")
     busy = Family("logic_invoke_busy_total", "counter",
-                  "Invoke requests answered 503 busy (no sandbox run slot in time, or "
-                  "shutting down), per plan.", ("plan",))
+                  "Invoke requests answered 503 busy (no sandbox run slot in time, the "
+                  "queue full, too many secrets waiting, or shutting down), per plan.",
+                  ("plan",))
     throttled.samples[()] = 0
     for (status, code, plan, g), n in m.invoke.items():
         requests.samples[(str(status), code, plan, *((g,) if guild else ()))] = n

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from service.http.base import BaseHandler
 from service.http.errors import NotFoundError, UnauthorizedError
+from service.http.metrics_export import CONTENT_TYPE
 from service.settings import IPNetwork
 
 #: Headers a proxy adds: their presence means the peer is not the client.
@@ -55,8 +56,6 @@ class MetricsHandler(BaseHandler):
                                     headers={"WWW-Authenticate": "Bearer"})
 
     def get(self) -> None:
-        from service.http.metrics_export import CONTENT_TYPE
-
         self.set_header("Content-Type", CONTENT_TYPE)
         self.set_header("Cache-Control", "no-store")
         self.finish(self.context.metrics_export.render())
