@@ -304,9 +304,11 @@ def test_per_guild_labels_the_request_counter_only(restricted: Server, make_endp
 
 def test_busy_answers_and_pool_gauges_under_load(http_env: Env, tmp_path: Path,
                                                  make_endpoint) -> None:
-    # One run slot, a 100 ms queue wait and a 3 s time limit: while one script
+    # One run slot, a 100 ms queue wait and a 5 s time limit: while one script
     # loops, another request of the same guild waits, then is answered 503 busy.
-    srv = _start(http_env, tmp_path, "[plans.pro]\ntime_limit_ms = 3000\n", workers=1,
+    # The second is sent only once the first is seen running, and the first
+    # runs for 5 s: the second waits out its 100 ms however slow the machine is.
+    srv = _start(http_env, tmp_path, "[plans.pro]\ntime_limit_ms = 5000\n", workers=1,
                  queue_timeout_ms=100)
     try:
         ep = make_endpoint(source=LOOP)
