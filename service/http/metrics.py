@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from sandbox.pool import Outcome
     from service.core.invoke_target import InvokeTarget
     from service.http.context import AppContext
+    from service.http.wire import ErrorRenderer
 
 #: prometheus-client's variable for the multiprocess directory: set by
 #: `prepare_multiprocess_dir` in the arbiter, inherited by every front.
@@ -113,6 +114,18 @@ class Metrics:
             self._fronts[kind] = front
         key = (front, status, error_code or "")
         self.http[key] = self.http.get(key, 0) + 1
+
+    def counting(self, render: ErrorRenderer) -> ErrorRenderer:
+        """`render` (the connection layer's error answers), counting each answer as front
+        ``connection``: malformed requests, heads too large, connections over a cap."""
+        from service.http.errors import STATUS_CODES
+
+        def counted(status: int) -> tuple[list[tuple[str, str]], bytes]:
+            key = ("connection", status, STATUS_CODES.get(status, "bad_request"))
+            self.http[key] = self.http.get(key, 0) + 1
+            return render(status)
+
+        return counted
 
 
 @dataclass
@@ -201,7 +214,8 @@ def request_families(m: Metrics) -> list[Family]:
         out.append(family)
     http = Family("logic_http_requests_total", "counter",
                   "Requests answered outside the invoke path, by front (api, dashboard, chat, "
-                  "health, metrics, other), status and error code.", ("front", "status", "code"))
+                  "health, metrics, other; connection: refused by the HTTP layer before any "
+                  "route), status and error code.", ("front", "status", "code"))
     for (front, status, code), n in m.http.items():
         http.samples[(front, str(status), code)] = n
     out.append(http)

@@ -127,7 +127,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                                              body_timeout=30,
                                              max_pipelined=settings.server.max_pipelined,
                                              write_high_water=settings.server.write_buffer_bytes),
-                         render_error=render_connection_error,
+                         render_error=context.metrics.counting(render_connection_error),
                          max_connections=settings.server.max_connections,
                          max_connections_per_ip=settings.server.max_connections_per_ip,
                          # Descriptors kept free for the pool (a worker's pipes

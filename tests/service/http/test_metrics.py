@@ -6,6 +6,7 @@ as differences between two scrapes of the same server.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -196,6 +197,17 @@ def test_other_fronts_are_counted(plain: Server) -> None:
     assert moved(front="api", status="401", code="unauthorized") == 1
     assert moved(front="other", status="404", code="not_found") == 1
     assert moved(front="metrics", status="200", code="") == 1  # the first scrape
+
+
+def test_refusals_of_the_connection_layer_are_counted(plain: Server) -> None:
+    before = scrape(plain)
+    with socket.create_connection(("127.0.0.1", plain.port), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nBad Header\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")
+    after = scrape(plain)
+    labels = {"front": "connection", "status": "400", "code": "bad_request"}
+    assert (value(after, "logic_http_requests_total", **labels)
+            - value(before, "logic_http_requests_total", **labels)) == 1
 
 
 def test_no_guild_label_and_no_secret_or_header_value(plain: Server, make_endpoint) -> None:
