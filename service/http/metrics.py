@@ -7,8 +7,8 @@ lock). Everything else is read only when `GET /metrics` is scraped: the
 sandbox pool's counters (`Pool.counters`), the record writer's counters, and
 these dicts. `families` turns all of it into `Family` values, which
 `service.http.metrics_export` writes in the Prometheus text format (one
-process) or into prometheus-client's multiprocess files (`serve --processes
-N`, see `prepare_multiprocess_dir`).
+process) or into prometheus-client's multiprocess files (several front
+processes, see `prepare_multiprocess_dir`).
 
 Label values come only from closed sets (status codes, error codes, plan
 names, front names) or, with `metrics.per_guild`, from the guild of an
@@ -262,7 +262,7 @@ def _record_families(context: AppContext) -> Iterable[Family]:
                    "Record batches that failed three times.", records.failed_batches)
 
 
-# --- multiprocess mode (serve --processes N) ---------------------------------------------
+# --- multiprocess mode (several front processes) ---------------------------------------------
 
 def prepare_multiprocess_dir(path: str) -> str:
     """Make `path` the metrics directory of this run and return it (the arbiter, before forking).

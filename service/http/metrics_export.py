@@ -4,8 +4,8 @@ One process: a scrape formats the families read at that moment
 (`prometheus_client.generate_latest` over a collector of them), so every
 value is current.
 
-Several front processes (`serve --processes N`, `PROMETHEUS_MULTIPROC_DIR`
-set by the arbiter's `prepare_multiprocess_dir`): each front writes its
+Several front processes (`PROMETHEUS_MULTIPROC_DIR` set by their
+supervisor's `prepare_multiprocess_dir`): each front writes its
 values into its own files of prometheus-client's multiprocess format in that
 directory (`counter_<pid>.db`, `gauge_livesum_<pid>.db`, `histogram_<pid>.db`),
 every `FLUSH_S` seconds from a timer on its loop and once more when it stops;
