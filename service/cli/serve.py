@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,6 +28,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _serve_options(func: F) -> F:
+    func = click.option("--processes", default=None, metavar="N|auto",
+                        help="Front processes sharing the port (default: config, else 1; "
+                             "auto = CPU count).")(func)
     func = click.option("--workers", type=int, default=None,
                         help="Sandbox worker processes (default: config, else CPU count).")(func)
     func = click.option("--port", type=int, default=None, help="Port (default 8080).")(func)
@@ -34,18 +38,32 @@ def _serve_options(func: F) -> F:
     return func
 
 
-def _apply(state: State, host: str | None, port: int | None, workers: int | None) -> None:
-    state.overrides.update({"server.host": host, "server.port": port, "sandbox.workers": workers})
+def _apply(state: State, host: str | None, port: int | None, workers: int | None,
+           processes: str | None) -> None:
+    state.overrides.update({"server.host": host, "server.port": port, "sandbox.workers": workers,
+                            "server.processes": processes})
+
+
+def _reloader(state: State) -> Callable[[], Any]:
+    """Re-reads the configuration file and the environment with the same flags (SIGHUP)."""
+    def reload() -> Any:
+        from service.settings import load_settings
+
+        overrides = {"database.url": state.database_url, **state.overrides}
+        return load_settings(state.config, os.environ, overrides)
+    return reload
 
 
 @cli.command()
 @_serve_options
 @pass_state
-def serve(state: State, host: str | None, port: int | None, workers: int | None) -> None:
+def serve(state: State, host: str | None, port: int | None, workers: int | None,
+          processes: str | None) -> None:
     """Serve the invoke endpoint and health checks until SIGTERM/SIGINT."""
+    from service.http.arbiter import FrontStartError
     from service.http.server import serve as run
 
-    _apply(state, host, port, workers)
+    _apply(state, host, port, workers, processes)
     settings = state.settings
     if not settings.server.cookie_secret:
         raise CommandError("server.cookie_secret is not set: the dashboard signs its sessions "
@@ -54,21 +72,24 @@ def serve(state: State, host: str | None, port: int | None, workers: int | None)
     state.open_database()  # refuses a database that is behind, with one line
     _configure_logging()
     try:
-        run(settings)
+        run(settings, reload=_reloader(state))
     except OSError as err:
         where = f"{settings.server.host}:{settings.server.port}"
         raise CommandError(f"cannot serve on {where}: {err.strerror or err}", EXIT_ERROR) from None
+    except FrontStartError as err:
+        raise CommandError(str(err), EXIT_ERROR) from None
 
 
 @cli.command()
 @_serve_options
 @pass_state
-def demo(state: State, host: str | None, port: int | None, workers: int | None) -> None:
+def demo(state: State, host: str | None, port: int | None, workers: int | None,
+         processes: str | None) -> None:
     """Create a demo guild, script and endpoint; print its URL, secret and a curl line; serve."""
     from service.cli.demo import setup_demo, with_cookie_secret
     from service.http.server import serve as run
 
-    _apply(state, host, port, workers)
+    _apply(state, host, port, workers, processes)
     settings = with_cookie_secret(state.settings)
     state.open_database(check_schema=False)
     info = setup_demo(settings)
