@@ -386,7 +386,8 @@ class Arbiter:
             self.settings, self.generation, self.pending = self.new_settings, self.pending, None
             for slot in self.slots:
                 slot.respawn_at, slot.quick_deaths = None, 0
-            log.info("reloaded: %d new fronts ready; draining %d old ones", len(fresh), len(old))
+            log.info("reloaded: %d new fronts ready (pids %s); handing over from %d old ones",
+                     len(fresh), " ".join(str(f.pid) for f in fresh), len(old))
             for front in old:
                 front.retiring = True
                 self._signal(front.pid, HANDOFF_SIGNAL)
