@@ -1,32 +1,24 @@
 """The arbiter: N front processes on one port (`server.processes` > 1), supervised.
 
-In the manner of gunicorn's arbiter and uvicorn's multiprocess supervisor:
-signal handlers only queue the signal and the main loop handles it
-(`handle_<name>`); each pass reaps dead fronts and starts replacements.
+In the manner of gunicorn's arbiter: signal handlers only queue the signal and
+the main loop calls `handle_<name>`; each pass reaps dead fronts and spawns
+back to one front per slot (with a back-off while they keep dying).
 
-- The arbiter binds one listening socket per front slot, all on the same port
-  with SO_REUSEPORT (the kernel spreads connections over them), and keeps
-  them open for its whole life: front N serves slot N's socket. Connections
-  that arrive while a front is being replaced wait in its socket's backlog
-  for the replacement instead of being refused, and during a reload the new
-  and the old front of a slot accept from the same socket until the old one
-  stops.
-- Nothing with a thread or an event loop exists in the arbiter (tornado's
-  process.py rule): each front, after the fork, opens its database
-  connection and journal, starts its sandbox pool, then its loop.
-- The records journal: front N writes DIR/front-N; a replacement takes the
-  dead front's number and replays what it left at start-up. The arbiter
-  replays every journal at its own start.
-- Rate limits on `memory://` storage live in shared memory
-  (`service.http.shared_windows`), created here before the first fork.
+- One SO_REUSEPORT listening socket per front slot, bound here and kept open
+  for the arbiter's life: a replacement, or a reloaded front, accepts from its
+  predecessor's socket, so connections queued on it are never refused.
+- Nothing with a thread, an event loop or a database connection exists here
+  when a front is forked (tornado's process.py rule): the front sets itself
+  up after the fork (`service.http.front`).
+- Records journal: front N writes DIR/front-N; a dead front's journal goes to
+  the next front started, which replays it; the arbiter replays all at start.
+- `memory://` rate limits live in shared memory (`service.http.shared_windows`).
 - A per-run directory (removed at exit) holds the windows' lock file and
-  `metrics/`, exported as PROMETHEUS_MULTIPROC_DIR unless already set; a dead
-  front's live-gauge files are removed with prometheus-client's
-  `mark_process_dead` when it is installed.
+  `metrics/`, exported as PROMETHEUS_MULTIPROC_DIR unless already set.
 
-Signals: SIGTERM/SIGINT drain every front (each does the single process's
-graceful stop) and exit; SIGHUP re-reads the configuration, starts a new set
-of fronts, waits until they listen, then drains the old set; SIGCHLD reaps.
+Signals: SIGTERM/SIGINT drain every front, then exit; SIGHUP re-reads the
+configuration, starts new fronts, and once they all listen tells the old ones
+to hand over (`server.HANDOFF_SIGNAL`) and stop; SIGCHLD reaps.
 """
 
 from __future__ import annotations
@@ -47,17 +39,13 @@ from dataclasses import dataclass
 
 from tornado.netutil import bind_sockets
 
-from models.migrate import SchemaBehindError
-from service.http.journal import JournalInUse
-from service.http.server import (FRONT_JOURNAL, HANDOFF_SIGNAL, journal_path, open_front,
-                                 run_front)
+from service.http.front import front_main
+from service.http.server import HANDOFF_SIGNAL, journal_path, open_front
 from service.http.shared_windows import SharedWindows
 from service.settings import Settings, SettingsError
 
 log = logging.getLogger("logic.arbiter")
 
-#: A front that exits with this code could not start (bad database, journal in use).
-EXIT_BOOT = 3
 #: A front that dies sooner than this after its start counts towards the back-off.
 QUICK_DEATH_S = 30.0
 #: Longest wait before replacing a front that keeps dying.
@@ -111,11 +99,12 @@ class Arbiter:
         self.booted = False
         self.stopping = False
         self.stop_deadline = 0.0
-        self.respawn_journal: dict[int, int] = {}   # slot -> journal of its dead front
+        self.orphans: list[int] = []    # journals of fronts that died, not yet replayed
         self.windows: SharedWindows | None = None
         self.run_dir = ""
         self.queue: list[int] = []
         self.wake_r = self.wake_w = -1
+        self.pid = os.getpid()
 
     def run(self) -> None:
         """Start the fronts and supervise them; returns after a graceful stop.
@@ -183,7 +172,15 @@ class Arbiter:
             code = 1
             try:
                 os.close(ready_r)
-                code = self._front_main(settings, slot, journal, ready_w)
+                for fd in [self.wake_r, self.wake_w, *(f.ready_fd for f in self.fronts.values())]:
+                    os.close(fd)
+                for index, entry in enumerate(self.slots):
+                    if index != slot:
+                        for sock in entry.sockets:
+                            sock.close()
+                code = front_main(settings, slot, journal, self.slots[slot].sockets, ready_w,
+                                  windows=self.windows, drain_seconds=self.drain_seconds,
+                                  arbiter=self.pid)
             except BaseException:  # noqa: BLE001 - the front's last word, then exit
                 log.exception("front %d failed", slot)
             finally:
@@ -191,38 +188,6 @@ class Arbiter:
                 os._exit(code)
         os.close(ready_w)
         self.fronts[pid] = Front(pid, slot, journal, generation, ready_r, time.monotonic())
-
-    def _front_main(self, settings: Settings, slot: int, journal: int, ready_w: int) -> int:
-        """Runs in the forked front: its journal, pool and loop; returns the exit code."""
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, HANDOFF_SIGNAL):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reloads are the arbiter's
-        os.close(self.wake_r)
-        os.close(self.wake_w)
-        for other in self.fronts.values():
-            os.close(other.ready_fd)
-        own = self.slots[slot].sockets
-        for index, entry in enumerate(self.slots):
-            if index != slot:
-                for sock in entry.sockets:
-                    sock.close()
-        try:
-            directory = os.path.join(journal_path(settings), f"{FRONT_JOURNAL}{journal}")
-            database, front_journal = open_front(settings, directory, check_schema=False)
-        except (JournalInUse, SchemaBehindError, OSError) as err:
-            log.error("front %d cannot start: %s", slot, err)
-            return EXIT_BOOT
-        if self.windows is not None:
-            self.windows.attach()
-
-        def ready() -> None:
-            os.write(ready_w, b"1")
-            os.close(ready_w)
-
-        run_front(settings, database, own, front_journal, self.drain_seconds,
-                  windows=self.windows, on_ready=ready)
-        return 0
 
     def _live(self, generation: int) -> list[Front]:
         return [f for f in self.fronts.values() if f.generation == generation and not f.retiring]
@@ -280,6 +245,9 @@ class Arbiter:
             importlib.import_module("prometheus_client.multiprocess").mark_process_dead(front.pid)
         except (ImportError, KeyError, OSError):  # not installed, or no multiprocess dir
             pass
+        clean = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        if not clean:
+            self.orphans.append(front.journal)  # the next front to start writes what it holds
         if front.retiring or self.stopping:
             log.info("front %d (pid %d) stopped", front.slot, front.pid)
             return
@@ -290,9 +258,7 @@ class Arbiter:
                       front.slot, front.pid, how)
             self._abort_reload()
             return
-        if front.generation != self.generation:
-            return
-        if not self.booted:
+        if front.generation != self.generation or not self.booted:
             return  # a start-up failure: `_await_boot` stops the arbiter
         slot = self.slots[front.slot]
         slot.quick_deaths = (slot.quick_deaths + 1
@@ -303,16 +269,22 @@ class Arbiter:
         log.warning("front %d (pid %d) died (%s), replacing%s", front.slot, front.pid, how,
                     f" in {delay:.1f} s" if delay else "")
         slot.respawn_at = time.monotonic() + delay
-        self.respawn_journal[front.slot] = front.journal
+
+    def _journal_number(self) -> int:
+        """A dead front's journal first (its replacement replays it), else the lowest free."""
+        if self.orphans:
+            return self.orphans.pop(0)
+        used = {f.journal for f in self.fronts.values()}
+        return next(n for n in range(len(used) + 1) if n not in used)
 
     def _maintain(self) -> None:
-        """Start the replacements that are due."""
+        """Spawn back to one front per slot in the current generation (once its back-off ends)."""
         now = time.monotonic()
+        served = {f.slot for f in self._live(self.generation)}
         for index, slot in enumerate(self.slots):
-            if slot.respawn_at is not None and slot.respawn_at <= now:
+            if index not in served and (slot.respawn_at is None or slot.respawn_at <= now):
                 slot.respawn_at = None
-                journal = self.respawn_journal.pop(index, index)
-                self._spawn(index, self.generation, journal)
+                self._spawn(index, self.generation, self._journal_number())
 
     # ------------------------------------------------------------ main loop
 
@@ -352,6 +324,8 @@ class Arbiter:
     handle_int = handle_term
 
     def handle_hup(self) -> None:
+        if self.stopping:
+            return
         if self.pending is not None:
             log.warning("reload already in progress; SIGHUP ignored")
             return
@@ -371,11 +345,9 @@ class Arbiter:
         self.new_settings = dataclasses.replace(fresh, server=dataclasses.replace(new, **kept))
         self.pending = self.generation + 1
         self.pending_since = time.monotonic()
-        used = {f.journal for f in self.fronts.values()}
-        free = (n for n in range(2 * self.count + len(used)) if n not in used)
         log.info("reloading: starting %d new fronts", self.count)
         for slot in range(self.count):
-            self._spawn(slot, self.pending, next(free), self.new_settings)
+            self._spawn(slot, self.pending, self._journal_number(), self.new_settings)
 
     def _check_reload(self) -> None:
         if self.pending is None:
@@ -384,8 +356,8 @@ class Arbiter:
         if len(fresh) == self.count and all(f.ready for f in fresh):
             old = [f for f in self.fronts.values() if f.generation != self.pending]
             self.settings, self.generation, self.pending = self.new_settings, self.pending, None
-            for slot in self.slots:
-                slot.respawn_at, slot.quick_deaths = None, 0
+            for entry in self.slots:
+                entry.respawn_at, entry.quick_deaths = None, 0
             log.info("reloaded: %d new fronts ready (pids %s); handing over from %d old ones",
                      len(fresh), " ".join(str(f.pid) for f in fresh), len(old))
             for front in old:

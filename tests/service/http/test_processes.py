@@ -246,6 +246,23 @@ def test_a_front_that_keeps_dying_is_replaced_with_back_off(start) -> None:
     assert server.request("/healthz", method="GET").status == 200
 
 
+def test_fronts_stop_when_the_arbiter_is_killed(start) -> None:
+    server = start()
+    pids = fronts(server)
+    assert server.proc is not None
+    server.proc.kill()  # SIGKILL: no chance to stop its fronts itself
+    server.proc.wait(30)
+
+    def gone(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                return fh.read().split(") ")[1].startswith("Z")  # reaped by init later
+        except FileNotFoundError:
+            return True
+
+    assert wait_until(lambda: all(gone(pid) for pid in pids), timeout=60)
+
+
 def test_sigterm_drains_every_front(start, make_endpoint, history_of) -> None:
     server = start(queue_timeout_ms=60000)
     pids = fronts(server)
