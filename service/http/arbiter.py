@@ -13,8 +13,8 @@ back to one front per slot (with a back-off while they keep dying).
 - Records journal: front N writes DIR/front-N; a dead front's journal goes to
   the next front started, which replays it; the arbiter replays all at start.
 - `memory://` rate limits live in shared memory (`service.http.shared_windows`).
-- A per-run directory (removed at exit) holds the windows' lock file and
-  `metrics/`, exported as PROMETHEUS_MULTIPROC_DIR unless already set.
+- A per-run directory (removed at exit) holds `metrics/`, exported as
+  PROMETHEUS_MULTIPROC_DIR unless already set.
 
 Signals: SIGTERM/SIGINT drain every front, then exit; SIGHUP re-reads the
 configuration, starts new fronts, and once they all listen tells the old ones
@@ -120,7 +120,7 @@ class Arbiter:
         self.run_dir = tempfile.mkdtemp(prefix="logic-run-")
         try:
             self._bind()
-            self.windows = (SharedWindows(os.path.join(self.run_dir, "ratelimit.lock"))
+            self.windows = (SharedWindows()
                             if self.settings.ratelimit.storage.startswith("memory://") else None)
             metrics = os.path.join(self.run_dir, "metrics")
             os.mkdir(metrics, 0o700)

@@ -2,8 +2,7 @@
 
 The arbiter forks; the child resets the arbiter's signal handling, opens its
 own database connection and records journal (replaying what a dead front left
-in it), opens its lock on the shared rate-limit windows, then serves exactly as
-one process does (`service.http.server.run_front`) and tells the arbiter
+in it), then serves exactly as one process does (`service.http.server.run_front`) and tells the arbiter
 through a pipe when it listens.
 """
 
@@ -43,9 +42,6 @@ def front_main(settings: Settings, slot: int, journal: int, sockets: list[socket
     except (JournalInUse, SchemaBehindError, OSError) as err:
         log.error("front %d cannot start: %s", slot, err)
         return EXIT_BOOT
-    if windows is not None:
-        windows.attach()
-
     def ready() -> None:
         os.write(ready_w, b"1")
         os.close(ready_w)

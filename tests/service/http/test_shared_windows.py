@@ -24,8 +24,7 @@ class Clock:
 
 
 def _limits(tmp_path: Path, clock: Clock, **kwargs: int) -> tuple[RateLimits, SharedWindows]:
-    windows = SharedWindows(str(tmp_path / "lock"), clock=clock, **kwargs)
-    windows.attach()
+    windows = SharedWindows(clock=clock, **kwargs)
     return RateLimits(clock=clock, windows=windows), windows
 
 
@@ -50,14 +49,13 @@ def test_the_window_is_exact_and_slides_as_in_one_process(tmp_path: Path) -> Non
 
 
 def test_forked_processes_share_one_exact_window(tmp_path: Path) -> None:
-    windows = SharedWindows(str(tmp_path / "lock"))
+    windows = SharedWindows()
     children = []
     for _ in range(4):
         pid = os.fork()
         if pid == 0:  # each child tries 50 requests against one 30/min endpoint
             code = 0
             try:
-                windows.attach()
                 limits = RateLimits(windows=windows)
                 code = sum(limits.hit_endpoint(7, 30).allowed for _ in range(50))
             finally:
@@ -68,24 +66,21 @@ def test_forked_processes_share_one_exact_window(tmp_path: Path) -> None:
         _, status = os.waitpid(pid, 0)
         admitted += os.WEXITSTATUS(status)
     assert admitted == 30
-    windows.attach()
     assert RateLimits(windows=windows).peek_endpoint(7, 30).remaining == 0
 
 
 def test_the_auth_throttle_counts_failures_from_every_process(tmp_path: Path) -> None:
     clock = Clock()
-    windows = SharedWindows(str(tmp_path / "lock"), clock=clock)
+    windows = SharedWindows(clock=clock)
     pid = os.fork()
     if pid == 0:
         try:
-            windows.attach()
             limits = RateLimits(clock=clock, windows=windows)
             for _ in range(AUTH_FAILURES_PER_MINUTE // 2):
                 limits.auth_failed("198.51.100.7")
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
-    windows.attach()
     limits = RateLimits(clock=clock, windows=windows)
     for _ in range(AUTH_FAILURES_PER_MINUTE // 2):
         assert limits.auth_throttled("198.51.100.7") == 0
@@ -95,17 +90,15 @@ def test_the_auth_throttle_counts_failures_from_every_process(tmp_path: Path) ->
 
 
 def test_a_process_killed_holding_the_lock_does_not_stop_the_others(tmp_path: Path) -> None:
-    import fcntl
-
-    windows = SharedWindows(str(tmp_path / "lock"))
+    windows = SharedWindows()
     pid = os.fork()
     if pid == 0:
-        windows.attach()
-        fcntl.flock(windows._lock_fd, fcntl.LOCK_EX)  # as if killed mid-update
+        windows._mutex.acquire()  # as if killed mid-update
         os.kill(os.getpid(), signal.SIGKILL)
     os.waitpid(pid, 0)
-    windows.attach()
-    assert RateLimits(windows=windows).hit_endpoint(1, 5).allowed  # would block forever
+    limits = RateLimits(windows=windows)
+    assert limits.hit_endpoint(1, 5).allowed  # would block forever
+    assert limits.hit_endpoint(1, 5).remaining == 3  # and the lock works on
 
 
 def test_limits_above_the_ring_never_admit_more_than_the_limit(tmp_path: Path) -> None:
