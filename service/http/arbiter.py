@@ -120,8 +120,8 @@ class Arbiter:
         self.run_dir = tempfile.mkdtemp(prefix="logic-run-")
         try:
             self._bind()
-            self.windows = (SharedWindows()
-                            if self.settings.ratelimit.storage.startswith("memory://") else None)
+            # Made even for Redis storage: a reload may switch to memory://.
+            self.windows = SharedWindows()
             metrics = os.path.join(self.run_dir, "metrics")
             os.mkdir(metrics, 0o700)
             os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", metrics)

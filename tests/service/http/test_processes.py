@@ -27,6 +27,9 @@ from tests.service.http.harness import LOGIC, Server, wait_until
 from tests.service.http.test_checks import ECHO
 from tests.service.http.test_lifecycle import SLOW
 
+#: Supervision does not depend on the database: most tests run on SQLite only;
+#: those that write records (the killed front's journal, the drain) on both.
+SQLITE_ONLY = pytest.mark.parametrize("http_env", ["sqlite"], indirect=True)
 READY = re.compile(r"fronts ready: \d+ front processes \(pids ([\d ]+)\)")
 
 
@@ -137,6 +140,7 @@ def history_of(http_env: Env, bind: Callable[[], None]) -> Callable[[Any], list[
 
 # ------------------------------------------------------------------ tests
 
+@SQLITE_ONLY
 def test_two_fronts_answer_on_one_port_each_with_its_own_workers(start, make_endpoint) -> None:
     server = start()
     pids = fronts(server)
@@ -158,6 +162,7 @@ def test_two_fronts_answer_on_one_port_each_with_its_own_workers(start, make_end
             assert fh.read().split(), f"front {pid} has no sandbox processes"
 
 
+@SQLITE_ONLY
 def test_one_process_runs_no_arbiter(make_server) -> None:
     server: Server = make_server()
     assert "logic.arbiter" not in server.log and "fronts ready" not in server.log
@@ -234,6 +239,7 @@ def test_a_killed_front_is_replaced_and_its_answered_requests_reach_history(
             c.close()
 
 
+@SQLITE_ONLY
 def test_a_front_that_keeps_dying_is_replaced_with_back_off(start) -> None:
     server = start()
     pids = fronts(server)
@@ -246,6 +252,7 @@ def test_a_front_that_keeps_dying_is_replaced_with_back_off(start) -> None:
     assert server.request("/healthz", method="GET").status == 200
 
 
+@SQLITE_ONLY
 def test_fronts_stop_when_the_arbiter_is_killed(start) -> None:
     server = start()
     pids = fronts(server)
@@ -303,6 +310,7 @@ def test_sigterm_drains_every_front(start, make_endpoint, history_of) -> None:
     assert len(history_of(ep)) == 16
 
 
+@SQLITE_ONLY
 def test_sighup_reload_changes_a_plan_without_failing_a_request(start, make_endpoint,
                                                                tmp_path: Path) -> None:
     server = start(rpm=1_000_000)
@@ -363,6 +371,7 @@ def test_sighup_reload_changes_a_plan_without_failing_a_request(start, make_endp
         assert resp.status == 200 and resp.headers["ratelimit-limit"] == "900000"
 
 
+@SQLITE_ONLY
 def test_a_bad_configuration_on_reload_keeps_the_running_fronts(start) -> None:
     server = start()
     old = fronts(server)
@@ -376,6 +385,7 @@ def test_a_bad_configuration_on_reload_keeps_the_running_fronts(start) -> None:
     assert server.request("/healthz", method="GET").status == 200
 
 
+@SQLITE_ONLY
 def test_the_rate_limit_is_exact_across_two_fronts(start, make_endpoint) -> None:
     server = start()
     pids = fronts(server)
@@ -400,6 +410,7 @@ def test_the_rate_limit_is_exact_across_two_fronts(start, make_endpoint) -> None
         conn.close()
 
 
+@SQLITE_ONLY
 def test_the_auth_throttle_is_shared_across_two_fronts(start, make_endpoint) -> None:
     server = start()
     pids = fronts(server)
