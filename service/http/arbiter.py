@@ -339,10 +339,14 @@ class Arbiter:
             return
         old, new = self.settings.server, fresh.server
         kept = {k: getattr(old, k) for k in ("host", "port", "processes")}
-        if any(getattr(new, k) != v for k, v in kept.items()):
-            log.warning("server.host, server.port and server.processes change only on a "
-                        "restart; kept %s:%d with %d fronts", old.host, old.port, self.count)
-        self.new_settings = dataclasses.replace(fresh, server=dataclasses.replace(new, **kept))
+        journal = self.settings.records.journal
+        if any(getattr(new, k) != v for k, v in kept.items()) or fresh.records.journal != journal:
+            log.warning("server.host, server.port, server.processes and records.journal change "
+                        "only on a restart; kept %s:%d with %d fronts", old.host, old.port,
+                        self.count)
+        self.new_settings = dataclasses.replace(
+            fresh, server=dataclasses.replace(new, **kept),
+            records=dataclasses.replace(fresh.records, journal=journal))
         self.pending = self.generation + 1
         self.pending_since = time.monotonic()
         log.info("reloading: starting %d new fronts", self.count)

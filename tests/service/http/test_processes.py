@@ -231,7 +231,9 @@ def test_a_killed_front_is_replaced_and_its_answered_requests_reach_history(
 
     # The victim's answered requests were journaled; its replacement wrote them.
     def complete() -> bool:
-        return sorted(int(r["query"]["n"]) for r in history_of(victim_ep)) == list(range(60))
+        # A set: a batch committed just before the kill but not yet deleted from
+        # the journal is written twice (service/http/journal.py).
+        return {int(r["query"]["n"]) for r in history_of(victim_ep)} == set(range(60))
 
     assert wait_until(complete, timeout=30), len(history_of(victim_ep))
     for conns in by_front.values():
@@ -243,12 +245,16 @@ def test_a_killed_front_is_replaced_and_its_answered_requests_reach_history(
 def test_a_front_that_keeps_dying_is_replaced_with_back_off(start) -> None:
     server = start()
     pids = fronts(server)
-    os.kill(pids[0], signal.SIGKILL)
     listening = re.compile(r"front \d \(pid (\d+)\) listening")
-    assert wait_until(lambda: len(listening.findall(server.log)) == 3, timeout=60), server.log
-    os.kill(int(listening.findall(server.log)[-1]), signal.SIGKILL)  # dies again at once
-    assert wait_until(lambda: "replacing in 1.0 s" in server.log, timeout=30), server.log
-    assert wait_until(lambda: len(listening.findall(server.log)) == 4, timeout=60), server.log
+    victim = pids[0]
+    for kills in range(1, 4):  # the first quick death is replaced at once, the next waits
+        os.kill(victim, signal.SIGKILL)
+        assert wait_until(lambda: len(listening.findall(server.log)) == 2 + kills,
+                          timeout=60), server.log
+        victim = int(listening.findall(server.log)[-1])
+        if "replacing in 1.0 s" in server.log:
+            break
+    assert "replacing in 1.0 s" in server.log, server.log
     assert server.request("/healthz", method="GET").status == 200
 
 
@@ -274,9 +280,14 @@ def test_sigterm_drains_every_front(start, make_endpoint, history_of) -> None:
     server = start(queue_timeout_ms=60000)
     pids = fronts(server)
     ep = make_endpoint(source=SLOW, plan="bench")
-    conns = [_connect(server.port, timeout=60) for _ in range(16)]
-    holders = {front_of(c, pids, server.port) for c in conns}
-    assert holders == set(pids), holders  # both fronts hold connections (odds 2 in 2**16)
+    # At least 5 requests per front: with 2 workers each, when the first answer
+    # arrives every front still has 3 or more in flight.
+    by_front: dict[int, list[http.client.HTTPConnection]] = {pid: [] for pid in pids}
+    while min(len(c) for c in by_front.values()) < 5:
+        conn = _connect(server.port, timeout=60)
+        by_front[front_of(conn, pids, server.port)].append(conn)
+    conns = [c for held in by_front.values() for c in held]
+    total = len(conns)
     for n, conn in enumerate(conns):  # every request is on its front's socket now
         conn.request("POST", ep.path, body=json.dumps({"n": n}),
                      headers={"Authorization": f"Bearer {ep.secret}",
@@ -287,27 +298,27 @@ def test_sigterm_drains_every_front(start, make_endpoint, history_of) -> None:
         resp = conns[n].getresponse()
         results[n] = (resp.status, resp.read())
 
-    threads = [threading.Thread(target=read, args=(n,)) for n in range(16)]
+    threads = [threading.Thread(target=read, args=(n,)) for n in range(total)]
     for thread in threads:
         thread.start()
-    # 16 scripts of 0.3 s on 2 x 2 workers: when the first answers arrive the
+    # Scripts of 0.3 s on 2 x 2 workers: when the first answers arrive the
     # others are running or queued, long since read by their fronts.
     assert wait_until(lambda: len(results) >= 1, timeout=60)
     assert server.proc is not None
     server.proc.send_signal(signal.SIGTERM)
-    assert len(results) < 16
+    assert len(results) < total
     for thread in threads:
         thread.join(60)
     for conn in conns:
         conn.close()
-    assert {n: s for n, (s, _) in results.items()} == {n: 200 for n in range(16)}, results
-    assert sorted(json.loads(b)["n"] for _, b in results.values()) == list(range(16))
+    assert {n: s for n, (s, _) in results.items()} == {n: 200 for n in range(total)}, results
+    assert sorted(json.loads(b)["n"] for _, b in results.values()) == list(range(total))
     assert server.proc.wait(60) == 0
     assert "stopping: draining 2 fronts" in server.log
     drained = [int(n) for n in re.findall(r"draining (\d+) requests in flight", server.log)]
     assert len(drained) == 2 and min(drained) >= 1, drained  # each front had some in flight
     assert "stopped: every front drained" in server.log
-    assert len(history_of(ep)) == 16
+    assert len(history_of(ep)) == total
 
 
 @SQLITE_ONLY
@@ -387,7 +398,7 @@ def test_a_bad_configuration_on_reload_keeps_the_running_fronts(start) -> None:
 
 @SQLITE_ONLY
 def test_the_rate_limit_is_exact_across_two_fronts(start, make_endpoint) -> None:
-    server = start()
+    server = start(queue_timeout_ms=60000)  # a 503 busy would give its slot back
     pids = fronts(server)
     ep = make_endpoint(source=ECHO, plan="plus")  # 30 requests a minute
     conns = [_connect(server.port) for _ in range(100)]
