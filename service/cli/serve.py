@@ -44,6 +44,16 @@ def _apply(state: State, host: str | None, port: int | None, workers: int | None
                             "server.processes": processes})
 
 
+def _run_dir(processes: int) -> str | None:
+    """Several fronts: their run directory, made before the service is imported
+    (prometheus-client reads PROMETHEUS_MULTIPROC_DIR when it is imported)."""
+    if processes < 2:
+        return None
+    from service.http.run_dir import make_run_dir
+
+    return make_run_dir()
+
+
 def _reloader(state: State) -> Callable[[], Any]:
     """Re-reads the configuration file and the environment with the same flags (SIGHUP)."""
     def reload() -> Any:
@@ -60,9 +70,6 @@ def _reloader(state: State) -> Callable[[], Any]:
 def serve(state: State, host: str | None, port: int | None, workers: int | None,
           processes: str | None) -> None:
     """Serve the invoke endpoint and health checks until SIGTERM/SIGINT."""
-    from service.http.arbiter import FrontStartError
-    from service.http.server import serve as run
-
     _apply(state, host, port, workers, processes)
     settings = state.settings
     if not settings.server.cookie_secret:
@@ -71,8 +78,12 @@ def serve(state: State, host: str | None, port: int | None, workers: int | None,
                            "(at least 32 random characters)", EXIT_USAGE)
     state.open_database()  # refuses a database that is behind, with one line
     _configure_logging()
+    run_dir = _run_dir(settings.server.process_count)
+    from service.http.arbiter import FrontStartError
+    from service.http.server import serve as run
+
     try:
-        run(settings, reload=_reloader(state))
+        run(settings, reload=_reloader(state), run_dir=run_dir)
     except OSError as err:
         where = f"{settings.server.host}:{settings.server.port}"
         raise CommandError(f"cannot serve on {where}: {err.strerror or err}", EXIT_ERROR) from None
@@ -100,4 +111,4 @@ def demo(state: State, host: str | None, port: int | None, workers: int | None,
     click.echo(f"Dashboard (one-time login link for the demo owner): {info.login_url}")
     click.echo("Stop with Ctrl-C.")
     _configure_logging()
-    run(settings)
+    run(settings, run_dir=_run_dir(settings.server.process_count))

@@ -13,8 +13,8 @@ back to one front per slot (with a back-off while they keep dying).
 - Records journal: front N writes DIR/front-N; a dead front's journal goes to
   the next front started, which replays it; the arbiter replays all at start.
 - `memory://` rate limits live in shared memory (`service.http.shared_windows`).
-- A per-run directory (removed at exit) holds `metrics/`, exported as
-  PROMETHEUS_MULTIPROC_DIR unless already set.
+- The per-run directory (`service.http.run_dir`, removed at exit) holds
+  `metrics/` (PROMETHEUS_MULTIPROC_DIR); a dead front's live gauges go with it.
 
 Signals: SIGTERM/SIGINT drain every front, then exit; SIGHUP re-reads the
 configuration, starts new fronts, and once they all listen tells the old ones
@@ -32,7 +32,6 @@ import select
 import shutil
 import signal
 import socket
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from tornado.netutil import bind_sockets
 
 from service.http.front import front_main
+from service.http.run_dir import make_run_dir
 from service.http.server import HANDOFF_SIGNAL, journal_path, open_front
 from service.http.shared_windows import SharedWindows
 from service.settings import Settings, SettingsError
@@ -84,7 +84,7 @@ class Arbiter:
     """Supervises `settings.server.process_count` fronts until SIGTERM/SIGINT."""
 
     def __init__(self, settings: Settings, reload: Callable[[], Settings] | None = None,
-                 drain_seconds: float = 30.0) -> None:
+                 drain_seconds: float = 30.0, run_dir: str | None = None) -> None:
         self.settings = settings
         self.reload = reload
         self.drain_seconds = drain_seconds
@@ -101,7 +101,7 @@ class Arbiter:
         self.stop_deadline = 0.0
         self.orphans: list[int] = []    # journals of fronts that died, not yet replayed
         self.windows: SharedWindows | None = None
-        self.run_dir = ""
+        self.run_dir = run_dir or ""   # service.http.run_dir; removed at exit
         self.queue: list[int] = []
         self.wake_r = self.wake_w = -1
         self.pid = os.getpid()
@@ -112,26 +112,24 @@ class Arbiter:
         Raises `OSError` when the address cannot be bound, `SchemaBehindError`,
         `JournalInUse`, `FrontStartError` when the fronts cannot start.
         """
-        database, journal = open_front(self.settings, journal_path(self.settings),
-                                       check_schema=True)
-        if journal is not None:
-            journal.close()
-        database.close()
-        self.run_dir = tempfile.mkdtemp(prefix="logic-run-")
+        self.run_dir = self.run_dir or make_run_dir()
         try:
+            database, journal = open_front(self.settings, journal_path(self.settings),
+                                           check_schema=True)
+            if journal is not None:
+                journal.close()
+            database.close()
             self._bind()
             # Made even for Redis storage: a reload may switch to memory://.
             self.windows = SharedWindows()
-            metrics = os.path.join(self.run_dir, "metrics")
-            os.mkdir(metrics, 0o700)
-            os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", metrics)
             self._install_signals()
             for slot in range(self.count):
                 self._spawn(slot, self.generation, journal=slot)
             self._await_boot(self.generation)
-            log.info("fronts ready: %d front processes (pids %s) on http://%s:%d",
-                     self.count, " ".join(str(f.pid) for f in self._live(self.generation)),
-                     self.settings.server.host, self.port)
+            log.info("fronts ready: %d front processes (pids %s) on http://%s:%d; run "
+                     "directory %s", self.count,
+                     " ".join(str(f.pid) for f in self._live(self.generation)),
+                     self.settings.server.host, self.port, self.run_dir)
             self._loop()
         finally:
             self._kill_all()

@@ -50,18 +50,19 @@ FD_RESERVE = 256
 
 
 def serve(settings: Settings, *, drain_seconds: float = 30.0,
-          reload: Callable[[], Settings] | None = None) -> None:
+          reload: Callable[[], Settings] | None = None, run_dir: str | None = None) -> None:
     """Run the service until SIGTERM/SIGINT; blocks.
 
     `server.processes` > 1 runs the fronts under an arbiter
-    (`service.http.arbiter`; `reload` re-reads the configuration on SIGHUP).
+    (`service.http.arbiter`; `reload` re-reads the configuration on SIGHUP;
+    `run_dir` from `service.http.run_dir`, else the arbiter makes one).
     Raises `SchemaBehindError` for a database that is behind, `OSError` when
     the address cannot be bound.
     """
     if settings.server.process_count > 1:
         from service.http.arbiter import Arbiter
 
-        Arbiter(settings, reload=reload, drain_seconds=drain_seconds).run()
+        Arbiter(settings, reload=reload, drain_seconds=drain_seconds, run_dir=run_dir).run()
         return
     database, journal = open_front(settings, journal_path(settings), check_schema=True)
     # Bind first, so a taken port fails before anything is forked. The fork

@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -274,6 +275,10 @@ def test_fronts_stop_when_the_arbiter_is_killed(start) -> None:
             return True
 
     assert wait_until(lambda: all(gone(pid) for pid in pids), timeout=60)
+    # Nobody was left to remove the run directory.
+    run_dir = re.search(r"run directory (\S+)", server.log).group(1)  # type: ignore[union-attr]
+    assert os.path.isdir(run_dir)
+    shutil.rmtree(run_dir)
 
 
 def test_sigterm_drains_every_front(start, make_endpoint, history_of) -> None:
@@ -318,6 +323,8 @@ def test_sigterm_drains_every_front(start, make_endpoint, history_of) -> None:
     drained = [int(n) for n in re.findall(r"draining (\d+) requests in flight", server.log)]
     assert len(drained) == 2 and min(drained) >= 1, drained  # each front had some in flight
     assert "stopped: every front drained" in server.log
+    run_dir = re.search(r"run directory (\S+)", server.log).group(1)  # type: ignore[union-attr]
+    assert not os.path.exists(run_dir)
     assert len(history_of(ep)) == total
 
 
