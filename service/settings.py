@@ -36,8 +36,15 @@ class ServerSettings:
     max_connections_per_ip: int = 256
     max_pipelined: int = 64
     write_buffer_bytes: int = 262144
+    #: Front processes sharing the port (SO_REUSEPORT); None ("auto"): one per CPU.
+    processes: int | None = 1
     #: Signs dashboard session cookies; `logic serve` refuses to start without it.
     cookie_secret: str = field(default="", repr=False)
+
+    @property
+    def process_count(self) -> int:
+        """The effective number of front processes."""
+        return self.processes if self.processes is not None else (os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,15 @@ def _workers(value: Any) -> int | None:
     return _int(1, 256)(value)
 
 
+def _processes(value: Any) -> int | None:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    try:
+        return _int(1, 256)(value)
+    except ValueError:
+        raise ValueError('expected "auto" or an integer 1..256') from None
+
+
 def _http_url(value: Any) -> str:
     url = _str(value)
     parsed = urlparse(url)
@@ -250,7 +266,7 @@ _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
                "trusted_proxies": _networks, "cookie_secret": _cookie_secret,
                "max_connections": _int(0, 10_000_000),
                "max_connections_per_ip": _int(1, 10_000_000), "max_pipelined": _int(1, 100_000),
-               "write_buffer_bytes": _int(4096, 1 << 30)},
+               "write_buffer_bytes": _int(4096, 1 << 30), "processes": _processes},
     "database": {"url": _db_url},
     "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000),
                 "max_workers": _int(0, 4096), "guild_share": _share,

@@ -82,11 +82,27 @@ time_limit_ms = 1000
     ("", {"LOGIC_SANDBOX_WORKERS": "0"}, "env: bad value for LOGIC_SANDBOX_WORKERS"),
     ("", {"LOGIC_PLANS_PRO_HISTORY": "5"}, "env: plans are set in the configuration file only"),
     ("not toml [", {}, "is not valid TOML"),
+    ("[server]\nprocesses = 0\n", {}, 'config: bad value for server.processes: expected "auto" or an integer 1..256'),
+    ("[server]\nprocesses = 'many'\n", {}, "config: bad value for server.processes"),
+    ("", {"LOGIC_SERVER_PROCESSES": "2.5"}, "env: bad value for LOGIC_SERVER_PROCESSES"),
 ])
 def test_errors_are_one_line_naming_the_key(tmp_path, text, env, message):
     with pytest.raises(SettingsError) as err:
         load_settings(write(tmp_path, text), env, {})
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_processes_default_auto_env_and_flag(tmp_path):
+    assert load_settings(None, {}, {}).server.processes == 1
+    assert load_settings(None, {}, {}).server.process_count == 1
+    auto = load_settings(write(tmp_path, "[server]\nprocesses = 'auto'\n"), {}, {}).server
+    assert auto.processes is None and auto.process_count == (os.cpu_count() or 1)
+    assert load_settings(None, {"LOGIC_SERVER_PROCESSES": "3"}, {}).server.process_count == 3
+    assert load_settings(None, {"LOGIC_SERVER_PROCESSES": "AUTO"}, {}).server.processes is None
+    flagged = load_settings(None, {"LOGIC_SERVER_PROCESSES": "3"}, {"server.processes": "2"})
+    assert flagged.server.process_count == 2
+    with pytest.raises(SettingsError, match="flags: bad value for server.processes"):
+        load_settings(None, {}, {"server.processes": "-1"})
 
 
 def test_missing_file_and_unknown_flag(tmp_path):
