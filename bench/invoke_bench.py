@@ -315,7 +315,7 @@ def main() -> None:
             pg = subprocess.Popen(["taskset", "-c", str(SERVER_CPU), LOGIC, "--database-url",
                                    pg_db, "--config", str(cfg), "serve", "--port", str(pg_port)],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  env=env)
+                                  env={**env, "LOGIC_RECORDS_JOURNAL": str(tmp / "pg-journal")})
             procs.append(pg)
             wait_listening(pg)
             pg_url = f"http://127.0.0.1:{pg_port}/endpoints/1000/{pg_script}"
