@@ -382,7 +382,8 @@ def main() -> None:
             print(f"  c={c:<3} throughput {on_pg[c]['rps'] / ours[c]['rps']:6.1%} "
                   f"(median of the rounds' ratios {pg_paired[c]:6.1%})   "
                   f"p99 {on_pg[c]['p99']:.2f} vs {ours[c]['p99']:.2f} ms   "
-                  f"core/req {on_pg[c]['cpu_us']:.0f} vs {ours[c]['cpu_us']:.0f} us")
+                  f"core/req {on_pg[c]['cpu_us']:.0f} vs {ours[c]['cpu_us']:.0f} us "
+                  f"(server {on_pg[c]['parent_us']:.0f} vs {ours[c]['parent_us']:.0f})")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def _interpolated(value: str) -> str:
 
 def _volume(service: dict[str, Any], target: str) -> str:
     """What `service` mounts at `target`."""
-    for volume in service["volumes"]:
+    for volume in map(str, service["volumes"]):
         source, _, rest = volume.partition(":")
         if rest.split(":")[0] == target:
             return source
