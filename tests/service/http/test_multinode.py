@@ -197,16 +197,16 @@ def test_a_rotated_secret_is_in_force_on_both_nodes_and_through_nginx(
                 *(nginx.request(ep.path, secret, {})[0] for _ in range(4)))
 
     def in_force(secret: str, expected: int) -> None:
-        """Every way in answers `expected` within the bound after the commit,
-        and keeps doing so."""
+        """Every way in answers `expected` to requests sent once the bound
+        has passed since the commit (just before this call), and keeps doing so."""
         deadline = time.monotonic() + BOUND_S
-        got = everywhere(secret)
-        while set(got) != {expected} and time.monotonic() < deadline:
+        while time.monotonic() < deadline and set(everywhere(secret)) != {expected}:
             time.sleep(0.002)
-            got = everywhere(secret)
-        assert set(got) == {expected}, got
+        # Sent after the bound even when the ones above were slow (argon2
+        # for each wrong secret on a loaded machine).
         for _ in range(3):
-            assert set(everywhere(secret)) == {expected}
+            got = everywhere(secret)
+            assert set(got) == {expected}, got
 
     in_force(ep.secret, 200)                          # both nodes' caches warm
     for _ in range(3):
