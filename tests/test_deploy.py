@@ -145,8 +145,9 @@ def test_compose_nginx_is_the_shipped_nginx_conf_with_both_nodes_upstream() -> N
 
 
 def test_shipped_nginx_retries_only_where_no_answer_began() -> None:
-    # The failover policy docs/deployment.md states; test_multinode.py shows it at work.
+    # The failover policy docs/deployment.md states: POST is sent again on
+    # the invoke path only. test_nginx.py and test_multinode.py show it at work.
     text = (DEPLOY / "nginx.conf").read_text()
-    assert re.findall(r"(?m)^\s*proxy_next_upstream\s+([^;]*);", text) == [
-        "error timeout non_idempotent"]
+    policies = dict(re.findall(r"(?s)location (\S+) \{[^}]*?proxy_next_upstream\s+([^;]*);", text))
+    assert policies == {"/endpoints/": "error timeout non_idempotent", "/": "error timeout"}
     assert "http_5" not in text and "proxy_intercept_errors" not in text
