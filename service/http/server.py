@@ -127,7 +127,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                                              body_timeout=30,
                                              max_pipelined=settings.server.max_pipelined,
                                              write_high_water=settings.server.write_buffer_bytes),
-                         render_error=render_connection_error,
+                         render_error=context.metrics.counting(render_connection_error),
                          max_connections=settings.server.max_connections,
                          max_connections_per_ip=settings.server.max_connections_per_ip,
                          # Descriptors kept free for the pool (a worker's pipes
@@ -141,6 +141,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
              type(asyncio.get_running_loop()).__module__.split(".")[0], server.max_connections)
 
     pool.attach()  # watch the workers from the loop now, not at the first request
+    context.metrics_export.start()  # multiprocess mode: this front's values, every second
     _tune_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -156,6 +157,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     await server.close_all_connections()
     await loop.run_in_executor(None, records.stop)
     await pool.stop()
+    context.metrics_export.stop()
     executor.shutdown(wait=False)
     if feed is not None:
         feed.stop()
