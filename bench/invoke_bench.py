@@ -218,7 +218,10 @@ def fresh_database(url: str) -> tuple[str, Callable[[], None]]:
 
     name = f"logic_bench_{uuid.uuid4().hex[:10]}"
     parts = urlsplit(url)
-    admin = psycopg2.connect(url)
+    try:
+        admin = psycopg2.connect(url, connect_timeout=5)
+    except psycopg2.OperationalError as err:  # the message names host and port, not the password
+        sys.exit(f"invoke_bench: --database: {str(err).strip().splitlines()[0]}")
     admin.autocommit = True
     try:
         with admin.cursor() as cur:
