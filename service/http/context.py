@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from service.http.auth import SecretVerifier
 from service.http.ratelimit import RateLimits
@@ -64,6 +64,13 @@ class AppContext:
     in_flight: int = 0
     draining: bool = False
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: set[asyncio.Future[Any]] = field(default_factory=set)
+
+    def background(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run `work` on the loop without waiting for it (kept referenced until done)."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def request_started(self) -> None:
         self.in_flight += 1

@@ -42,6 +42,7 @@ from service.http.errors import (
 )
 from service.http.event import client_ip, ip_allowed
 from service.http.journal import JournaledRequest, request_facts
+from service.http.ratelimit import LimitsUnavailable
 from service.http.script_run import ScriptRun
 
 if TYPE_CHECKING:
@@ -166,10 +167,16 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
             raise EndpointNotFoundError()
         self.ip = client_ip(self.peer, headers.get("x-forwarded-for"),
                             ctx.settings.server.trusted_proxies)
+        if ctx.limits.remote:
+            return self._shared(guild_id, script_id)
         # Known now, acted on at check 5: an address that is throttled for
         # wrong secrets is answered from a lookup at most a second old, so a
         # flood of them costs no database read each (docs/http-api.md).
-        wait = ctx.limits.auth_throttled(self.ip)
+        return self._checks(ctx.limits.auth_throttled(self.ip), guild_id, script_id)
+
+    def _checks(self, wait: int, guild_id: str, script_id: str) -> Awaitable[None] | None:
+        """Checks 2-7; `wait`: seconds the caller's address is throttled for wrong secrets."""
+        ctx = self.context
         target = (ctx.recent_targets.get(guild_id, script_id, ctx.load_target) if wait
                   else ctx.load_target(guild_id, script_id))
         if target is None:
@@ -187,13 +194,27 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
         # 5. secret (throttled per IP before any hash is computed; a secret
         # already verified costs no hash, so it is answered even then: a
         # client sharing an address with an attacker is not locked out)
-        secret = presented_secret(headers)
+        secret = presented_secret(self.headers)
         if ctx.verifier.cached(target.endpoint_id, target.secret_hash, secret):
-            self._authenticated()
-            return None
+            return self._authenticated()
         if wait:
             raise AuthThrottledError(headers={"Retry-After": str(wait)})
         return self._verify(secret)  # argon2 off the loop; reading waits for it
+
+    async def _shared(self, guild_id: str, script_id: str) -> None:
+        """Checks 2-7 when the limits live in Redis: the same, their Redis calls awaited
+        (reading the body waits meanwhile; the loop serves everything else)."""
+        try:
+            step = self._checks(await self.context.limits.aauth_throttled(self.ip),
+                                guild_id, script_id)
+            if step is not None:
+                await step
+        except LimitsUnavailable:
+            self._fail(_limits_down())
+        except ServiceError as err:
+            self._fail(err)
+        except Exception:  # noqa: BLE001
+            self._internal_error()
 
     async def _verify(self, secret: str | None) -> None:
         target = self.target
@@ -207,23 +228,31 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
                                 headers={"Retry-After": "1"}) from None
             if not ok:
                 if secret is not None:
-                    ctx.limits.auth_failed(self.ip)
+                    if ctx.limits.remote:
+                        await ctx.limits.aauth_failed(self.ip)
+                    else:
+                        ctx.limits.auth_failed(self.ip)
                 raise UnauthorizedError(headers={"WWW-Authenticate": "Bearer"})
-            self._authenticated()
+            step = self._authenticated()
+            if step is not None:
+                await step
+        except LimitsUnavailable:
+            self._fail(_limits_down())
         except ServiceError as err:
             self._fail(err)
         except Exception:  # noqa: BLE001
             self._internal_error()
 
-    def _authenticated(self) -> None:
+    def _authenticated(self) -> Awaitable[None] | None:
         target = self.target
         assert target is not None
         limits = self.context.limits
+        if limits.remote:
+            return self._admit_shared(target)
         plan = target.plan
 
         # 6. declared length within the plan
-        declared = self.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > plan.body_bytes):
+        if self._too_long(plan.body_bytes):
             self.rate_headers = list(
                 limits.peek_endpoint(target.endpoint_id, plan.requests_per_minute).headers().items())
             raise PayloadTooLargeError()
@@ -234,6 +263,25 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
         if not decision.allowed:
             raise RateLimitedError(headers={"Retry-After": str(decision.reset_seconds)})
         self.accepted = True
+        return None
+
+    async def _admit_shared(self, target: InvokeTarget) -> None:
+        """Checks 6 and 7 with the windows in Redis.  Raises `LimitsUnavailable`."""
+        limits = self.context.limits
+        plan = target.plan
+        if self._too_long(plan.body_bytes):
+            decision = await limits.apeek_endpoint(target.endpoint_id, plan.requests_per_minute)
+            self.rate_headers = list(decision.headers().items())
+            raise PayloadTooLargeError()
+        decision = await limits.ahit_endpoint(target.endpoint_id, plan.requests_per_minute)
+        self.rate_headers = list(decision.headers().items())
+        if not decision.allowed:
+            raise RateLimitedError(headers={"Retry-After": str(decision.reset_seconds)})
+        self.accepted = True
+
+    def _too_long(self, cap: int) -> bool:
+        declared = self.headers.get("content-length")
+        return declared is not None and (not declared.isdigit() or int(declared) > cap)
 
     # --- body: check 8 --------------------------------------------------------------
     def data_received(self, chunk: bytes) -> None:
@@ -331,3 +379,9 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
     def journal_facts(self) -> tuple[Any, ...]:
         """What its records are made of (`service.http.journal.request_facts`)."""
         return request_facts(self)
+
+
+def _limits_down() -> BusyError:
+    """`ratelimit.on_storage_error = "closed"` while the shared storage is unreachable."""
+    return BusyError("Rate limits cannot be checked right now; retry shortly.",
+                     headers={"Retry-After": "1"})

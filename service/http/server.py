@@ -112,7 +112,9 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     context = AppContext(
         settings=settings,
         pool=pool,
-        limits=RateLimits(settings.ratelimit.storage, ipv6_prefix=settings.ratelimit.ipv6_prefix),
+        limits=RateLimits(settings.ratelimit.storage, ipv6_prefix=settings.ratelimit.ipv6_prefix,
+                          on_storage_error=settings.ratelimit.on_storage_error,
+                          storage_timeout_s=settings.ratelimit.storage_timeout_ms / 1000),
         verifier=SecretVerifier(verify_secret, executor, workers=2,
                                 max_pending=settings.ratelimit.auth_queue,
                                 per_endpoint=settings.ratelimit.auth_queue_per_endpoint),
@@ -156,6 +158,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     await server.close_all_connections()
     await loop.run_in_executor(None, records.stop)
     await pool.stop()
+    await context.limits.close()
     executor.shutdown(wait=False)
     if feed is not None:
         feed.stop()
