@@ -15,7 +15,7 @@ from service.http.records import RecordWriter
 if TYPE_CHECKING:
     from models.change_feed import ChangeFeed
     from sandbox.pool import Pool
-    from service.core.invoke_target import InvokeTarget
+    from service.core.invoke_target import InvokeTarget, TargetCache
     from service.settings import Settings
 
 
@@ -56,7 +56,8 @@ class AppContext:
     limits: RateLimits
     verifier: SecretVerifier
     records: RecordWriter
-    load_target: Callable[[str, str], InvokeTarget | None]
+    #: The endpoint lookup: call it, or `lookup()`/`fetch()` on the hot path.
+    load_target: TargetCache
     db_ping: Callable[[], bool]
     recent_targets: RecentTargets = field(default_factory=RecentTargets)
     #: PostgreSQL only: the process's LISTEN connection (endpoint changes, revoked tokens).

@@ -42,6 +42,7 @@ from service.http.errors import (
 )
 from service.http.event import client_ip, ip_allowed
 from service.http.journal import JournaledRequest, request_facts
+from service.core.invoke_target import NeedsQuery, TargetsUnavailable
 from service.http.ratelimit import LimitsUnavailable
 from service.http.script_run import ScriptRun
 
@@ -135,6 +136,8 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
             return step()
         except ServiceError as err:
             self._fail(err)
+        except TargetsUnavailable:
+            self._fail(_database_down())
         except Exception:  # noqa: BLE001 - one request's bug must not reach the connection
             self._internal_error()
         return None
@@ -177,8 +180,32 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
     def _checks(self, wait: int, guild_id: str, script_id: str) -> Awaitable[None] | None:
         """Checks 2-7; `wait`: seconds the caller's address is throttled for wrong secrets."""
         ctx = self.context
-        target = (ctx.recent_targets.get(guild_id, script_id, ctx.load_target) if wait
-                  else ctx.load_target(guild_id, script_id))
+        found: InvokeTarget | NeedsQuery | None
+        if wait:
+            found = ctx.recent_targets.get(guild_id, script_id, ctx.load_target)
+        else:
+            found = ctx.load_target.lookup(guild_id, script_id)
+            if isinstance(found, NeedsQuery):  # PostgreSQL: the query runs off the loop
+                return self._fetched(wait, guild_id, script_id)
+        return self._checked(wait, found)
+
+    async def _fetched(self, wait: int, guild_id: str, script_id: str) -> None:
+        try:
+            step = self._checked(wait, await self.context.load_target.fetch(guild_id, script_id))
+            if step is not None:
+                await step
+        except TargetsUnavailable:
+            self._fail(_database_down())
+        except LimitsUnavailable:
+            self._fail(_limits_down())
+        except ServiceError as err:
+            self._fail(err)
+        except Exception:  # noqa: BLE001
+            self._internal_error()
+
+    def _checked(self, wait: int, target: InvokeTarget | None) -> Awaitable[None] | None:
+        """Checks 2 (the answer of the lookup) to 7."""
+        ctx = self.context
         if target is None:
             raise EndpointNotFoundError()
         self.target = target
@@ -211,6 +238,8 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
                 await step
         except LimitsUnavailable:
             self._fail(_limits_down())
+        except TargetsUnavailable:
+            self._fail(_database_down())
         except ServiceError as err:
             self._fail(err)
         except Exception:  # noqa: BLE001
@@ -384,4 +413,10 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
 def _limits_down() -> BusyError:
     """`ratelimit.on_storage_error = "closed"` while the shared storage is unreachable."""
     return BusyError("Rate limits cannot be checked right now; retry shortly.",
+                     headers={"Retry-After": "1"})
+
+
+def _database_down() -> BusyError:
+    """PostgreSQL is unreachable and this endpoint's answer is not remembered."""
+    return BusyError("The endpoint cannot be looked up right now; retry shortly.",
                      headers={"Retry-After": "1"})

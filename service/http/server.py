@@ -160,6 +160,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     await pool.stop()
     await context.limits.close()
     executor.shutdown(wait=False)
+    context.load_target.close()
     if feed is not None:
         feed.stop()
     log.info("stopped: %d records written, %d dropped (%d failed batches)", records.written,

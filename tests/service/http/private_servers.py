@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -104,10 +105,12 @@ class PrivatePostgres:
     As root, the server runs as the `postgres` user (it refuses root), via runuser.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self) -> None:
         self.bin = _pg_bin()
-        self.root = root
-        self.data = root / "data"
+        # Its own directory under /tmp: pytest's temporary tree is private to
+        # root, and the server may run as another user.
+        self.root = Path(tempfile.mkdtemp(prefix="logic-pg-"))
+        self.data = self.root / "data"
         self.port = free_port()
         self.user: str | None = None
         if os.geteuid() == 0:
@@ -138,11 +141,9 @@ class PrivatePostgres:
 
     def init(self) -> PrivatePostgres:
         assert self.bin is not None
-        self.root.mkdir(parents=True, exist_ok=True)
         if self.user is not None:
             entry = pwd.getpwnam(self.user)
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
-            os.chmod(self.root.parent, 0o755)
         self._run(f"{self.bin}/initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust",
                   "--no-sync", "-E", "UTF8")
         return self
@@ -165,6 +166,7 @@ class PrivatePostgres:
                 self.stop("immediate")
             except subprocess.SubprocessError:
                 pass
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def poll(predicate, timeout: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
