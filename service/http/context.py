@@ -24,8 +24,9 @@ class RecentTargets:
 
     An address that sent more than 20 wrong secrets in a minute is answered
     429 whatever it sends; checks 2-4 still come first for it, but from a
-    lookup at most `ttl` old instead of a database read per request (on
-    PostgreSQL a round trip on the event loop).
+    lookup at most `ttl` old instead of a database query per request when the
+    `TargetCache` cannot answer from memory (PostgreSQL while its change feed
+    cannot vouch, or without one).
     """
 
     def __init__(self, ttl: float = 1.0, max_entries: int = 10_000) -> None:
@@ -33,18 +34,17 @@ class RecentTargets:
         self._max = max_entries
         self._entries: dict[tuple[str, str], tuple[float, InvokeTarget | None]] = {}
 
-    def get(self, guild_id: str, script_id: str,
-            load: Callable[[str, str], InvokeTarget | None]) -> InvokeTarget | None:
-        key = (guild_id, script_id)
-        now = time.monotonic()
-        found = self._entries.get(key)
-        if found is not None and now - found[0] < self._ttl:
-            return found[1]
-        target = load(guild_id, script_id)
+    def get(self, guild_id: str, script_id: str) -> tuple[bool, InvokeTarget | None]:
+        """(True, the answer) when one at most `ttl` old is remembered, else (False, None)."""
+        found = self._entries.get((guild_id, script_id))
+        if found is not None and time.monotonic() - found[0] < self._ttl:
+            return True, found[1]
+        return False, None
+
+    def put(self, guild_id: str, script_id: str, target: InvokeTarget | None) -> None:
         if len(self._entries) >= self._max:
             self._entries.clear()
-        self._entries[key] = (now, target)
-        return target
+        self._entries[(guild_id, script_id)] = (time.monotonic(), target)
 
 
 @dataclass

@@ -57,7 +57,8 @@ class ReadyHandler(BaseHandler):
             "database": database,
             "ratelimit": limits,
             "sandbox": {"state": "up" if workers >= 1 else "down", "workers": workers},
-            "records": {"state": "up" if reachable else "waiting", "pending": records.pending,
+            "records": {"state": "waiting" if records.database_down or not reachable else "up",
+                        "pending": records.pending,
                         "dropped": records.dropped},
         }
         why = None

@@ -180,18 +180,22 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
     def _checks(self, wait: int, guild_id: str, script_id: str) -> Awaitable[None] | None:
         """Checks 2-7; `wait`: seconds the caller's address is throttled for wrong secrets."""
         ctx = self.context
-        found: InvokeTarget | NeedsQuery | None
-        if wait:
-            found = ctx.recent_targets.get(guild_id, script_id, ctx.load_target)
-        else:
-            found = ctx.load_target.lookup(guild_id, script_id)
-            if isinstance(found, NeedsQuery):  # PostgreSQL: the query runs off the loop
-                return self._fetched(wait, guild_id, script_id)
+        found = ctx.load_target.lookup(guild_id, script_id)
+        if isinstance(found, NeedsQuery):  # PostgreSQL: the query runs off the loop
+            if wait:
+                # A throttled address: a lookup at most a second old will do.
+                known, target = ctx.recent_targets.get(guild_id, script_id)
+                if known:
+                    return self._checked(wait, target)
+            return self._fetched(wait, guild_id, script_id)
         return self._checked(wait, found)
 
     async def _fetched(self, wait: int, guild_id: str, script_id: str) -> None:
         try:
-            step = self._checked(wait, await self.context.load_target.fetch(guild_id, script_id))
+            target = await self.context.load_target.fetch(guild_id, script_id)
+            if wait:
+                self.context.recent_targets.put(guild_id, script_id, target)
+            step = self._checked(wait, target)
             if step is not None:
                 await step
         except TargetsUnavailable:
