@@ -76,6 +76,30 @@ def test_a_redis_that_does_not_answer_stalls_only_the_requests_that_wait_for_it(
     assert DOWN not in srv.log  # slow is not down while within storage_timeout_ms
 
 
+def _script_calls(redis: PrivateRedis) -> int:
+    stats = redis.client().info("commandstats")
+    return sum(int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_evalsha",
+                                                                      "cmdstat_eval"))
+
+
+def test_a_verified_caller_costs_one_redis_call_per_request(
+        make_server: Callable[..., Server], make_endpoint: Callable[..., Any],
+        redis_server: PrivateRedis) -> None:
+    ep = make_endpoint(ECHO, plan="bench")
+    srv = make_server(extra=_config(redis_server, "open", 1000))
+    assert srv.request(ep.path, secret=ep.secret, json_body={}).status == 200  # secret verified
+    before = _script_calls(redis_server)
+    answers = [srv.request(ep.path, secret=ep.secret, json_body={}) for _ in range(10)]
+    assert [a.status for a in answers] == [200] * 10
+    assert [a.headers["ratelimit-remaining"] for a in answers] == [
+        str(1_000_000 - n) for n in range(2, 12)]            # counted in Redis, one each
+    assert _script_calls(redis_server) - before == 10
+    # A wrong secret still checks the throttle first (and counts the failure).
+    wrong = srv.request(ep.path, secret="wrong", json_body={})
+    assert wrong.status == 401
+    assert _script_calls(redis_server) - before == 12
+
+
 def test_fail_open_admits_under_the_nodes_own_windows_and_recovers(
         make_server: Callable[..., Server], make_endpoint: Callable[..., Any],
         redis_server: PrivateRedis) -> None:
