@@ -192,6 +192,12 @@ class RecordWriter:
                     self._stop_wait.wait(self._retry_s)
                 self._wake.clear()
                 stopping = self._stopping  # read before draining: nothing is left behind
+                if self._down_since is not None and self._held and not stopping:
+                    # Probe with the held batch alone: no journal segment is
+                    # sealed (kept open and mapped) per turn of a long outage.
+                    if self._flush(self._held):
+                        continue
+                    self._held = []
                 queued, sealed = self._seal()
                 self._sealed += sealed
                 # What is queued now, in batches of at most max_batch; entries
