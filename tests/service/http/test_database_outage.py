@@ -164,3 +164,34 @@ def test_postgresql_stopped_under_load(private_pg: PrivatePostgres, tmp_path: Pa
         assert srv.request("/readyz", method="GET").json["dependencies"]["records"]["dropped"] == 0
     finally:
         srv.stop()
+
+
+def test_records_held_when_the_process_dies_during_an_outage_are_written_at_the_next_start(
+        private_pg: PrivatePostgres, tmp_path: Path) -> None:
+    url = private_pg.url
+    subprocess.run([LOGIC, "--database-url", url, "db", "upgrade"], check=True,
+                   capture_output=True)
+    config = tmp_path / "logic.toml"
+    config.write_text(f'[records]\njournal = "{tmp_path / "journal"}"\n' + CONFIG)
+    guild_id, script_id, secret, endpoint_id = _make_endpoints(url, config, 10, 1)[0]
+    path = f"/endpoints/{guild_id}/{script_id}"
+    srv = Server(url, str(config)).start()
+    try:
+        assert poll(lambda: srv.request("/readyz", method="GET").json
+                    ["dependencies"]["database"].get("changeFeed") == "listening", 30)
+        assert srv.request(path, secret=secret, json_body={}).status == 200
+        assert poll(lambda: _stat_counts(url, endpoint_id) == {"m": 1, "h": 1}, 30)
+        private_pg.stop("fast")
+        statuses = [srv.request(path, secret=secret, json_body={}).status for _ in range(30)]
+        assert statuses == [200] * 30
+        assert poll(lambda: srv.request("/readyz", method="GET").json["dependencies"]["records"]
+                    ["pending"] == 30, 30)
+    finally:
+        srv.kill()   # SIGKILL: what it held in memory is gone; the journal is not
+    private_pg.start()
+    again = Server(url, str(config)).start()
+    try:
+        assert "replayed 30 journaled requests" in again.log
+        assert _stat_counts(url, endpoint_id) == {"m": 31, "h": 31}
+    finally:
+        again.stop()
