@@ -34,8 +34,9 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 log = logging.getLogger("logic.targets")
 
-#: While PostgreSQL is unreachable: one lookup probes it this often; the others do not wait.
-RETRY_S = 1.0
+#: While PostgreSQL is unreachable, one lookup at a time probes it, this long after
+#: the previous probe ended; the others are answered at once (see TargetCache).
+PROBE_GAP_S = 0.1
 #: Lookups waiting for a query thread; past it a lookup is refused (TargetsUnavailable).
 MAX_PENDING = 256
 
@@ -151,9 +152,10 @@ class TargetCache:
     connection broke (`ChangeFeed.vouched_until`) are served as they are —
     no change can commit on a server that is down, and every change whose
     notification reached this process before the break was already applied.
-    Anything else raises `TargetsUnavailable`. One query probes the server
-    every `RETRY_S`; the feed's reconnect starts a new generation, so nothing
-    served during the outage survives it. docs/architecture.md states the
+    Anything else raises `TargetsUnavailable`. One query at a time probes the
+    server, `PROBE_GAP_S` after the previous one ended; the first that
+    succeeds ends the outage, and the feed's reconnect starts a new
+    generation, so nothing served during the outage survives it. docs/architecture.md states the
     exact guarantee and its two limits (a notification lost with the server,
     a partition that isolates only this node).
     """
@@ -170,6 +172,7 @@ class TargetCache:
         self._pending = 0
         self._down_since: float | None = None
         self._retry_at = 0.0
+        self._probing = False
 
     def invalidate(self) -> None:
         self._entries.clear()
@@ -232,7 +235,7 @@ class TargetCache:
         if version is not None:
             found = self._adopt(version, feed).get(key, _MISSING)
             return NEEDS_QUERY if found is _MISSING else found  # type: ignore[return-value]
-        if self._down_since is not None and time.monotonic() < self._retry_at:
+        if self._down_since is not None and (self._probing or time.monotonic() < self._retry_at):
             return self._outage_answer(key)
         return NEEDS_QUERY
 
@@ -245,10 +248,13 @@ class TargetCache:
         version = feed.generation if feed is not None else None
         if self._pending >= MAX_PENDING:
             raise TargetsUnavailable("too many endpoint lookups are waiting")
-        if self._down_since is not None:
-            if time.monotonic() < self._retry_at:
+        probe = self._down_since is not None and version is None
+        if probe:
+            # Still no feed: one lookup at a time probes, the others do not wait.
+            # (A feed listening again means the server is back: query at once.)
+            if self._probing or time.monotonic() < self._retry_at:
                 return self._outage_answer(key)
-            self._retry_at = time.monotonic() + RETRY_S  # this one probes; the others do not wait
+            self._probing = True
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-lookup")
         self._pending += 1
@@ -259,6 +265,9 @@ class TargetCache:
             return self._unreachable(err, key)
         finally:
             self._pending -= 1
+            if probe:
+                self._probing = False
+                self._retry_at = time.monotonic() + PROBE_GAP_S
         self._reachable()
         if version is not None and version == self._version and self._conn is feed:
             self._store(key, found)
@@ -275,7 +284,7 @@ class TargetCache:
 
     def _unreachable(self, err: BaseException, key: tuple[str, str]) -> InvokeTarget | None:
         now = time.monotonic()
-        self._retry_at = now + RETRY_S
+        self._retry_at = max(self._retry_at, now + PROBE_GAP_S)
         if self._down_since is None:
             self._down_since = now
             feed = self._feed
