@@ -19,10 +19,12 @@ then enforces the limits by itself, and the wrong-secret throttle stays on);
 (`LimitsUnavailable`). Either way one warning per outage, and the shared
 windows are used again as soon as Redis answers.
 
-Why not `limits`' own memory storage as well: measured on the invoke path it
-cost about a fifth of the service's CPU per request (two locked calls per
-request, an O(n) list insert, and a timer thread started every 10 ms to expire
-entries), for what a deque does in a few lines.
+Why not the `limits` library (used before): its memory storage cost about a
+fifth of the service's CPU per request on the invoke path (two locked calls
+per request, an O(n) list insert, and a timer thread started every 10 ms to
+expire entries), for what a deque does in a few lines; its Redis storage is
+synchronous, and its asynchronous one needs two round trips per decision
+where one Lua call does.
 """
 
 from __future__ import annotations
