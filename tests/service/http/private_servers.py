@@ -16,7 +16,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.service.http.harness import wait_until
 
@@ -65,7 +67,7 @@ class PrivateRedis:
             raise RuntimeError("the private redis-server did not start")
         return self
 
-    def client(self):  # type: ignore[no-untyped-def]
+    def client(self) -> Any:
         import redis
         return redis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=2)
 
@@ -169,7 +171,7 @@ class PrivatePostgres:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def poll(predicate, timeout: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
+def poll(predicate: Callable[[], Any], timeout: float = 20.0) -> bool:
     """`wait_until` with the longer deadline outage tests need on a loaded machine."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

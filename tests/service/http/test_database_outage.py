@@ -81,7 +81,7 @@ def _make_endpoints(url: str, config: Path, first: int, n: int
 
 def _stat_counts(url: str, endpoint_id: int) -> dict[str, int]:
     """Requests counted in the statistics per granularity (minute and hour buckets)."""
-    import psycopg2
+    import psycopg2  # type: ignore[import-untyped,unused-ignore]
     from models.db import open_database
     db = open_database(url)
     conn = psycopg2.connect(dbname=db.database, **db.connect_params)
