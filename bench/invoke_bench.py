@@ -243,7 +243,9 @@ def main() -> None:
         nojournal = None
         if args.no_journal or args.before:
             plain_port = free_port()
-            other_env = ({**env, "PYTHONPATH": args.before} if args.before
+            # Its own journal: a journal belongs to one process (service.http.journal).
+            other_env = ({**env, "PYTHONPATH": args.before,
+                          "LOGIC_RECORDS_JOURNAL": str(tmp / "before-journal")} if args.before
                          else {**env, "LOGIC_RECORDS_JOURNAL": "off"})
             nojournal = subprocess.Popen(
                 ["taskset", "-c", str(SERVER_CPU), LOGIC, "--database-url", db, "--config",

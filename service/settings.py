@@ -82,6 +82,18 @@ class RecordsSettings:
 
 
 @dataclass(frozen=True)
+class MetricsSettings:
+    """`GET /metrics` (service.http.metrics_handler): labels and who may scrape."""
+
+    per_guild: bool = False             # a guild label on the invoke request counter
+    #: Peers that may scrape; empty: /metrics is off (404 for everyone).
+    allow: tuple[IPNetwork, ...] = (ipaddress.ip_network("127.0.0.0/8"),
+                                    ipaddress.ip_network("::1/128"))
+    #: When set, scrapes must also send `Authorization: Bearer <token>`.
+    token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
 class ChatSettings:
     """The chat command's interactions endpoint (service.chat); off while `public_key` is empty."""
 
@@ -101,6 +113,7 @@ class Settings:
     records: RecordsSettings = field(default_factory=RecordsSettings)
     plans: Mapping[str, Plan] = field(default_factory=lambda: DEFAULT_PLANS)
     dashboard: DashboardSettings = field(default_factory=DashboardSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
 
 # ---------------------------------------------------------------- parsers
@@ -178,6 +191,15 @@ def _cookie_secret(value: Any) -> str:
     return value
 
 
+def _metrics_token(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    if value and (len(value) < 16 or not re.fullmatch(r"[\x21-\x7e]+", value)):
+        # Never echo the value: it is a secret.
+        raise ValueError("expected at least 16 printable characters without spaces, or empty")
+    return value
+
+
 def _db_url(value: Any) -> str:
     url = _str(value)
     if urlparse(url).scheme not in ("sqlite", "postgres", "postgresql"):
@@ -226,7 +248,8 @@ def _chat_path(value: Any) -> str:
     path = _str(value)
     if not re.fullmatch(r"/[A-Za-z0-9._~/-]{1,200}", path) or "//" in path:
         raise ValueError("expected an absolute path such as /interactions")
-    if path.rstrip("/") in ("/endpoints", "/healthz", "/readyz") or path.startswith("/endpoints/"):
+    taken = ("/endpoints", "/healthz", "/readyz", "/metrics")
+    if path.rstrip("/") in taken or path.startswith("/endpoints/"):
         raise ValueError("path is taken by another route")
     return path
 
@@ -249,6 +272,7 @@ _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
              "answer_within_ms": _int(0, 2500)},
     "dashboard": {"session_idle_minutes": _int(1, 7 * 24 * 60),
                   "session_max_hours": _int(1, 30 * 24)},
+    "metrics": {"per_guild": _env_bool, "allow": _networks, "token": _metrics_token},
 }
 _SECTION_TYPES: dict[str, type] = {
     "server": ServerSettings, "database": DatabaseSettings,
@@ -256,6 +280,7 @@ _SECTION_TYPES: dict[str, type] = {
     "chat": ChatSettings,
     "dashboard": DashboardSettings,
     "records": RecordsSettings,
+    "metrics": MetricsSettings,
 }
 _PLAN_PARSERS: dict[str, Callable[[Any], Any]] = {
     "endpoints": _int(0, 10_000), "memory_kb": _int(0, 16 * 1024 * 1024),

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from service.http.auth import SecretVerifier
+from service.http.metrics import Metrics
+from service.http.metrics_export import Exporter
 from service.http.ratelimit import RateLimits
 from service.http.records import RecordWriter
 
@@ -66,6 +68,14 @@ class AppContext:
     draining: bool = False
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: set[asyncio.Future[Any]] = field(default_factory=set)
+    #: Plain counters the invoke path and the handlers add to (service.http.metrics).
+    metrics: Metrics = field(default_factory=Metrics)
+    #: Formats `GET /metrics`; the multiprocess files when PROMETHEUS_MULTIPROC_DIR is set.
+    metrics_export: Exporter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics.per_guild = self.settings.metrics.per_guild
+        self.metrics_export = Exporter.from_environment(self)
 
     def background(self, work: Coroutine[Any, Any, Any]) -> None:
         """Run `work` on the loop without waiting for it (kept referenced until done)."""

@@ -120,6 +120,12 @@ class RecordWriter:
         self._retry_s = RETRY_S
         self._overflowing = False
 
+    @property
+    def pending(self) -> int:
+        """Entries not yet written: queued, or held back by a batch that found the
+        database unreachable (the buffer while it is down)."""
+        return len(self._queue) + len(self._held)
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="logic-records", daemon=True)
         self._thread.start()
@@ -170,11 +176,6 @@ class RecordWriter:
         self._stop_wait.set()
         self._thread.join(timeout)
         self._thread = None
-
-    @property
-    def pending(self) -> int:
-        """Entries waiting to be written (the buffer while the database is down)."""
-        return len(self._queue) + len(self._held)
 
     @property
     def database_down(self) -> bool:

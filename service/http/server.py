@@ -129,7 +129,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                                              body_timeout=30,
                                              max_pipelined=settings.server.max_pipelined,
                                              write_high_water=settings.server.write_buffer_bytes),
-                         render_error=render_connection_error,
+                         render_error=context.metrics.counting(render_connection_error),
                          max_connections=settings.server.max_connections,
                          max_connections_per_ip=settings.server.max_connections_per_ip,
                          # Descriptors kept free for the pool (a worker's pipes
@@ -143,6 +143,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
              type(asyncio.get_running_loop()).__module__.split(".")[0], server.max_connections)
 
     pool.attach()  # watch the workers from the loop now, not at the first request
+    context.metrics_export.start()  # multiprocess mode: this front's values, every second
     _tune_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -159,6 +160,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     await loop.run_in_executor(None, records.stop)
     await pool.stop()
     await context.limits.close()
+    context.metrics_export.stop()
     executor.shutdown(wait=False)
     context.load_target.close()
     if feed is not None:
