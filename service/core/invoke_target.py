@@ -174,6 +174,13 @@ class TargetCache:
         self._retry_at = 0.0
         self._probing = False
 
+    @property
+    def database_down(self) -> bool:
+        """True from a lookup that found PostgreSQL unreachable to the next that reached
+        it, or until the change feed listens again (then the server is back)."""
+        feed = self._feed
+        return self._down_since is not None and (feed is None or not feed.healthy)
+
     def invalidate(self) -> None:
         self._entries.clear()
         self._version = None

@@ -179,3 +179,15 @@ def poll(predicate: Callable[[], Any], timeout: float = 20.0) -> bool:
             return True
         time.sleep(0.05)
     return bool(predicate())
+
+
+def dependency_down(server: Any, dependency: str) -> float | None:
+    """`logic_dependency_down{dependency=...}` from the server's `GET /metrics`."""
+    from prometheus_client.parser import text_string_to_metric_families
+    text = server.request("/metrics", method="GET").body.decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (sample.name == "logic_dependency_down"
+                    and sample.labels.get("dependency") == dependency):
+                return float(sample.value)
+    return None

@@ -28,7 +28,7 @@ import pytest
 
 from tests.service.http.conftest import CONFIG
 from tests.service.http.harness import LOGIC, Server
-from tests.service.http.private_servers import PrivatePostgres, poll
+from tests.service.http.private_servers import PrivatePostgres, dependency_down, poll
 
 ECHO = "on endpoint(event):\n    event.reply({'ok': True})\n"
 OUTAGE_S = 10.0
@@ -138,6 +138,8 @@ def test_postgresql_stopped_under_load(private_pg: PrivatePostgres, tmp_path: Pa
             assert poll(lambda: answered() >= before + 200, 60)
             assert srv.request("/readyz", method="GET").json["dependencies"]["records"][
                 "pending"] > 0
+            assert poll(lambda: dependency_down(srv, "database") == 1)
+            assert dependency_down(srv, "change_feed") == 1
             cold = srv.request(f"/endpoints/{cold_guild}/{cold_script}", secret=cold_secret,
                                json_body={})
             assert cold.status == 503 and cold.code == "busy"
@@ -168,6 +170,8 @@ def test_postgresql_stopped_under_load(private_pg: PrivatePostgres, tmp_path: Pa
         assert poll(lambda: "waiting records written" in srv.log)
         assert srv.log.count("waiting records written") == 1
         assert srv.request("/readyz", method="GET").json["dependencies"]["records"]["dropped"] == 0
+        assert poll(lambda: dependency_down(srv, "database") == 0
+                    and dependency_down(srv, "change_feed") == 0)
     finally:
         srv.stop()
 

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from tests.service.http.harness import Response, Server
-from tests.service.http.private_servers import PrivateRedis, poll, unread_bytes_on
+from tests.service.http.private_servers import (PrivateRedis, dependency_down, poll,
+                                                unread_bytes_on)
 
 pytestmark = pytest.mark.parametrize("http_env", ["sqlite"], indirect=True)
 
@@ -149,8 +150,10 @@ def test_fail_closed_refuses_with_busy_until_redis_is_back(
     assert srv.log.count(DOWN) == 1
     ready = srv.request("/readyz", method="GET")
     assert ready.status == 503 and ready.json["dependencies"]["ratelimit"]["state"] == "down"
+    assert dependency_down(srv, "ratelimit") == 1 and dependency_down(srv, "database") == 0
 
     redis_server.start()
     assert poll(lambda: srv.request(ep.path, secret=ep.secret, json_body={}).status == 200, 30)
     assert poll(lambda: BACK in srv.log)
     assert srv.log.count(BACK) == 1 and srv.log.count(DOWN) == 1
+    assert dependency_down(srv, "ratelimit") == 0
