@@ -105,7 +105,7 @@ def test_a_verified_caller_costs_one_redis_call_per_request(
 
 def test_fail_open_admits_under_the_nodes_own_windows_and_recovers(
         make_server: Callable[..., Server], make_endpoint: Callable[..., Any],
-        redis_server: PrivateRedis) -> None:
+        redis_server: PrivateRedis, source_ip: Callable[[], str]) -> None:
     limited = make_endpoint(ECHO, plan="plus")  # 30 per minute
     ep = make_endpoint(ECHO, plan="bench")
     srv = make_server(extra=_config(redis_server, "open", 1000))
@@ -120,8 +120,13 @@ def test_fail_open_admits_under_the_nodes_own_windows_and_recovers(
     statuses = [srv.request(limited.path, secret=limited.secret, json_body={}).status
                 for _ in range(31)]
     assert statuses == [200] * 30 + [429]
+    # So does the wrong-secret throttle: 20 failures from an address, then 429.
+    attacker = source_ip()
+    wrong = [srv.request_from(attacker, ep.path, secret="wrong", json_body={}).status
+             for _ in range(21)]
+    assert wrong == [401] * 20 + [429]
     assert poll(lambda: DOWN in srv.log), srv.log  # the log arrives through a pipe
-    assert srv.log.count(DOWN) == 1, srv.log  # once, for 51 requests
+    assert srv.log.count(DOWN) == 1, srv.log  # once, for 72 requests
     ready = srv.request("/readyz", method="GET")
     assert ready.status == 200, "open: the node still answers, so it stays in the pool"
     assert ready.json["dependencies"]["ratelimit"]["state"] == "down"
