@@ -286,10 +286,10 @@ class RecordWriter:
                 if attempt < 2:
                     time.sleep(0.1 * (attempt + 1))
                 continue
+            if self._down_since is not None:
+                self._reachable()  # before `written` moves: whoever waits on it sees the line
             self.written += len(batch)
             self._overflowing = False
-            if self._down_since is not None:
-                self._reachable()
             log.debug("wrote %d entries in %.1f ms", len(batch),
                       (time.monotonic() - started) * 1000)
             return False
