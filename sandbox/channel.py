@@ -65,7 +65,7 @@ class WorkerHandle:
 
     __slots__ = ("slot", "pid", "pidfd", "sock", "fd", "reader", "known", "cache_size", "jobs",
                  "max_jobs", "spawned_at", "ready", "req", "alive", "outbuf", "_proc", "guild",
-                 "idle_since")
+                 "idle_since", "asked_at", "fork_ms")
 
     def __init__(self, slot: int, pid: int, channel_fd: int, pidfd: int, *, cache_size: int,
                  max_jobs: int, now: float) -> None:
@@ -90,6 +90,8 @@ class WorkerHandle:
         # ever serve (bound at its first job, until it exits).
         self.guild: str | None = None
         self.idle_since = now
+        self.asked_at = 0.0   # time.monotonic() of the spawn request (start-up cost)
+        self.fork_ms = 0.0    # the fork server's fork() call
 
     def job_frame(self, req: RequestState) -> bytes:
         """Encode ``req`` for this worker; the source goes along only if it lacks it.

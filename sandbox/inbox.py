@@ -9,6 +9,7 @@ worker is killed (see ``Pool._on_readable``).
 """
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from sandbox.channel import WorkerHandle
@@ -22,6 +23,7 @@ class Inbox(Supervisor):
     """Worker messages, for ``Pool`` (which initialises the shared state)."""
 
     kill_grace: float
+    _steps: dict[str, float]
 
     if TYPE_CHECKING:  # provided by Placement / Pool (before this class in the MRO)
         def _park(self, w: WorkerHandle, now: float) -> None: ...
@@ -29,6 +31,15 @@ class Inbox(Supervisor):
         def _on_spare(self, w: WorkerHandle) -> None: ...
 
         def _on_writable(self, w: WorkerHandle) -> None: ...
+
+    def _count_steps(self, w: WorkerHandle, ms: dict[str, float] | None) -> None:
+        """Add a new worker's start-up steps to ``Pool.spawn_steps``."""
+        steps = self._steps
+        steps["n"] += 1
+        steps["fork_call"] += w.fork_ms
+        steps["total"] += (time.monotonic() - w.asked_at) * 1000.0 if w.asked_at else 0.0
+        for k, v in (ms or {}).items():
+            steps[k] += v
 
     def _on_message(self, w: WorkerHandle, msg: dict[str, Any]) -> None:
         t = msg["t"]
@@ -39,6 +50,7 @@ class Inbox(Supervisor):
             w.ready = True
             self._unready -= 1
             self._merge_hardening(msg["hard"], msg["notes"])
+            self._count_steps(w, msg.get("ms"))
             if self._loop is not None:
                 self._loop.call_later(1.0, self._clear_failures, w)
             self._on_spare(w)

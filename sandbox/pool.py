@@ -141,6 +141,8 @@ class Pool(Placement, Inbox, Shutdown):
         self._next_id = 0
         self._busy = 0
         self._unready = 0  # registered workers that have not said "ready" yet
+        #: summed start-up cost of the workers that became ready (see spawn_steps)
+        self._steps = dict.fromkeys(("n", "fork_call", "fork", "harden", "init", "total"), 0.0)
         self._c = dict.fromkeys(("invocations", "timeouts", "memory_kills", "crashes",
                                  "restarts", "busy_rejections", "queued", "deprioritised",
                                  "quarantined", "retired"), 0)
@@ -155,6 +157,15 @@ class Pool(Placement, Inbox, Shutdown):
                 "workers": sum(1 for w in self._workers.values() if w is not None),
                 "guilds": len({w.guild for w in self._workers.values()
                                if w is not None and w.guild is not None})}
+
+    @property
+    def spawn_steps(self) -> dict[str, float]:
+        """Mean start-up cost of a worker in ms, per step, over the workers started so far:
+        ``fork_call`` (the fork server's ``fork()``), ``fork`` (until the child runs),
+        ``harden``, ``init`` (memory accountant and runner), ``total`` (spawn request to
+        ready, as the pool saw it); ``n`` workers."""
+        n = self._steps["n"]
+        return {k: (v if k == "n" else v / n if n else 0.0) for k, v in self._steps.items()}
 
     @property
     def scheduler(self) -> Scheduler:

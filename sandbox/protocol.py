@@ -13,7 +13,8 @@ parent -> worker
     ``{"t": "job", "id", "key", "ver", "src": str | None, "event", "ms", "mem"}``
     ``{"t": "exec", "id", "code"}``  (test hook; refused unless the pool enabled it)
 worker -> parent
-    ``{"t": "ready", "pid", "hard": {layer: bool}, "notes": [str]}``
+    ``{"t": "ready", "pid", "hard": {layer: bool}, "notes": [str], "ms": {step: float}}``
+    (``ms``: what the worker's start-up steps cost; optional)
     ``{"t": "need", "id"}``  (worker lacks the source for that script version)
     ``{"t": "compiled", "id"}``  (worker compiled the source it was sent; the run starts)
     ``{"t": "where", "id", "line", "tb"}``  (the script's time ran out: where it was; the
@@ -220,6 +221,19 @@ def _check_measures(msg: dict[str, Any]) -> bool:
     return math.isfinite(dur) and dur >= 0.0 and 0 <= peak < 1 << 63
 
 
+#: The start-up steps a ready message may time (``WorkerHandle`` sums them).
+SPAWN_STEPS = ("fork", "harden", "init")
+
+
+def _check_steps(steps: Any) -> bool:
+    """``ms`` of a ready message: absent, or finite non-negative floats per known step."""
+    if steps is None:
+        return True
+    return (type(steps) is dict and len(steps) <= len(SPAWN_STEPS)
+            and all(k in SPAWN_STEPS and type(v) is float and math.isfinite(v)
+                    and 0.0 <= v < 1e7 for k, v in steps.items()))
+
+
 def check_reply(msg: Any) -> dict[str, Any]:
     """Validate a worker -> parent message; raises :class:`ProtocolError`."""
     if type(msg) is not dict:
@@ -240,7 +254,8 @@ def check_reply(msg: Any) -> dict[str, Any]:
         ok = (_is_int(msg.get("pid")) and type(hard) is dict
               and all(type(k) is str and type(v) is bool for k, v in hard.items())
               and type(msg.get("notes")) is list
-              and all(type(n) is str for n in msg["notes"]))
+              and all(type(n) is str for n in msg["notes"])
+              and _check_steps(msg.get("ms")))
     elif t == "xres":
         ok = _is_int(msg.get("id")) and type(msg.get("ok")) is bool
     else:

@@ -260,10 +260,19 @@ def _spin_until_readable(sock: socket.socket, spin_s: float) -> None:
             os.sched_yield()
 
 
-def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
-    """Worker entry point after fork; never returns."""
+def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any,
+          shared_netns: tuple[bool, str] | None = None, forked_at: float = 0.0) -> NoReturn:
+    """Worker entry point after fork; never returns.
+
+    ``shared_netns``: the fork server's network namespace result (see
+    ``hardening.share_network_namespace``); ``forked_at``: its
+    ``perf_counter()`` just before the fork, so the ready message can say
+    what each start-up step cost (``ms``: fork, harden, init).
+    """
     try:
-        fd, report = hardening.harden(channel_fd, cfg.hardening, seccomp_filter)
+        t_child = time.perf_counter()
+        fd, report = hardening.harden(channel_fd, cfg.hardening, seccomp_filter, shared_netns)
+        t_hard = time.perf_counter()
         sock = socket.socket(fileno=fd)
         sock.setblocking(True)
         accountant = limits.make_accountant(cfg.prefer_memguard)
@@ -274,8 +283,11 @@ def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
         runner.on_compiled = lambda job_id: _send(sock, {"t": "compiled", "id": job_id})
         runner.send_where = lambda message: _send(sock, message)
         signal.signal(signal.SIGALRM, runner.on_time_limit)
+        t_init = time.perf_counter()
+        steps = {"fork": max(t_child - forked_at, 0.0) * 1000.0 if forked_at else 0.0,
+                 "harden": (t_hard - t_child) * 1000.0, "init": (t_init - t_hard) * 1000.0}
         _send(sock, {"t": "ready", "pid": os.getpid(), "hard": report.layers,
-                     "notes": report.notes})
+                     "notes": report.notes, "ms": steps})
         while True:
             if cfg.spin_us:
                 _spin_until_readable(sock, cfg.spin_us / 1e6)
