@@ -1,0 +1,131 @@
+"""Compiled code shipped to workers (sandbox.codecache, sandbox.compiling), with real workers.
+
+A version is compiled once, by the compile worker; workers load its marshalled
+code. Cached code is bound to (script key, version, source digest) and to a
+MAC: a changed entry or a changed source is never run.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import marshal
+
+import pytest
+
+from sandbox.codecache import CodeCache, source_digest
+from sandbox.compiler import compile_script
+from sandbox.pool import Pool
+
+from tests.sandbox.poolkit import LIMITS, event, ref, run_with_pool
+
+pytestmark = pytest.mark.timeout(90)
+
+REPLY = "on endpoint(event):\n    event.reply({'v': %r})\n"
+# Long enough that two requests started together hold two workers at once.
+SLOW = ("on endpoint(event):\n    n = 0\n    for i in range(300000):\n        n += 1\n"
+        "    event.reply({'v': %r})\n")
+
+
+def _body(out: object) -> bytes:
+    assert getattr(out, "status", None) == 200, out
+    return out.body  # type: ignore[attr-defined, no-any-return]
+
+
+def test_a_version_compiles_once_and_every_worker_loads_it() -> None:
+    src = REPLY % "one"
+
+    async def scenario(pool: Pool) -> None:
+        outs = await asyncio.gather(*(pool.run(ref(src, "logic_once"), event(), LIMITS, f"g{i}")
+                                      for i in range(4)))
+        assert [_body(o) for o in outs] == [b'{"v":"one"}'] * 4
+        assert pool.counters["compiles"] == 1
+        assert pool.counters["guilds"] == 4
+        # A version that does not compile is remembered too: its error, once.
+        broken = "on endpoint(event):\n    event.reply(\n"
+        for i in range(3):
+            out = await pool.run(ref(broken, "logic_broken"), event(), LIMITS, f"b{i}")
+            assert out.error_kind == "script_error" and out.error_line == 2, out
+        assert pool.counters["compiles"] == 2
+
+    run_with_pool(scenario, size=2, max_workers=12)
+
+
+def test_a_tampered_cached_code_object_is_never_run() -> None:
+    src = REPLY % "genuine"
+    evil = compile_script(REPLY % "tampered").script
+    assert evil is not None
+
+    async def scenario(pool: Pool) -> None:
+        assert _body(await pool.run(ref(src, "logic_t"), event(), LIMITS, "a")) == \
+            b'{"v":"genuine"}'
+        codes = pool._codes
+        assert codes is not None
+        key = ("logic_t", 1, source_digest("logic_t", 1, src))
+        entry = codes.entries()[key]
+        # Someone changes the cached bytes (the MAC stays the genuine one).
+        codes.replace_entry(key, dataclasses.replace(entry, code=marshal.dumps(evil.code)))
+        # A new guild's worker lacks the version: the entry must not be shipped.
+        assert _body(await pool.run(ref(src, "logic_t"), event(), LIMITS, "b")) == \
+            b'{"v":"genuine"}'
+        assert pool.counters["code_rejected"] == 1
+        assert key not in codes
+
+    run_with_pool(scenario, size=1, max_workers=6)
+
+
+def test_a_stale_entry_for_the_same_version_is_never_run() -> None:
+    """Same key and version, another source (e.g. a restored database that reuses
+    version numbers): the source digest is part of every cache key, the worker's too."""
+    async def scenario(pool: Pool) -> None:
+        assert _body(await pool.run(ref(REPLY % "old", "logic_s"), event(), LIMITS, "g")) == \
+            b'{"v":"old"}'
+        assert _body(await pool.run(ref(REPLY % "new", "logic_s"), event(), LIMITS, "g")) == \
+            b'{"v":"new"}'
+        assert pool.counters["workers"] <= 3   # the same guild worker served both
+        assert pool.counters["compiles"] == 2
+
+    run_with_pool(scenario, size=1, max_workers=3)
+
+
+def test_a_script_update_runs_on_the_very_next_request_on_every_worker() -> None:
+    async def scenario(pool: Pool) -> None:
+        async def both(version: int, label: str) -> list[bytes]:
+            r = ref(SLOW % label, "logic_u", version)
+            outs = await asyncio.gather(pool.run(r, event(), LIMITS, "g"),
+                                        pool.run(r, event(), LIMITS, "g"))
+            return [_body(o) for o in outs]
+
+        assert await both(1, "v1") == [b'{"v":"v1"}'] * 2
+        workers = list(pool._guild_idle["g"])
+        assert len(workers) == 2
+        assert await both(2, "v2") == [b'{"v":"v2"}'] * 2
+        # Both of the guild's workers ran version 2 (and no new worker did).
+        assert sorted(pool._guild_idle["g"], key=id) == sorted(workers, key=id)
+        for w in workers:
+            assert any(k[:2] == ("logic_u", 2) for k in w.known)
+            assert next(reversed(w.known))[:2] == ("logic_u", 2)
+
+    run_with_pool(scenario, size=2, max_workers=6)
+
+
+def test_without_the_code_cache_workers_compile_as_before() -> None:
+    async def scenario(pool: Pool) -> None:
+        outs = await asyncio.gather(*(pool.run(ref(REPLY % 1, "logic_p"), event(), LIMITS, f"g{i}")
+                                      for i in range(3)))
+        assert [_body(o) for o in outs] == [b'{"v":1}'] * 3
+        assert pool.counters["compiles"] == 0
+
+    run_with_pool(scenario, size=2, max_workers=8, code_cache_mb=0)
+
+
+def test_code_cache_is_bounded_by_bytes_and_checks_its_mac() -> None:
+    cache = CodeCache(max_bytes=4096)
+    for i in range(20):
+        cache.put(("k", i, b"d" * 32), b"x" * 1000, ("endpoint",), True, False, None)
+    assert cache.size_bytes <= 4096 and 0 < len(cache) < 20
+    last = ("k", 19, b"d" * 32)
+    entry = cache.get(last)
+    assert entry is not None and entry.code == b"x" * 1000
+    # Bound to its key: the same bytes under another version do not verify.
+    cache.replace_entry(("k", 99, b"d" * 32), entry)
+    assert cache.get(("k", 99, b"d" * 32)) is None and cache.rejected == 1
