@@ -193,7 +193,7 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
             return None
         if wait:
             raise AuthThrottledError(headers={"Retry-After": str(wait)})
-        return self._verify(secret)  # argon2 off the loop; reading waits for it
+        return self._verify(secret)  # argon2 (legacy hashes) off the loop; reading waits
 
     async def _verify(self, secret: str | None) -> None:
         target = self.target
