@@ -109,8 +109,9 @@ class Compiling:
 
     def _code_ready(self, w: WorkerHandle, req: RequestState, _: "asyncio.Future[Any]") -> None:
         """The compile the request waited for answered (or failed): dispatch it now."""
-        if req.future.done() or self._state != "running":
-            # Its caller went away (or the pool stops): give the slot and the worker back.
+        if req.future.done() or self._state not in ("running", "stopping"):
+            # Its caller went away (or the pool stopped): give the slot and the worker back.
+            # (While stopping, an admitted request still runs, as running jobs do.)
             self._end(req, 0.0)
             req.resolve(failure("crash", "sandbox pool stopped", 0.0))
             if w.alive and self._state == "running":

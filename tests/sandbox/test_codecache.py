@@ -129,3 +129,38 @@ def test_code_cache_is_bounded_by_bytes_and_checks_its_mac() -> None:
     # Bound to its key: the same bytes under another version do not verify.
     cache.replace_entry(("k", 99, b"d" * 32), entry)
     assert cache.get(("k", 99, b"d" * 32)) is None and cache.rejected == 1
+
+
+def test_a_dead_compile_worker_is_replaced_and_requests_still_answered() -> None:
+    import os
+    import signal
+
+    from tests.sandbox.poolkit import alive, wait_for
+
+    async def scenario(pool: Pool) -> None:
+        assert _body(await pool.run(ref(REPLY % 1, "logic_d1"), event(), LIMITS, "g")) == \
+            b'{"v":1}'
+        compiler = pool._compiler
+        assert compiler is not None and compiler.alive
+        os.kill(compiler.pid, signal.SIGKILL)
+        await wait_for(lambda: not alive(compiler.pid))
+        # The next new version: a new compile worker (or, without a spare at that
+        # moment, the guild's worker compiles it); either way it is answered.
+        for version in range(2, 5):
+            out = await pool.run(ref(REPLY % version, "logic_d1", version), event(), LIMITS, "g")
+            assert _body(out) == b'{"v":%d}' % version
+        # A compile worker again: later versions are compiled once, not by the worker.
+        for version in range(5, 40):
+            replaced = pool._compiler
+            if replaced is not None and replaced.alive and replaced.pid != compiler.pid:
+                break
+            out = await pool.run(ref(REPLY % version, "logic_d1", version), event(), LIMITS, "g")
+            assert _body(out) == b'{"v":%d}' % version
+        else:
+            raise AssertionError(f"no new compile worker: {pool.counters}")
+        before = pool.counters["compiles"]
+        out = await pool.run(ref(REPLY % 99, "logic_d2"), event(), LIMITS, "h")
+        assert _body(out) == b'{"v":99}'
+        assert pool.counters["compiles"] == before + 1
+
+    run_with_pool(scenario, size=1, max_workers=4)
