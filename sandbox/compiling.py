@@ -10,6 +10,12 @@ worker that lacks the version receives the code with the job and loads it
 (``marshal.loads``, microseconds) instead of compiling it. Requests for a
 version already being compiled share that compile.
 
+A request never waits behind another version's compile: when the compile
+worker is busy with another source, the request goes on without code and its
+own worker compiles it (so one guild's large sources cannot hold other
+guilds' requests and run slots); only requests for the version being
+compiled wait for it.
+
 The compile worker is a spare taken out of the spare list (hardened like any
 worker, and it never ran a script) that is never bound to a guild and never
 runs a script: it only answers ``compile`` messages, one at a time, each within
@@ -96,6 +102,11 @@ class Compiling:
             return False
         compiling = self._compiles.get(key)
         if compiling is None:
+            busy = self._compiler
+            if self._compile_q or (busy is not None and busy.alive and busy.req is not None):
+                # Never queue behind another compile (another guild's big source would
+                # hold this request and its run slot): this worker compiles it, as before.
+                return False
             assert self._loop is not None
             compiling = self._loop.create_future()
             self._compiles[key] = compiling

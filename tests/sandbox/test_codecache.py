@@ -164,3 +164,34 @@ def test_a_dead_compile_worker_is_replaced_and_requests_still_answered() -> None
         assert pool.counters["compiles"] == before + 1
 
     run_with_pool(scenario, size=1, max_workers=4)
+
+
+# ~220 KB of straight-line code: a few hundred ms in the compiler.
+BIG = "\n".join(["on endpoint(event):", "    t = 0"]
+                + [f"    t = t + {i} * 2 - (t // 3)" for i in range(7000)]
+                + ["    event.reply(t)"]) + "\n"
+
+
+def test_a_guilds_long_compile_does_not_hold_another_guilds_new_version() -> None:
+    async def scenario(pool: Pool) -> None:
+        order: list[str] = []
+
+        async def run(name: str, source: str, guild: str) -> None:
+            out = await pool.run(ref(source, f"logic_{name}"), event(), LIMITS, guild)
+            assert out.status == 200, out
+            order.append(name)
+
+        big = asyncio.ensure_future(run("big", BIG, "a"))
+        compiler = pool._compiler
+        assert compiler is not None
+        while compiler.req is None:
+            await asyncio.sleep(0.001)   # A's source is in the compile worker now
+        busy_with = compiler.req
+        await run("small", REPLY % "b", "b")
+        # B was answered while the compile worker was still on A's source: B did not
+        # queue behind it (its own worker compiled it).
+        assert compiler.req is busy_with and not big.done()
+        await big
+        assert order == ["small", "big"]
+
+    run_with_pool(scenario, size=2, max_workers=6)
