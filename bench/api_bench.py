@@ -3,11 +3,15 @@
 One `logic serve` (pinned to CPU 1, its workers included) serves the demo-like
 endpoint of bench/invoke_bench.py under wrk (CPU 0). Rounds alternate between
 wrk alone and wrk while an API client (CPU 0 as well) reads history
-(`?limit=50`) and statistics in a loop as fast as the server answers. The
-service-layer calls of the API run in the server's bounded thread pool, off
-the event loop; the target is an invocation throughput drop of at most 10 %.
+(`?limit=50`) and statistics in a loop as fast as the server answers; past
+its token's 600 calls a minute it is answered 429 and waits as `Retry-After`
+says (`--ignore-retry-after`: it retries at once, as a careless client
+would). Those reads run in the server's lower-priority reading processes
+(service/api/readers.py); the target is an invocation throughput drop of at
+most 10 %.
 
     python bench/api_bench.py [--duration 5] [--rounds 3] [--connections 16]
+                              [--ignore-retry-after]
 
 Prints each run, then the median throughput of both kinds, their ratio, and
 how many API calls the client made per second. Needs `wrk` and `taskset`.
@@ -34,9 +38,10 @@ from invoke_bench import (LOGIC, SERVE_ENV, SERVER_CPU, bench_endpoint,  # noqa:
 CLIENT = """
 import http.client, sys, time
 port, token, path, seconds = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+polite = sys.argv[5] == "polite"
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
 headers = {"Authorization": "Bearer " + token}
-calls, bad, end = 0, 0, time.monotonic() + seconds
+calls, bad, refused, end = 0, 0, 0, time.monotonic() + seconds
 while time.monotonic() < end:
     for tail in ("/history?limit=50", "/stats"):
         conn.request("GET", path + tail, headers=headers)
@@ -44,7 +49,12 @@ while time.monotonic() < end:
         resp.read()
         calls += 1
         bad += resp.status != 200 and resp.status != 429
-print(calls, bad)
+        if resp.status == 429:
+            refused += 1
+            if polite:  # as docs/admin-api.md asks of clients
+                time.sleep(min(float(resp.getheader("Retry-After", "1")),
+                               max(0.0, end - time.monotonic())))
+print(calls, bad, refused)
 """
 
 
@@ -54,6 +64,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating runs of each kind")
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--ignore-retry-after", action="store_true",
+                        help="the API client retries refused calls at once instead of "
+                             "waiting as Retry-After says")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("api_bench: wrk is not installed (apt-get install wrk)")
@@ -84,15 +97,17 @@ def main() -> None:
             alone.append(measure("alone", svc.pid, url, str(lua), args.connections, args.duration))
             client = subprocess.Popen(
                 ["taskset", "-c", "0", sys.executable, str(tmp / "client.py"), str(port), token,
-                 api_path, str(args.duration + 1)], stdout=subprocess.PIPE, text=True)
+                 api_path, str(args.duration + 1),
+                 "rude" if args.ignore_retry_after else "polite"],
+                stdout=subprocess.PIPE, text=True)
             time.sleep(0.5)
             loaded.append(measure("with API client", svc.pid, url, str(lua), args.connections,
                                   args.duration))
             out, _ = client.communicate(timeout=120)
-            calls, bad = (int(x) for x in out.split())
+            calls, bad, refused = (int(x) for x in out.split())
             api_rates.append(calls / (args.duration + 1))
-            print(f"  API client: {calls / (args.duration + 1):.0f} calls/s, {bad} failed",
-                  flush=True)
+            print(f"  API client: {calls / (args.duration + 1):.0f} calls/s, {bad} failed, "
+                  f"{refused} answered 429", flush=True)
         svc.send_signal(signal.SIGTERM)
         svc.wait(60)
     finally:

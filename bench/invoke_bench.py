@@ -8,7 +8,7 @@ CPU 0 and the server under test to CPU 1 (workers included), as in
 ../shared/PERFORMANCE.md.
 
     python bench/invoke_bench.py [--duration 5] [--rounds 3] [--connections 4,16,64]
-                                 [--no-journal]
+                                 [--no-journal] [--processes N]
 
 `--no-journal` adds a third server in the same alternating rounds: logic serve
 with `records.journal = "off"`, so the journal's cost is the ratio of the two
@@ -16,6 +16,9 @@ logic-endpoints runs (printed at the end). `--before DIR` does the same with
 the `service` package of another tree (e.g. `git archive main service | tar
 -x -C DIR`), imported first through PYTHONPATH: the cost of a branch's changes
 to the service, measured in one run.
+
+`--processes N` instead compares `logic serve` with 1 and with N front
+processes in one run, nothing pinned (bench/process_scaling.py).
 
 Prints, per connection count: requests/s, p50/p99 latency, the ratio to the bare
 handler, and CPU time per request: all of the server's core (kernel network
@@ -208,6 +211,8 @@ def main() -> None:
                         help="also run logic serve without the records journal")
     parser.add_argument("--before", default=None,
                         help="also run logic serve with the service package found in DIR")
+    parser.add_argument("--processes", type=int, default=0,
+                        help="compare 1 and N front processes instead (nothing pinned)")
     args = parser.parse_args()
     conns = [int(c) for c in args.connections.split(",")]
     if not shutil.which("wrk"):
@@ -216,6 +221,16 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="logic-bench-"))
     db, cfg, script_id, secret, lua = bench_endpoint(tmp, args.workers)
     path = f"/endpoints/1000/{script_id}"
+    if args.processes:
+        from process_scaling import compare
+
+        try:
+            compare(args, LOGIC, db, cfg, lua, path, {**SERVE_ENV, **os.environ,
+                                                      "PYTHONUNBUFFERED": "1"},
+                    free_port, median_run)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
 
     procs: list[subprocess.Popen[str]] = []
     base: dict[int, dict[str, float]] = {}
@@ -243,7 +258,9 @@ def main() -> None:
         nojournal = None
         if args.no_journal or args.before:
             plain_port = free_port()
-            other_env = ({**env, "PYTHONPATH": args.before} if args.before
+            # Its own journal: a journal belongs to one process (service.http.journal).
+            other_env = ({**env, "PYTHONPATH": args.before,
+                          "LOGIC_RECORDS_JOURNAL": str(tmp / "before-journal")} if args.before
                          else {**env, "LOGIC_RECORDS_JOURNAL": "off"})
             nojournal = subprocess.Popen(
                 ["taskset", "-c", str(SERVER_CPU), LOGIC, "--database-url", db, "--config",

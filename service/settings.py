@@ -36,8 +36,15 @@ class ServerSettings:
     max_connections_per_ip: int = 256
     max_pipelined: int = 64
     write_buffer_bytes: int = 262144
+    #: Front processes sharing the port (SO_REUSEPORT); None ("auto"): one per CPU.
+    processes: int | None = 1
     #: Signs dashboard session cookies; `logic serve` refuses to start without it.
     cookie_secret: str = field(default="", repr=False)
+
+    @property
+    def process_count(self) -> int:
+        """The effective number of front processes."""
+        return self.processes if self.processes is not None else (os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,18 @@ class RecordsSettings:
 
 
 @dataclass(frozen=True)
+class MetricsSettings:
+    """`GET /metrics` (service.http.metrics_handler): labels and who may scrape."""
+
+    per_guild: bool = False             # a guild label on the invoke request counter
+    #: Peers that may scrape; empty: /metrics is off (404 for everyone).
+    allow: tuple[IPNetwork, ...] = (ipaddress.ip_network("127.0.0.0/8"),
+                                    ipaddress.ip_network("::1/128"))
+    #: When set, scrapes must also send `Authorization: Bearer <token>`.
+    token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
 class ChatSettings:
     """The chat command's interactions endpoint (service.chat); off while `public_key` is empty."""
 
@@ -99,6 +118,7 @@ class Settings:
     records: RecordsSettings = field(default_factory=RecordsSettings)
     plans: Mapping[str, Plan] = field(default_factory=lambda: DEFAULT_PLANS)
     dashboard: DashboardSettings = field(default_factory=DashboardSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
 
 # ---------------------------------------------------------------- parsers
@@ -159,6 +179,15 @@ def _workers(value: Any) -> int | None:
     return _int(1, 256)(value)
 
 
+def _processes(value: Any) -> int | None:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    try:
+        return _int(1, 256)(value)
+    except ValueError:
+        raise ValueError('expected "auto" or an integer 1..256') from None
+
+
 def _http_url(value: Any) -> str:
     url = _str(value)
     parsed = urlparse(url)
@@ -173,6 +202,15 @@ def _cookie_secret(value: Any) -> str:
     if value and len(value) < 32:
         # Never echo the value: it is a secret.
         raise ValueError("too short: use at least 32 random characters")
+    return value
+
+
+def _metrics_token(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    if value and (len(value) < 16 or not re.fullmatch(r"[\x21-\x7e]+", value)):
+        # Never echo the value: it is a secret.
+        raise ValueError("expected at least 16 printable characters without spaces, or empty")
     return value
 
 
@@ -217,7 +255,8 @@ def _chat_path(value: Any) -> str:
     path = _str(value)
     if not re.fullmatch(r"/[A-Za-z0-9._~/-]{1,200}", path) or "//" in path:
         raise ValueError("expected an absolute path such as /interactions")
-    if path.rstrip("/") in ("/endpoints", "/healthz", "/readyz") or path.startswith("/endpoints/"):
+    taken = ("/endpoints", "/healthz", "/readyz", "/metrics")
+    if path.rstrip("/") in taken or path.startswith("/endpoints/"):
         raise ValueError("path is taken by another route")
     return path
 
@@ -227,7 +266,7 @@ _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
                "trusted_proxies": _networks, "cookie_secret": _cookie_secret,
                "max_connections": _int(0, 10_000_000),
                "max_connections_per_ip": _int(1, 10_000_000), "max_pipelined": _int(1, 100_000),
-               "write_buffer_bytes": _int(4096, 1 << 30)},
+               "write_buffer_bytes": _int(4096, 1 << 30), "processes": _processes},
     "database": {"url": _db_url},
     "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000),
                 "max_workers": _int(0, 4096), "guild_share": _share,
@@ -239,6 +278,7 @@ _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
              "answer_within_ms": _int(0, 2500)},
     "dashboard": {"session_idle_minutes": _int(1, 7 * 24 * 60),
                   "session_max_hours": _int(1, 30 * 24)},
+    "metrics": {"per_guild": _env_bool, "allow": _networks, "token": _metrics_token},
 }
 _SECTION_TYPES: dict[str, type] = {
     "server": ServerSettings, "database": DatabaseSettings,
@@ -246,6 +286,7 @@ _SECTION_TYPES: dict[str, type] = {
     "chat": ChatSettings,
     "dashboard": DashboardSettings,
     "records": RecordsSettings,
+    "metrics": MetricsSettings,
 }
 _PLAN_PARSERS: dict[str, Callable[[Any], Any]] = {
     "endpoints": _int(0, 10_000), "memory_kb": _int(0, 16 * 1024 * 1024),

@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticError
 
 from models.db import database
+from service.api.readers import ReadProcesses
 from service.core.access import Actor, validate_user_id
 from service.core.errors import CoreError
 from service.core.tokencache import TokenCache
@@ -78,14 +79,21 @@ class ApiState:
         self.tokens = TokenCache()
         self.tokens.feed = context.change_feed      # PostgreSQL: hears revocations
         self.pending = 0
+        url = context.settings.database.url
+        # History, error log and statistics: in lower-priority processes.
+        self.readers = ReadProcesses(url) if ReadProcesses.usable(url) else None
 
-    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`fn(*args, **kwargs)` in the thread pool; raises `BusyError` when full."""
+    async def run(self, fn: Callable[..., T], *args: Any, read: bool = False,
+                  **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` in the thread pool, or with `read` in a reading
+        process (`service.api.readers`); raises `BusyError` when full."""
         if self.pending >= MAX_PENDING:
             raise BusyError("Too many admin API calls at once; retry shortly.",
                             headers={"Retry-After": "1"})
         self.pending += 1
         try:
+            if read and self.readers is not None:
+                return await self.readers.run(fn, *args, **kwargs)
             return await asyncio.get_running_loop().run_in_executor(
                 self.executor, lambda: fn(*args, **kwargs))
         finally:
@@ -221,6 +229,14 @@ class APIHandler(BaseHandler):
         """A service-layer call in the thread pool; core errors become API errors."""
         try:
             return await self.api.run(fn, *args, **kwargs)
+        except CoreError as err:
+            raise core_error(err) from None
+
+    async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A heavy read-only service-layer call (history, errors, statistics) in a
+        reading process; core errors become API errors."""
+        try:
+            return await self.api.run(fn, *args, read=True, **kwargs)
         except CoreError as err:
             raise core_error(err) from None
 

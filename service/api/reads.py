@@ -12,7 +12,7 @@ class HistoryHandler(APIHandler):
                schemas.RequestRecordPage, query=schemas.HistoryQuery)
     async def get(self, guildId: str, scriptId: str) -> None:
         q = self.query(schemas.HistoryQuery)
-        self.reply(await self.call(pages.history_page, self.actor, guildId, scriptId,
+        self.reply(await self.read(pages.history_page, self.actor, guildId, scriptId,
                                    limit=q.limit, cursor=q.cursor, status=q.status or None,
                                    since=q.since or None, plans=self.plans))
 
@@ -21,7 +21,7 @@ class RecordHandler(APIHandler):
     @operation("getHistoryRecord", "One request record in full", "owner, manager, operator",
                schemas.RequestRecord)
     async def get(self, guildId: str, scriptId: str, requestId: str) -> None:
-        self.reply(await self.call(pages.history_record, self.actor, guildId, scriptId,
+        self.reply(await self.read(pages.history_record, self.actor, guildId, scriptId,
                                    requestId, plans=self.plans))
 
 
@@ -30,7 +30,7 @@ class ErrorsHandler(APIHandler):
                schemas.ErrorRecordPage, query=schemas.ListQuery, errors=(409,))
     async def get(self, guildId: str, scriptId: str) -> None:
         q = self.query(schemas.ListQuery)
-        self.reply(await self.call(pages.errors_page, self.actor, guildId, scriptId,
+        self.reply(await self.read(pages.errors_page, self.actor, guildId, scriptId,
                                    limit=q.limit, cursor=q.cursor, plans=self.plans))
 
 
@@ -38,7 +38,7 @@ class StatsHandler(APIHandler):
     @operation("getStats", "Statistics (advanced on plans that have them)",
                "owner, manager, operator", schemas.Stats)
     async def get(self, guildId: str, scriptId: str) -> None:
-        self.reply(await self.call(reads.stats, self.actor, guildId, scriptId, plans=self.plans))
+        self.reply(await self.read(reads.stats, self.actor, guildId, scriptId, plans=self.plans))
 
 
 routes = [

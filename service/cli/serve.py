@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,6 +28,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _serve_options(func: F) -> F:
+    func = click.option("--processes", default=None, metavar="N|auto",
+                        help="Front processes sharing the port (default: config, else 1; "
+                             "auto = CPU count).")(func)
     func = click.option("--workers", type=int, default=None,
                         help="Sandbox worker processes (default: config, else CPU count).")(func)
     func = click.option("--port", type=int, default=None, help="Port (default 8080).")(func)
@@ -34,18 +38,39 @@ def _serve_options(func: F) -> F:
     return func
 
 
-def _apply(state: State, host: str | None, port: int | None, workers: int | None) -> None:
-    state.overrides.update({"server.host": host, "server.port": port, "sandbox.workers": workers})
+def _apply(state: State, host: str | None, port: int | None, workers: int | None,
+           processes: str | None) -> None:
+    state.overrides.update({"server.host": host, "server.port": port, "sandbox.workers": workers,
+                            "server.processes": processes})
+
+
+def _run_dir(processes: int) -> str | None:
+    """Several fronts: their run directory, made before the service is imported
+    (prometheus-client reads PROMETHEUS_MULTIPROC_DIR when it is imported)."""
+    if processes < 2:
+        return None
+    from service.http.run_dir import make_run_dir
+
+    return make_run_dir()
+
+
+def _reloader(state: State) -> Callable[[], Any]:
+    """Re-reads the configuration file and the environment with the same flags (SIGHUP)."""
+    def reload() -> Any:
+        from service.settings import load_settings
+
+        overrides = {"database.url": state.database_url, **state.overrides}
+        return load_settings(state.config, os.environ, overrides)
+    return reload
 
 
 @cli.command()
 @_serve_options
 @pass_state
-def serve(state: State, host: str | None, port: int | None, workers: int | None) -> None:
+def serve(state: State, host: str | None, port: int | None, workers: int | None,
+          processes: str | None) -> None:
     """Serve the invoke endpoint and health checks until SIGTERM/SIGINT."""
-    from service.http.server import serve as run
-
-    _apply(state, host, port, workers)
+    _apply(state, host, port, workers, processes)
     settings = state.settings
     if not settings.server.cookie_secret:
         raise CommandError("server.cookie_secret is not set: the dashboard signs its sessions "
@@ -53,22 +78,29 @@ def serve(state: State, host: str | None, port: int | None, workers: int | None)
                            "(at least 32 random characters)", EXIT_USAGE)
     state.open_database()  # refuses a database that is behind, with one line
     _configure_logging()
+    run_dir = _run_dir(settings.server.process_count)
+    from service.http.arbiter import FrontStartError
+    from service.http.server import serve as run
+
     try:
-        run(settings)
+        run(settings, reload=_reloader(state), run_dir=run_dir)
     except OSError as err:
         where = f"{settings.server.host}:{settings.server.port}"
         raise CommandError(f"cannot serve on {where}: {err.strerror or err}", EXIT_ERROR) from None
+    except FrontStartError as err:
+        raise CommandError(str(err), EXIT_ERROR) from None
 
 
 @cli.command()
 @_serve_options
 @pass_state
-def demo(state: State, host: str | None, port: int | None, workers: int | None) -> None:
+def demo(state: State, host: str | None, port: int | None, workers: int | None,
+         processes: str | None) -> None:
     """Create a demo guild, script and endpoint; print its URL, secret and a curl line; serve."""
     from service.cli.demo import setup_demo, with_cookie_secret
     from service.http.server import serve as run
 
-    _apply(state, host, port, workers)
+    _apply(state, host, port, workers, processes)
     settings = with_cookie_secret(state.settings)
     state.open_database(check_schema=False)
     info = setup_demo(settings)
@@ -79,4 +111,4 @@ def demo(state: State, host: str | None, port: int | None, workers: int | None) 
     click.echo(f"Dashboard (one-time login link for the demo owner): {info.login_url}")
     click.echo("Stop with Ctrl-C.")
     _configure_logging()
-    run(settings)
+    run(settings, run_dir=_run_dir(settings.server.process_count))

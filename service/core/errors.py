@@ -3,6 +3,8 @@ and an HTTP `status` (for the admin API); the CLI maps the classes to exit
 codes.  Messages are safe to show to the caller: they never hold a secret."""
 from __future__ import annotations
 
+from typing import Any
+
 
 class CoreError(Exception):
     """Base class; `code` and `status` may be overridden per instance."""
@@ -18,6 +20,18 @@ class CoreError(Exception):
 
     def to_dict(self) -> dict[str, str]:
         return {"code": self.code, "message": self.message}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled whole, whatever a subclass's __init__ takes: the admin API
+        # runs some reads in other processes (service.api.readers).
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[CoreError], args: tuple[Any, ...], state: dict[str, Any]) -> CoreError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
 
 
 class ValidationError(CoreError):

@@ -6,29 +6,36 @@ straight to `service.http.invoke.InvokeEndpoint`.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from tornado.web import Application, RequestHandler
 
 from service import api, dashboard
 from service.chat import handler as chat
-from service.http import health
+from service.http import health, metrics_handler
 from service.http.base import NotFoundHandler
 from service.http.context import AppContext
+from service.http.metrics import Metrics
 
 
 access_log = logging.getLogger("logic.access")
 
 
-def log_request(handler: RequestHandler) -> None:
-    """One access line per request at DEBUG (WARNING for the service's own failures).
+def log_request(handler: RequestHandler, metrics: Metrics | None = None) -> None:
+    """Count the request (`logic_http_requests_total`) and log one access line.
+
+    The line is at DEBUG (WARNING for the service's own failures).
 
     Client errors and script failures are normal traffic for an invoke service:
     logging each at WARNING would let a flood of bad requests fill the disk. The
     line names the request id, never the query string, a header or a body.
     """
     status = handler.get_status()
-    internal = status >= 500 and getattr(handler, "error_code", None) in (None, "internal_error")
+    code = getattr(handler, "error_code", None)
+    if metrics is not None:
+        metrics.http_answered(handler, status, code)
+    internal = status >= 500 and code in (None, "internal_error")
     level = logging.WARNING if internal else logging.DEBUG
     if access_log.isEnabledFor(level):
         request = handler.request
@@ -40,7 +47,7 @@ def make_app(context: AppContext) -> Application:
     """The service's Tornado application; every handler gets `context`."""
     handlers = [
         (pattern, handler, {"context": context})
-        for module in (health,)
+        for module in (health, metrics_handler)
         for pattern, handler in module.routes
     ]
     handlers += chat.routes(context)  # the interactions endpoint, when a public key is set
@@ -52,5 +59,5 @@ def make_app(context: AppContext) -> Application:
         default_handler_args={"context": context},
         xheaders=False,  # client IPs come from service.http.event.client_ip, never blindly
         compress_response=False,
-        log_function=log_request,
+        log_function=functools.partial(log_request, metrics=context.metrics),
     )

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from service.http.auth import SecretVerifier
+from service.http.metrics import Metrics
+from service.http.metrics_export import Exporter
 from service.http.ratelimit import RateLimits
 from service.http.records import RecordWriter
 
@@ -64,6 +66,14 @@ class AppContext:
     in_flight: int = 0
     draining: bool = False
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Plain counters the invoke path and the handlers add to (service.http.metrics).
+    metrics: Metrics = field(default_factory=Metrics)
+    #: Formats `GET /metrics`; the multiprocess files when PROMETHEUS_MULTIPROC_DIR is set.
+    metrics_export: Exporter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics.per_guild = self.settings.metrics.per_guild
+        self.metrics_export = Exporter.from_environment(self)
 
     def request_started(self) -> None:
         self.in_flight += 1

@@ -306,6 +306,7 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
         if not self.finished:  # answered without a connection (it had gone)
             self._record(self.response_headers)
         self._ended()
+        self.context.metrics.invoke_answered(self)
         status = self.status
         internal = status >= 500 and self.error_code in (None, "internal_error")
         level = logging.WARNING if internal else logging.DEBUG

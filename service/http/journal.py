@@ -4,8 +4,8 @@ Every finished invoke request is appended, as the answer is sent, to a local
 journal file: msgpack copied into a shared memory mapping of the file, so it
 is in the page cache at once with no system call per request (no `fsync`
 unless `records.fsync = true`). The record writer seals the current
-segment each time it takes a batch from its queue, and deletes the sealed
-segments once their batch is in the database. At start-up, segments left by a
+segment each time it takes a batch from its queue, and empties the sealed
+segments once their batch is in the database (emptied segments are reused). At start-up, segments left by a
 process that died are written to the database first (`replay`), then removed.
 
 What this guarantees: a crash (SIGKILL, OOM kill, a segfault) of the service
@@ -45,6 +45,7 @@ log = logging.getLogger("logic.records")
 
 _SEGMENT = re.compile(r"segment-(\d{12})\.journal")
 _LENGTH = struct.Struct("<I")
+_ZERO = bytes(4)
 #: Size of a segment file (sparse: only what is written takes disk space).
 SEGMENT_BYTES = 8 * 1024 * 1024
 
@@ -59,8 +60,36 @@ class JournalInUse(OSError):
     """Another running process owns the journal directory."""
 
 
+class _Segment:
+    """One segment file, open and mapped shared for as long as this process uses it."""
+
+    __slots__ = ("path", "fd", "map", "offset")
+
+    def __init__(self, path: Path, fd: int, mapping: mmap.mmap) -> None:
+        self.path = path
+        self.fd = fd
+        self.map = mapping
+        self.offset = 0
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.fd)
+
+
 class Journal:
-    """Append-only segment files in one directory; thread-safe."""
+    """Append-only segment files in one directory; thread-safe.
+
+    Segments are recycled: once a sealed segment's batch is in the database
+    its first entry is zeroed (replay then finds nothing in it) and it waits,
+    still open and mapped, to become a later segment. Writing into pages that
+    are already in the page cache and mapped takes no page fault; a fresh
+    file's pages each took one (a file-system block reservation) and its
+    deletion freed them again, a few microseconds of kernel time per request
+    (docs/performance.md).
+    """
+
+    #: Emptied segments kept for reuse; more are deleted.
+    KEEP_FREE = 2
 
     def __init__(self, directory: str | Path, fsync: bool = False) -> None:
         self.directory = Path(directory)
@@ -79,9 +108,10 @@ class Journal:
         existing = [int(m.group(1)) for p in self.directory.iterdir()
                     if (m := _SEGMENT.fullmatch(p.name))]
         self._number = max(existing, default=0)
-        self._fd = -1
-        self._sealed: list[Path] = []
-        self._open_next()
+        self._sealed: list[_Segment] = []   # sealed, not yet handed out by `seal`
+        self._pending: dict[Path, _Segment] = {}  # handed out, batch not yet written
+        self._free: list[_Segment] = []
+        self._segment = self._open_next()
 
     @property
     def lock(self) -> threading.Lock:
@@ -92,69 +122,103 @@ class Journal:
     def _path(self, number: int) -> Path:
         return self.directory / f"segment-{number:012d}.journal"
 
-    def _open_next(self, size: int = SEGMENT_BYTES) -> None:
-        """A new segment: a sparse file of `size` bytes, mapped shared."""
+    def _open_next(self, size: int = SEGMENT_BYTES) -> _Segment:
+        """The next segment: an emptied one renamed, or a new sparse file of
+        `size` bytes, mapped shared. Its first length word is zero."""
         self._number += 1
-        self._current = self._path(self._number)
-        self._fd = os.open(self._current, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        os.ftruncate(self._fd, size)
-        self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self._offset = 0
+        path = self._path(self._number)
+        if self._free and size <= SEGMENT_BYTES:
+            segment = self._free.pop()
+            os.rename(segment.path, path)  # numbers keep the replay order
+            segment.path = path
+            os.ftruncate(segment.fd, SEGMENT_BYTES)  # cut to its entries when sealed
+            segment.offset = 0
+            return segment
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(fd, size)
+        mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        return _Segment(path, fd, mapping)
 
     def append(self, facts: tuple[Any, ...]) -> None:
         """Journal one request (call with `lock` held).
 
         A copy into a shared mapping of the segment: in the page cache at
-        once (a process crash cannot lose it), and no system call. The length
-        is written after the entry, so a torn entry reads as the end.
+        once (a process crash cannot lose it), and no system call. The entry
+        is followed by a zero length word (a recycled segment holds older
+        entries past it), and its own length is written last, so a torn
+        entry reads as the end.
         """
         data = self._packer.pack(facts)
         size = len(data)
-        if self._offset + 4 + size + 4 > len(self._map):
+        segment = self._segment
+        if segment.offset + 4 + size + 4 > len(segment.map):
             self._finish_segment()
-            self._open_next(max(SEGMENT_BYTES, size + 8))
-        start = self._offset + 4
-        self._map[start:start + size] = data
-        _LENGTH.pack_into(self._map, self._offset, size)
-        self._offset = start + size
+            segment = self._segment = self._open_next(max(SEGMENT_BYTES, size + 8))
+        mapping = segment.map
+        offset = segment.offset
+        start = offset + 4
+        end = start + size
+        mapping[start:end] = data
+        mapping[end:end + 4] = _ZERO
+        _LENGTH.pack_into(mapping, offset, size)
+        segment.offset = end
         if self._fsync:
-            self._map.flush()
+            mapping.flush()
 
     def _finish_segment(self) -> None:
-        """Unmap the current segment and cut it to what was written."""
-        self._map.close()
-        os.ftruncate(self._fd, self._offset)
-        os.close(self._fd)
-        self._fd = -1
-        if self._offset:
-            self._sealed.append(self._current)
+        """Cut the current segment to what was written; it waits for `seal`."""
+        segment = self._segment
+        if segment.offset:
+            os.ftruncate(segment.fd, segment.offset)
+            self._sealed.append(segment)
+        elif len(self._free) < self.KEEP_FREE and len(segment.map) == SEGMENT_BYTES:
+            self._free.append(segment)  # nothing in it: reused as it is
         else:
-            self._current.unlink(missing_ok=True)
+            segment.close()
+            segment.path.unlink(missing_ok=True)
 
     def seal(self) -> list[Path]:
         """Start a new segment (call with `lock` held); returns the ones sealed so far."""
-        if self._offset:
+        if self._segment.offset:
             self._finish_segment()
-            self._open_next()
+            self._segment = self._open_next()
         sealed, self._sealed = self._sealed, []
-        return sealed
+        for segment in sealed:
+            self._pending[segment.path] = segment
+        return [segment.path for segment in sealed]
 
     def discard(self, segments: list[Path]) -> None:
-        """Their records are in the database."""
-        for path in segments:
-            path.unlink(missing_ok=True)
+        """Their records are in the database: empty them for reuse (or delete)."""
+        with self._lock:
+            for path in segments:
+                segment = self._pending.pop(path, None)
+                if segment is None:  # an earlier process's leftover
+                    path.unlink(missing_ok=True)
+                    continue
+                _LENGTH.pack_into(segment.map, 0, 0)  # replay now finds nothing here
+                if len(self._free) < self.KEEP_FREE and len(segment.map) == SEGMENT_BYTES:
+                    self._free.append(segment)
+                else:
+                    segment.close()
+                    path.unlink(missing_ok=True)
 
     def close(self) -> None:
         with self._lock:
-            if self._fd >= 0:
-                self._finish_segment()  # what it holds stays for the next start-up
-                self._sealed.clear()
+            self._finish_segment()  # what it holds stays for the next start-up
+            for segment in [*self._sealed, *self._pending.values()]:
+                segment.close()  # not written: replayed at the next start-up
+            for segment in self._free:
+                segment.close()
+                segment.path.unlink(missing_ok=True)
+            self._sealed, self._pending, self._free = [], {}, []
             os.close(self._lock_fd)
 
     def leftovers(self) -> list[Path]:
-        """Segments of an earlier process (all but the one this process writes)."""
+        """Segments of an earlier process (none of this process's own)."""
+        own = {self._segment.path, *self._pending, *(s.path for s in self._sealed),
+               *(s.path for s in self._free)}
         return sorted(p for p in self.directory.iterdir()
-                      if _SEGMENT.fullmatch(p.name) and p != self._current)
+                      if _SEGMENT.fullmatch(p.name) and p not in own)
 
 
 def read_segments(paths: list[Path]) -> Iterator[JournaledRequest]:

@@ -136,11 +136,15 @@ class RateLimits:
     """Per-endpoint request quotas and per-IP failed-secret throttling."""
 
     def __init__(self, storage_uri: str = "memory://",
-                 clock: Callable[[], float] = time.time, ipv6_prefix: int = 64) -> None:
+                 clock: Callable[[], float] = time.time, ipv6_prefix: int = 64,
+                 windows: _Windows | None = None) -> None:
+        """`windows`: memory:// windows to use instead of this process's own (the
+        front processes' shared ones, `service.http.shared_windows`)."""
         self._clock = clock
         self._ipv6_prefix = ipv6_prefix
         self._windows: _Windows | _LibraryWindows = (
-            _Windows(clock) if storage_uri.startswith("memory://") else _LibraryWindows(storage_uri))
+            _LibraryWindows(storage_uri) if not storage_uri.startswith("memory://")
+            else windows if windows is not None else _Windows(clock))
 
     def _reset(self, count: int, oldest: float) -> int:
         if count == 0:

@@ -100,6 +100,11 @@ class RecordWriter:
         self.dropped = 0
         self.failed_batches = 0
 
+    @property
+    def pending(self) -> int:
+        """Entries queued and not yet taken by the writer thread."""
+        return len(self._queue)
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="logic-records", daemon=True)
         self._thread.start()

@@ -33,37 +33,77 @@ from service.http.base import render_connection_error
 from service.http.context import AppContext
 from service.http.listener import HTTP1Server, ServerLimits
 from service.http.invoke import PREFIX, InvokeEndpoint
-from service.http.ratelimit import RateLimits
+from service.http.ratelimit import RateLimits, _Windows
 from service.http.journal import Journal, read_segments
 from service.http.records import RecordWriter, expand
 from service.settings import Settings
 
 log = logging.getLogger("logic.server")
 
+#: The arbiter's request to a front to hand its port over (a reload) and stop.
+HANDOFF_SIGNAL = signal.SIGUSR2
+#: How long a front handing over still answers requests on its open connections.
+HANDOFF_GRACE_S = 5.0
+
 #: Descriptors never used for client connections (plus 8 per sandbox worker).
 FD_RESERVE = 256
 
 
-def serve(settings: Settings, *, drain_seconds: float = 30.0) -> None:
+def serve(settings: Settings, *, drain_seconds: float = 30.0,
+          reload: Callable[[], Settings] | None = None, run_dir: str | None = None) -> None:
     """Run the service until SIGTERM/SIGINT; blocks.
 
+    `server.processes` > 1 runs the fronts under an arbiter
+    (`service.http.arbiter`; `reload` re-reads the configuration on SIGHUP;
+    `run_dir` from `service.http.run_dir`, else the arbiter makes one).
     Raises `SchemaBehindError` for a database that is behind, `OSError` when
     the address cannot be bound.
+    """
+    if settings.server.process_count > 1:
+        from service.http.arbiter import Arbiter
+
+        Arbiter(settings, reload=reload, drain_seconds=drain_seconds, run_dir=run_dir).run()
+        return
+    database, journal = open_front(settings, journal_path(settings), check_schema=True)
+    # Bind first, so a taken port fails before anything is forked. The fork
+    # server and the workers close every inherited descriptor but their channel.
+    sockets = bind_sockets(settings.server.port, settings.server.host, family=socket.AF_UNSPEC)
+    run_front(settings, database, sockets, journal, drain_seconds)
+
+
+def open_front(settings: Settings, journal_dir: str | None, *,
+               check_schema: bool) -> tuple[Database, Journal | None]:
+    """Connect, check the schema, open the records journal and replay what a
+    crashed process left in it; the connection is closed again (the loop
+    thread and the writer thread each open their own). With `check_schema`
+    (the first process of a start), the journals of earlier front processes
+    (`front-N` beside the segments) are replayed too.
+
+    Raises `SchemaBehindError`, `JournalInUse`.
     """
     from models.db import connect
     from models.migrate import Runner
 
     database = connect(settings.database.url)
-    Runner(database).check()  # refuses a database that is behind (SchemaBehindError)
+    if check_schema:
+        Runner(database).check()  # refuses a database that is behind (SchemaBehindError)
     journal = None
-    if settings.records.journal != "off":
-        journal = Journal(journal_path(settings), fsync=settings.records.fsync)
+    if settings.records.journal != "off" and journal_dir is not None:
+        journal = Journal(journal_dir, fsync=settings.records.fsync)
         replay_journal(journal)  # records a crashed process answered but had not written
-    database.close()  # the loop thread and the writer thread each open their own
+        if check_schema:
+            for sub in sorted(journal.directory.glob(f"{FRONT_JOURNAL}*")):
+                front = Journal(sub, fsync=False)
+                replay_journal(front)
+                front.close()
+    database.close()
+    return database, journal
 
-    # Bind first, so a taken port fails before anything is forked. The fork
-    # server and the workers close every inherited descriptor but their channel.
-    sockets = bind_sockets(settings.server.port, settings.server.host, family=socket.AF_UNSPEC)
+
+def run_front(settings: Settings, database: Database, sockets: list[socket.socket],
+              journal: Journal | None, drain_seconds: float, *,
+              windows: _Windows | None = None, on_ready: Callable[[], None] | None = None) -> None:
+    """Start the sandbox pool, then serve on `sockets` until SIGTERM/SIGINT (one front)."""
     if os.geteuid() != 0:
         # Without root the workers keep the service's uid: make the service's
         # /proc/<pid>/mem and environ unreadable to them (docs/security.md).
@@ -76,13 +116,16 @@ def serve(settings: Settings, *, drain_seconds: float = 30.0) -> None:
                 guild_budget_s=box.guild_budget_s)
     pool.start()  # forks; logs every isolation layer this host cannot provide
     try:
-        _event_loop_runner()(_run(settings, pool, database, sockets, drain_seconds, journal))
+        _event_loop_runner()(_run(settings, pool, database, sockets, drain_seconds, journal,
+                                  windows=windows, on_ready=on_ready))
     finally:
         database.close()
 
 
 async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socket.socket],
-               drain_seconds: float, journal: Journal | None = None) -> None:
+               drain_seconds: float, journal: Journal | None = None, *,
+               windows: _Windows | None = None,
+               on_ready: Callable[[], None] | None = None) -> None:
     from service.core.invoke_target import TargetCache
     from service.core.records import write_batch
     from service.core.secrets import upgrade_secret_hash, verify_secret
@@ -112,7 +155,8 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     context = AppContext(
         settings=settings,
         pool=pool,
-        limits=RateLimits(settings.ratelimit.storage, ipv6_prefix=settings.ratelimit.ipv6_prefix),
+        limits=RateLimits(settings.ratelimit.storage, ipv6_prefix=settings.ratelimit.ipv6_prefix,
+                          windows=windows),
         verifier=SecretVerifier(verify_secret, executor, workers=2,
                                 max_pending=settings.ratelimit.auth_queue,
                                 per_endpoint=settings.ratelimit.auth_queue_per_endpoint,
@@ -128,7 +172,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                                              body_timeout=30,
                                              max_pipelined=settings.server.max_pipelined,
                                              write_high_water=settings.server.write_buffer_bytes),
-                         render_error=render_connection_error,
+                         render_error=context.metrics.counting(render_connection_error),
                          max_connections=settings.server.max_connections,
                          max_connections_per_ip=settings.server.max_connections_per_ip,
                          # Descriptors kept free for the pool (a worker's pipes
@@ -142,12 +186,33 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
              type(asyncio.get_running_loop()).__module__.split(".")[0], server.max_connections)
 
     pool.attach()  # watch the workers from the loop now, not at the first request
+    context.metrics_export.start()  # multiprocess mode: this front's values, every second
     _tune_gc()
     stop = asyncio.Event()
+    handoff = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if on_ready is not None:  # a front under the arbiter (service.http.arbiter)
+        def hand_over() -> None:
+            handoff.set()
+            stop.set()
+
+        loop.add_signal_handler(HANDOFF_SIGNAL, hand_over)
+        on_ready()
     await stop.wait()
+
+    if handoff.is_set():
+        # A reload: the new fronts accept on the same sockets already. Answer
+        # what arrives on the connections this front holds (a client may have
+        # just connected), each answer closing its connection, then drain.
+        log.info("handing over: %d connections open", len(server.connections))
+        server.stop()
+        for conn in list(server.connections):
+            conn.closing = True
+        deadline = loop.time() + HANDOFF_GRACE_S
+        while server.connections and loop.time() < deadline:
+            await asyncio.sleep(0.05)
 
     log.info("stopping: draining %d requests in flight", context.in_flight)
     context.draining = True
@@ -157,11 +222,16 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     await server.close_all_connections()
     await loop.run_in_executor(None, records.stop)
     await pool.stop()
+    context.metrics_export.stop()
     executor.shutdown(wait=False)
     if feed is not None:
         feed.stop()
     log.info("stopped: %d records written, %d dropped (%d failed batches)", records.written,
              records.dropped, records.failed_batches)
+
+
+#: Front process N of `server.processes` > 1 journals in DIR/front-N.
+FRONT_JOURNAL = "front-"
 
 
 def journal_path(settings: Settings) -> str:

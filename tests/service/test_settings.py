@@ -82,11 +82,27 @@ time_limit_ms = 1000
     ("", {"LOGIC_SANDBOX_WORKERS": "0"}, "env: bad value for LOGIC_SANDBOX_WORKERS"),
     ("", {"LOGIC_PLANS_PRO_HISTORY": "5"}, "env: plans are set in the configuration file only"),
     ("not toml [", {}, "is not valid TOML"),
+    ("[server]\nprocesses = 0\n", {}, 'config: bad value for server.processes: expected "auto" or an integer 1..256'),
+    ("[server]\nprocesses = 'many'\n", {}, "config: bad value for server.processes"),
+    ("", {"LOGIC_SERVER_PROCESSES": "2.5"}, "env: bad value for LOGIC_SERVER_PROCESSES"),
 ])
 def test_errors_are_one_line_naming_the_key(tmp_path, text, env, message):
     with pytest.raises(SettingsError) as err:
         load_settings(write(tmp_path, text), env, {})
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_processes_default_auto_env_and_flag(tmp_path):
+    assert load_settings(None, {}, {}).server.processes == 1
+    assert load_settings(None, {}, {}).server.process_count == 1
+    auto = load_settings(write(tmp_path, "[server]\nprocesses = 'auto'\n"), {}, {}).server
+    assert auto.processes is None and auto.process_count == (os.cpu_count() or 1)
+    assert load_settings(None, {"LOGIC_SERVER_PROCESSES": "3"}, {}).server.process_count == 3
+    assert load_settings(None, {"LOGIC_SERVER_PROCESSES": "AUTO"}, {}).server.processes is None
+    flagged = load_settings(None, {"LOGIC_SERVER_PROCESSES": "3"}, {"server.processes": "2"})
+    assert flagged.server.process_count == 2
+    with pytest.raises(SettingsError, match="flags: bad value for server.processes"):
+        load_settings(None, {}, {"server.processes": "-1"})
 
 
 def test_missing_file_and_unknown_flag(tmp_path):
@@ -104,3 +120,34 @@ def test_settings_are_frozen():
         s.server.port = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
         s.plans["x"] = PRO  # type: ignore[index]
+
+
+def test_metrics_section(tmp_path):
+    s = load_settings(None, {}, {})
+    assert s.metrics.per_guild is False and s.metrics.token == ""
+    assert s.metrics.allow == (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+    token = "t" * 16
+    s = load_settings(write(tmp_path, f'[metrics]\nper_guild = true\nallow = ["10.1.0.0/16"]\n'
+                                      f'token = "{token}"\n'), {}, {})
+    assert s.metrics.per_guild is True and s.metrics.token == token
+    assert s.metrics.allow == (ipaddress.ip_network("10.1.0.0/16"),)
+    assert token not in repr(s)
+    s = load_settings(None, {"LOGIC_METRICS_PER_GUILD": "true", "LOGIC_METRICS_ALLOW": "",
+                             "LOGIC_METRICS_TOKEN": "u" * 20}, {})
+    assert s.metrics.per_guild is True and s.metrics.allow == () and s.metrics.token == "u" * 20
+
+
+@pytest.mark.parametrize("text,env,message", [
+    ("[metrics]\nper_guild = 'yes'\n", {}, "config: bad value for metrics.per_guild"),
+    ("[metrics]\nallow = ['10.0.0.1/8']\n", {}, "config: bad value for metrics.allow"),
+    ("[metrics]\nlabels = 1\n", {}, "config: unknown key metrics.labels"),
+    ("", {"LOGIC_METRICS_PER_GUILD": "maybe"}, "env: bad value for LOGIC_METRICS_PER_GUILD"),
+    ("", {"LOGIC_METRICS_TOKEN": "short-secret"}, "env: bad value for LOGIC_METRICS_TOKEN"),
+    ("", {"LOGIC_METRICS_TOKEN": "has a space in it, long"}, "LOGIC_METRICS_TOKEN"),
+    ("[chat]\npath = '/metrics'\n", {}, "config: bad value for chat.path: path is taken"),
+])
+def test_metrics_errors_are_one_line_and_never_echo_the_token(tmp_path, text, env, message):
+    with pytest.raises(SettingsError) as err:
+        load_settings(write(tmp_path, text), env, {})
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert "short-secret" not in str(err.value) and "space in it" not in str(err.value)

@@ -57,3 +57,69 @@ def test_journal_holds_no_secret_and_a_torn_entry_is_skipped(tmp_path: Path) -> 
     entries = list(read_segments(sealed))
     assert len(entries) == 2 and entries[0].history_slot() == (1, 10)
     journal.close()
+
+
+def _facts(n: int) -> tuple[Any, ...]:
+    facts: dict[str, Any] = {name: None for name in FIELDS}
+    facts.update(endpoint_id=1, keep=10, error_logs=True, accepted=True, request_id=f"req_{n}",
+                 started=1.0, finished=1.5, status=200, ip="127.0.0.1", method="POST",
+                 query={"n": str(n)}, headers={}, body=b"{}", user_agent="",
+                 response_headers=[], response_body=b"", output="", error_message="")
+    return tuple(facts.values())
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [entry.facts[4] for entry in read_segments(paths)]
+
+
+def test_a_written_segment_is_emptied_and_reused(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j")
+    with journal.lock:
+        for n in range(5):
+            journal.append(_facts(n))
+        first = journal.seal()
+    journal.discard(first)  # in the database: nothing in it is replayed any more
+    assert _ids(first) == []
+    with journal.lock:
+        journal.append(_facts(100))
+        journal.append(_facts(101))
+        second = journal.seal()
+    assert _ids(second) == ["req_100", "req_101"]
+    assert len(list((tmp_path / "j").glob("segment-*"))) <= 1 + Journal.KEEP_FREE
+    journal.close()  # what was not written stays for the next start-up; the rest goes
+    assert sorted((tmp_path / "j").glob("segment-*")) == second
+
+
+CRASHER = """
+import os, sys
+sys.path[:0] = [{root!r}]
+from tests.service.http.test_journal import _facts
+from service.http.journal import Journal
+journal = Journal({path!r})
+for round in range(3):
+    with journal.lock:
+        for n in range(50):
+            journal.append(_facts(round * 1000 + n))
+        sealed = journal.seal()
+    journal.discard(sealed)          # in the database: emptied and recycled
+with journal.lock:
+    journal.append(_facts(7001))
+    journal.seal()                   # handed to the writer, not yet written
+    journal.append(_facts(7002))     # queued, not yet sealed
+os._exit(0)                          # no close: as a SIGKILL would leave it
+"""
+
+
+def test_after_a_crash_only_unwritten_entries_are_replayed(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    root = str(Path(__file__).resolve().parents[3])
+    path = str(tmp_path / "j")
+    subprocess.run([sys.executable, "-c", CRASHER.format(root=root, path=path)], check=True,
+                   cwd=root, timeout=60)
+    journal = Journal(path)
+    leftovers = journal.leftovers()
+    assert sorted(_ids(leftovers)) == ["req_7001", "req_7002"]
+    journal.discard(leftovers)
+    assert journal.leftovers() == []
+    journal.close()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import statistics
 import subprocess
 import sys
 import time
 
+from service.http.ratelimit import AUTH_FAILURES_PER_MINUTE
 from tests.service.http.harness import Server
 from tests.service.http.test_checks import ECHO, assert_error
 
@@ -100,22 +100,34 @@ def _latency(server: Server, ip: str, path: str, secret: str, n: int) -> list[fl
 FLOOD = """
 import http.client, sys
 port, path, ip, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+statuses = {}
 for i in range(n):
     # A refused request's unread body makes the server close the connection: reconnect.
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(ip, 0))
     conn.request("POST", path, body="{}", headers={"Authorization": f"Bearer lsk_wrong{i}",
                                                   "Content-Type": "application/json"})
-    conn.getresponse().read()
+    resp = conn.getresponse()
+    resp.read()
+    statuses[resp.status] = statuses.get(resp.status, 0) + 1
     conn.close()
-print(n)
+print(statuses.get(401, 0), statuses.get(429, 0), n)
 """
 
 
 def test_wrong_secret_flood_does_not_slow_other_clients(server: Server, make_endpoint,
                                                         source_ip) -> None:
+    """A flood of wrong secrets costs the server 20 secret checks, not 1,000.
+
+    What keeps other clients fast is that the flood's requests past the
+    throttle are refused before any hashing, while the good client keeps
+    being answered. (This test used to compare the good client's median
+    latency with and without the flood; on a loaded 2-core host that timing
+    failed without any change to the service, so the guarantee is asserted
+    by what the server did instead; bench/invoke_bench.py measures speed.)
+    """
     ep = make_endpoint(source=ECHO, plan="pro")
     good_ip, bad_ip = source_ip(), source_ip()
-    baseline = statistics.median(_latency(server, good_ip, ep.path, ep.secret, 60))
+    _latency(server, good_ip, ep.path, ep.secret, 20)
     # The flood comes from another process at a lower CPU priority: an attacker's
     # own CPU is on another machine, and on a 2-core test host a full-speed
     # client process would slow this test's client, not only the server under test.
@@ -124,8 +136,8 @@ def test_wrong_secret_flood_does_not_slow_other_clients(server: Server, make_end
     try:
         time.sleep(0.2)
         assert flood.poll() is None, "the flood ended before it could be measured against"
-        under_flood = statistics.median(_latency(server, good_ip, ep.path, ep.secret, 60))
+        _latency(server, good_ip, ep.path, ep.secret, 60)  # every one answered 200
     finally:
         out, _ = flood.communicate(timeout=120)
-    assert out.strip() == "1000"
-    assert under_flood <= 2 * baseline, (baseline, under_flood)
+    unauthorized, throttled, sent = map(int, out.split())
+    assert (unauthorized, throttled, sent) == (AUTH_FAILURES_PER_MINUTE, 980, 1000)

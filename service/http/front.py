@@ -1,0 +1,61 @@
+"""One front process under the arbiter (`server.processes` > 1): what runs after the fork.
+
+The arbiter forks; the child resets the arbiter's signal handling, opens its
+own database connection and records journal (replaying what a dead front left
+in it), then serves exactly as one process does (`service.http.server.run_front`) and tells the arbiter
+through a pipe when it listens.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+
+from models.migrate import SchemaBehindError
+from service.http.journal import JournalInUse
+from service.http.server import FRONT_JOURNAL, HANDOFF_SIGNAL, journal_path, open_front, run_front
+from service.http.shared_windows import SharedWindows
+from service.settings import Settings
+
+log = logging.getLogger("logic.arbiter")
+
+#: A front that exits with this code could not start (bad database, journal in use).
+EXIT_BOOT = 3
+_PR_SET_PDEATHSIG = 1
+
+
+def front_main(settings: Settings, slot: int, journal: int, sockets: list[socket.socket],
+               ready_w: int, *, windows: SharedWindows | None, drain_seconds: float,
+               arbiter: int) -> int:
+    """Serve as front `slot` until told to stop; returns the exit code."""
+    _drain_with_parent(arbiter)
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, HANDOFF_SIGNAL):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reloads are the arbiter's
+    try:
+        directory = os.path.join(journal_path(settings), f"{FRONT_JOURNAL}{journal}")
+        database, front_journal = open_front(settings, directory, check_schema=False)
+    except (JournalInUse, SchemaBehindError, OSError) as err:
+        log.error("front %d cannot start: %s", slot, err)
+        return EXIT_BOOT
+    def ready() -> None:
+        os.write(ready_w, b"1")
+        os.close(ready_w)
+
+    run_front(settings, database, sockets, front_journal, drain_seconds,
+              windows=windows, on_ready=ready)
+    return 0
+
+
+def _drain_with_parent(arbiter: int) -> None:
+    """A front gets SIGTERM (its graceful drain) if the arbiter dies, e.g. SIGKILLed (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: a front outlives a killed arbiter
+        return
+    if os.getppid() != arbiter:  # the arbiter died before the prctl
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,137 @@
+"""The rate-limit windows the front processes share (`service.http.shared_windows`).
+
+The same exact moving windows as one process's deques, across real forked
+processes; a clock is injected so a minute passes instantly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from service.http.ratelimit import AUTH_FAILURES_PER_MINUTE, RateLimits
+from service.http.shared_windows import PROBE, SharedWindows
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _limits(tmp_path: Path, clock: Clock, **kwargs: int) -> tuple[RateLimits, SharedWindows]:
+    windows = SharedWindows(clock=clock, **kwargs)
+    return RateLimits(clock=clock, windows=windows), windows
+
+
+def test_the_window_is_exact_and_slides_as_in_one_process(tmp_path: Path) -> None:
+    clock = Clock()
+    limits, _ = _limits(tmp_path, clock)
+    decisions = []
+    for _ in range(30):
+        decisions.append(limits.hit_endpoint(1, 30))
+        clock.now += 1.0
+    assert all(d.allowed for d in decisions)
+    assert [d.remaining for d in decisions] == list(range(29, -1, -1))
+    refused = limits.hit_endpoint(1, 30)  # t = 30 s: the first hit leaves the window at 60 s
+    assert not refused.allowed and refused.remaining == 0 and refused.reset_seconds == 30
+    clock.now += 30.0  # t = 60 s: exactly one slot is free
+    assert limits.hit_endpoint(1, 30).allowed
+    assert not limits.hit_endpoint(1, 30).allowed
+    assert limits.hit_endpoint(2, 30).allowed  # another endpoint, another window
+    assert limits.peek_endpoint(2, 30).remaining == 29
+    limits.refund_endpoint(2, 30)
+    assert limits.peek_endpoint(2, 30).remaining == 30
+
+
+def test_forked_processes_share_one_exact_window(tmp_path: Path) -> None:
+    windows = SharedWindows()
+    children = []
+    for _ in range(4):
+        pid = os.fork()
+        if pid == 0:  # each child tries 50 requests against one 30/min endpoint
+            code = 0
+            try:
+                limits = RateLimits(windows=windows)
+                code = sum(limits.hit_endpoint(7, 30).allowed for _ in range(50))
+            finally:
+                os._exit(code)
+        children.append(pid)
+    admitted = 0
+    for pid in children:
+        _, status = os.waitpid(pid, 0)
+        admitted += os.WEXITSTATUS(status)
+    assert admitted == 30
+    assert RateLimits(windows=windows).peek_endpoint(7, 30).remaining == 0
+
+
+def test_the_auth_throttle_counts_failures_from_every_process(tmp_path: Path) -> None:
+    clock = Clock()
+    windows = SharedWindows(clock=clock)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            limits = RateLimits(clock=clock, windows=windows)
+            for _ in range(AUTH_FAILURES_PER_MINUTE // 2):
+                limits.auth_failed("198.51.100.7")
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    limits = RateLimits(clock=clock, windows=windows)
+    for _ in range(AUTH_FAILURES_PER_MINUTE // 2):
+        assert limits.auth_throttled("198.51.100.7") == 0
+        limits.auth_failed("198.51.100.7")
+    assert limits.auth_throttled("198.51.100.7") == 60
+    assert limits.auth_throttled("198.51.100.8") == 0
+
+
+def test_a_process_killed_holding_the_lock_does_not_stop_the_others(tmp_path: Path) -> None:
+    windows = SharedWindows()
+    pid = os.fork()
+    if pid == 0:
+        windows._mutex.acquire()  # as if killed mid-update
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(pid, 0)
+    limits = RateLimits(windows=windows)
+    assert limits.hit_endpoint(1, 5).allowed  # would block forever
+    assert limits.hit_endpoint(1, 5).remaining == 3  # and the lock works on
+
+
+def test_limits_above_the_ring_never_admit_more_than_the_limit(tmp_path: Path) -> None:
+    clock = Clock()
+    limits, _ = _limits(tmp_path, clock, ring=8)
+    admitted = 0
+    for _ in range(400):  # 400 hits over 40 s against 100/min
+        admitted += limits.hit_endpoint(1, 100).allowed
+        clock.now += 0.1
+    assert admitted == 100
+    clock.now += 60.0  # every record has left the window
+    assert limits.peek_endpoint(1, 100).remaining == 100
+    # A steady rate at the limit: never more than 100 in any 60 s, and a slot
+    # frees at most 60/ring = 7.5 s late, so at least 100 per 67.5 s get in.
+    times = []
+    for _ in range(300):  # 100/min for 3 minutes, one hit per 0.6 s
+        if limits.hit_endpoint(1, 100).allowed:
+            times.append(clock.now)
+        clock.now += 0.6
+    assert max(sum(1 for t in times if start <= t < start + 60) for start in times) == 100
+    assert len(times) >= int(300 * 60 / 67.5)
+
+
+def test_keys_beyond_the_table_fall_back_to_the_process_memory(tmp_path: Path) -> None:
+    clock = Clock()
+    limits, windows = _limits(tmp_path, clock, slots=16)
+    keys = [f"auth:192.0.2.{n}" for n in range(PROBE + 8)]
+    for key in keys:  # more live keys than slots: some are counted in this process only
+        for _ in range(3):
+            assert limits.hit_key(key, 3).allowed
+        assert not limits.hit_key(key, 3).allowed
+    clock.now += 61.0  # expired slots are reused
+    assert all(limits.hit_key(key, 3).allowed for key in keys)
+    start = time.monotonic()
+    assert windows.hit("ep:1", 1) == (True, 1, clock.now)
+    assert time.monotonic() - start < 5  # no probing loop gone astray
