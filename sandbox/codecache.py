@@ -33,7 +33,10 @@ from typing import Any
 
 #: Default bound of the cache (bytes of marshalled code and metadata).
 DEFAULT_MAX_BYTES = 64 << 20
-_DIGESTS = 4096
+#: Bounds of the digest memo: entries, and characters of the sources it keeps
+#: alive (mostly the very strings the service's endpoint cache holds anyway).
+_DIGESTS = 65536
+_DIGEST_CHARS = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,18 +68,25 @@ class CompiledCode:
 
 
 _known_digests: "OrderedDict[tuple[str, int], tuple[str, bytes]]" = OrderedDict()
+_memo_chars = [0]
 
 
 def source_digest(key: str, version: int, source: str) -> bytes:
     """SHA-256 of ``source``; remembered per (key, version) for the very same string
-    object (or an equal one), so the hot path hashes a source once, not per request."""
-    hit = _known_digests.get((key, version))
+    object (or an equal one), so the hot path hashes a source once, not per request.
+    The memo is bounded by entries and by the characters of the sources it holds."""
+    memo = _known_digests
+    hit = memo.get((key, version))
     if hit is not None and (hit[0] is source or hit[0] == source):
         return hit[1]
     digest = hashlib.sha256(source.encode("utf-8", "surrogatepass")).digest()
-    _known_digests[(key, version)] = (source, digest)
-    if len(_known_digests) > _DIGESTS:
-        _known_digests.popitem(last=False)
+    old = memo.pop((key, version), None)
+    if old is not None:
+        _memo_chars[0] -= len(old[0])
+    memo[(key, version)] = (source, digest)
+    _memo_chars[0] += len(source)
+    while memo and (len(memo) > _DIGESTS or _memo_chars[0] > _DIGEST_CHARS):
+        _memo_chars[0] -= len(memo.popitem(last=False)[1][0])
     return digest
 
 

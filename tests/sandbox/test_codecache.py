@@ -195,3 +195,18 @@ def test_a_guilds_long_compile_does_not_hold_another_guilds_new_version() -> Non
         assert order == ["small", "big"]
 
     run_with_pool(scenario, size=2, max_workers=6)
+
+
+def test_the_digest_memo_is_exact_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    from sandbox import codecache
+    monkeypatch.setattr(codecache, "_DIGEST_CHARS", 1000)
+    for i in range(50):
+        src = f"# {i}\n" + "x" * 97
+        assert source_digest("logic_m", i, src) == hashlib.sha256(src.encode()).digest()
+    held = sum(len(s) for s, _ in codecache._known_digests.values())
+    assert held <= 1000 and held == codecache._memo_chars[0]
+    # Same key and version, another source: never the remembered digest.
+    other = "# other\n"
+    assert source_digest("logic_m", 49, other) == hashlib.sha256(other.encode()).digest()
