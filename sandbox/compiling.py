@@ -13,8 +13,9 @@ version already being compiled share that compile.
 A request never waits behind another version's compile: when the compile
 worker is busy with another source, the request goes on without code and its
 own worker compiles it (so one guild's large sources cannot hold other
-guilds' requests and run slots); only requests for the version being
-compiled wait for it.
+guilds' requests and run slots), and the version is queued for the compile
+worker to compile later, for the cache (a bounded queue nobody waits for);
+only requests for the version being compiled right now wait for it.
 
 The compile worker is a spare taken out of the spare list (hardened like any
 worker, and it never ran a script) that is never bound to a guild and never
@@ -46,6 +47,10 @@ log = logging.getLogger("sandbox.pool")
 
 #: The guild mark of the compile worker: no request's guild can be this.
 COMPILER = "\x00compile"
+#: Compiles queued for the cache while the compile worker is busy (nobody waits
+#: for them): at most this many sources, this many characters in all.
+BACKGROUND_COMPILES = 256
+BACKGROUND_CHARS = 16 << 20
 
 
 class Compiling:
@@ -56,6 +61,7 @@ class Compiling:
     _compiler: WorkerHandle | None
     _compiles: dict[CodeKey, "asyncio.Future[Any]"]
     _compile_q: deque[tuple[CodeKey, str, "asyncio.Future[Any]"]]
+    _compiling_now: CodeKey | None
     _idle: deque[WorkerHandle]
     _loop: asyncio.AbstractEventLoop | None
     _next_id: int
@@ -89,6 +95,7 @@ class Compiling:
         self._compiler = None
         self._compiles = {}
         self._compile_q = deque()
+        self._compiling_now = None
 
     def _await_code(self, w: WorkerHandle, req: RequestState) -> bool:
         """Before a job goes to ``w``: when ``w`` lacks the version and the cache has no
@@ -101,11 +108,15 @@ class Compiling:
         if codes is None or req.code_waited or key in w.known or key in codes:
             return False
         compiling = self._compiles.get(key)
+        if compiling is not None and key != self._compiling_now:
+            return False   # queued behind other sources: this worker compiles it itself
         if compiling is None:
             busy = self._compiler
             if self._compile_q or (busy is not None and busy.alive and busy.req is not None):
                 # Never queue behind another compile (another guild's big source would
-                # hold this request and its run slot): this worker compiles it, as before.
+                # hold this request and its run slot): this worker compiles it, as
+                # before, and the compile worker compiles it later for the cache.
+                self._compile_later(key, ref.source)
                 return False
             assert self._loop is not None
             compiling = self._loop.create_future()
@@ -117,6 +128,18 @@ class Compiling:
         req.code_waited = True   # once: a compile that failed is not asked for again
         compiling.add_done_callback(functools.partial(self._code_ready, w, req))
         return True
+
+    def _compile_later(self, key: CodeKey, source: str) -> None:
+        """Queue a compile nobody waits for (the cache gets the version off the request
+        path); bounded: at most ``BACKGROUND_COMPILES`` sources, ``BACKGROUND_CHARS``."""
+        q = self._compile_q
+        if (key in self._compiles or len(q) >= BACKGROUND_COMPILES or self._loop is None
+                or sum(len(item[1]) for item in q) + len(source) > BACKGROUND_CHARS):
+            return
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._compiles[key] = future
+        q.append((key, source, future))
+        self._next_compile()
 
     def _code_ready(self, w: WorkerHandle, req: RequestState, _: "asyncio.Future[Any]") -> None:
         """The compile the request waited for answered (or failed): dispatch it now."""
@@ -170,6 +193,7 @@ class Compiling:
             req.deadline = req.t0 + COMPILE_BUDGET_MS / 1000.0 + self.kill_grace
             req.worker = w
             item = q.popleft()
+            self._compiling_now = key
             req.future.add_done_callback(functools.partial(self._compile_answered, item))
             w.req = req
             self._busy += 1
@@ -189,6 +213,8 @@ class Compiling:
         """A compile came back (``msg``: the ``code`` message) or failed (anything else)."""
         key, _, future = item
         self._compiles.pop(key, None)
+        if self._compiling_now == key:
+            self._compiling_now = None
         if type(msg) is dict and self._codes is not None:
             meta = msg["meta"]
             err = meta["err"]

@@ -193,6 +193,14 @@ def test_a_guilds_long_compile_does_not_hold_another_guilds_new_version() -> Non
         assert compiler.req is busy_with and not big.done()
         await big
         assert order == ["small", "big"]
+        # B's version was then compiled for the cache, off the request path.
+        from tests.sandbox.poolkit import wait_for
+        small = REPLY % "b"
+        key = ("logic_small", 1, source_digest("logic_small", 1, small))
+        codes = pool._codes
+        assert codes is not None
+        await wait_for(lambda: key in codes)
+        assert pool.counters["compiles"] == 2
 
     run_with_pool(scenario, size=2, max_workers=6)
 
