@@ -9,6 +9,7 @@ CPU 0 and the server under test to CPU 1 (workers included), as in
 
     python bench/invoke_bench.py [--duration 5] [--rounds 3] [--connections 4,16,64]
                                  [--no-journal] [--processes N]
+                                 [--database postgresql://...]
 
 `--no-journal` adds a third server in the same alternating rounds: logic serve
 with `records.journal = "off"`, so the journal's cost is the ratio of the two
@@ -19,6 +20,14 @@ to the service, measured in one run.
 
 `--processes N` instead compares `logic serve` with 1 and with N front
 processes in one run, nothing pinned (bench/process_scaling.py).
+
+`--database URL` adds logic serve on PostgreSQL to the same alternating
+rounds (the SQLite one stays): a fresh database is created on that server for
+the run and dropped after it (a fresh schema in the URL's database where the
+role may not create databases; other writers to that database then send
+change notifications that empty the nodes' endpoint cache). The PostgreSQL
+server itself runs unpinned, off the server's core. Printed at the end: the
+PostgreSQL / SQLite ratio.
 
 Prints, per connection count: requests/s, p50/p99 latency, the ratio to the bare
 handler, and CPU time per request: all of the server's core (kernel network
@@ -39,7 +48,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psutil
 
@@ -182,11 +194,12 @@ def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
 SERVE_ENV = {"LOGIC_SERVER_COOKIE_SECRET": "bench-cookie-secret-" + "x" * 32}
 
 
-def bench_endpoint(tmp: Path, workers: int) -> tuple[str, Path, str, str, Path]:
-    """A SQLite database in `tmp` with guild 1000 on the bench plan, the
-    echo-validate script's endpoint enabled, and a wrk script posting to it:
-    (database URL, config file, script id, secret, wrk Lua file)."""
-    db = f"sqlite:///{tmp / 'bench.db'}"
+def bench_endpoint(tmp: Path, workers: int, database: str | None = None
+                   ) -> tuple[str, Path, str, str, Path]:
+    """A SQLite database in `tmp` (or the empty `database`) with guild 1000 on
+    the bench plan, the echo-validate script's endpoint enabled, and a wrk
+    script posting to it: (database URL, config file, script id, secret, wrk Lua file)."""
+    db = database or f"sqlite:///{tmp / 'bench.db'}"
     cfg = tmp / "bench.toml"
     cfg.write_text(CONFIG.format(workers=workers))
     (tmp / "script.py").write_text(SCRIPT)
@@ -196,9 +209,47 @@ def bench_endpoint(tmp: Path, workers: int) -> tuple[str, Path, str, str, Path]:
                           "--file", str(tmp / "script.py"))["logicScriptId"])
     logic(db, str(cfg), "endpoint", "enable", "1000", script_id)
     secret = str(logic(db, str(cfg), "secret", "regenerate", "1000", script_id, "--as", "42")["secret"])
-    lua = tmp / "post.lua"
+    lua = tmp / ("post.lua" if database is None else "post-database.lua")
     lua.write_text(WRK_LUA.format(body=json.dumps(BODY), secret=secret))
     return db, cfg, script_id, secret, lua
+
+
+def fresh_database(url: str) -> tuple[str, Callable[[], None]]:
+    """An empty database on the PostgreSQL server of `url` (else a fresh schema
+    in its database): (its URL, a function that drops it)."""
+    import psycopg2  # type: ignore[import-untyped,unused-ignore]
+    from psycopg2 import sql  # type: ignore[import-untyped,unused-ignore]
+
+    name = f"logic_bench_{uuid.uuid4().hex[:10]}"
+    parts = urlsplit(url)
+    try:
+        admin = psycopg2.connect(url, connect_timeout=5)
+    except psycopg2.OperationalError as err:  # the message names host and port, not the password
+        sys.exit(f"invoke_bench: --database: {str(err).strip().splitlines()[0]}")
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        own = urlunsplit(parts._replace(path=f"/{name}"))
+
+        def drop() -> None:
+            with admin.cursor() as cur:
+                cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                            .format(sql.Identifier(name)))
+            admin.close()
+    except psycopg2.errors.InsufficientPrivilege:
+        print(f"(no CREATEDB: using schema {name} in the URL's database)", flush=True)
+        with admin.cursor() as cur:
+            cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+        query = "&".join(filter(None, [parts.query,
+                                       "options=" + quote(f"-c search_path={name}")]))
+        own = urlunsplit(parts._replace(query=query))
+
+        def drop() -> None:
+            with admin.cursor() as cur:
+                cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+            admin.close()
+    return own, drop
 
 
 def main() -> None:
@@ -213,7 +264,11 @@ def main() -> None:
                         help="also run logic serve with the service package found in DIR")
     parser.add_argument("--processes", type=int, default=0,
                         help="compare 1 and N front processes instead (nothing pinned)")
+    parser.add_argument("--database", default=None, metavar="URL",
+                        help="also run logic serve on PostgreSQL (a fresh database on this server)")
     args = parser.parse_args()
+    if args.database and not args.database.startswith(("postgresql://", "postgres://")):
+        sys.exit("invoke_bench: --database takes a postgresql:// URL")
     conns = [int(c) for c in args.connections.split(",")]
     if not shutil.which("wrk"):
         sys.exit("invoke_bench: wrk is not installed (apt-get install wrk)")
@@ -236,6 +291,9 @@ def main() -> None:
     base: dict[int, dict[str, float]] = {}
     ours: dict[int, dict[str, float]] = {}
     plain: dict[int, dict[str, float]] = {}
+    on_pg: dict[int, dict[str, float]] = {}
+    pg_paired: dict[int, float] = {}
+    drop_pg: Callable[[], None] | None = None
     try:
         # Both servers run side by side on the same core, only one of them
         # loaded at a time: the runs alternate, so a shared machine that
@@ -270,13 +328,26 @@ def main() -> None:
             wait_listening(nojournal)
             plain_url = f"http://127.0.0.1:{plain_port}{path}"
             run_wrk(plain_url, str(lua), 4, 2)
+        pg = None
+        if args.database:
+            pg_db, drop_pg = fresh_database(args.database)
+            _, _, pg_script, _, pg_lua = bench_endpoint(tmp, args.workers, database=pg_db)
+            pg_port = free_port()
+            pg = subprocess.Popen(["taskset", "-c", str(SERVER_CPU), LOGIC, "--database-url",
+                                   pg_db, "--config", str(cfg), "serve", "--port", str(pg_port)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env={**env, "LOGIC_RECORDS_JOURNAL": str(tmp / "pg-journal")})
+            procs.append(pg)
+            wait_listening(pg)
+            pg_url = f"http://127.0.0.1:{pg_port}/endpoints/1000/{pg_script}"
+            run_wrk(pg_url, str(pg_lua), 4, 2)
         run_wrk(bare_url, str(lua), 4, 2)  # warm up: caches, compiled script in every worker
         run_wrk(our_url, str(lua), 4, 2)
         print(f"bare: a Tornado handler doing the work in-process; logic-endpoints: logic serve, "
               f"{args.workers} workers, secret, rate limit, sandbox, history, statistics. "
               f"{args.rounds} alternating rounds of {args.duration}s", flush=True)
         for c in conns:
-            runs_bare, runs_ours, runs_plain = [], [], []
+            runs_bare, runs_ours, runs_plain, runs_pg = [], [], [], []
             for _ in range(args.rounds):
                 runs_bare.append(measure("bare", bare.pid, bare_url, str(lua), c, args.duration))
                 runs_ours.append(measure("logic-endpoints", svc.pid, our_url, str(lua), c,
@@ -285,20 +356,34 @@ def main() -> None:
                     runs_plain.append(measure("before" if args.before else "no journal",
                                               nojournal.pid, plain_url, str(lua), c,
                                               args.duration))
+                if pg is not None:
+                    runs_pg.append(measure("postgresql", pg.pid, pg_url, str(pg_lua), c,
+                                           args.duration))
             base[c], ours[c] = median_run(runs_bare), median_run(runs_ours)
             if runs_plain:
                 plain[c] = median_run(runs_plain)
+            if runs_pg:
+                on_pg[c] = median_run(runs_pg)
+                # Each PostgreSQL run against the SQLite run just before it:
+                # a shared machine's load changes less within a round.
+                paired = sorted(p["rps"] / o["rps"] for p, o in zip(runs_pg, runs_ours))
+                pg_paired[c] = paired[len(paired) // 2]
         svc.send_signal(signal.SIGTERM)
         svc.wait(60)
         if nojournal is not None:
             nojournal.send_signal(signal.SIGTERM)
             nojournal.wait(60)
+        if pg is not None:
+            pg.send_signal(signal.SIGTERM)
+            pg.wait(60)
         bare.send_signal(signal.SIGTERM)
         bare.wait(10)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+        if drop_pg is not None:
+            drop_pg()
         shutil.rmtree(tmp, ignore_errors=True)
 
     print("\nmedian runs, ratio (logic-endpoints / bare):")
@@ -312,6 +397,14 @@ def main() -> None:
         for c in conns:
             print(f"  c={c:<3} throughput {ours[c]['rps'] / plain[c]['rps']:6.1%}   "
                   f"core/req {ours[c]['cpu_us']:.0f} vs {plain[c]['cpu_us']:.0f} us")
+    if on_pg:
+        print("\nlogic-endpoints on PostgreSQL / on SQLite:")
+        for c in conns:
+            print(f"  c={c:<3} throughput {on_pg[c]['rps'] / ours[c]['rps']:6.1%} "
+                  f"(median of the rounds' ratios {pg_paired[c]:6.1%})   "
+                  f"p99 {on_pg[c]['p99']:.2f} vs {ours[c]['p99']:.2f} ms   "
+                  f"core/req {on_pg[c]['cpu_us']:.0f} vs {ours[c]['cpu_us']:.0f} us "
+                  f"(server {on_pg[c]['parent_us']:.0f} vs {ours[c]['parent_us']:.0f})")
 
 
 if __name__ == "__main__":

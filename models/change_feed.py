@@ -60,6 +60,7 @@ class ChangeFeed:
         self._retry_s = retry_s
         self._generation = 0
         self._healthy = False
+        self._vouched_until: int | None = None
         self._conn: Any = None
         self._poller: select.poll | None = None
         self._stop = threading.Event()
@@ -110,6 +111,14 @@ class ChangeFeed:
     def healthy(self) -> bool:
         return self._healthy
 
+    @property
+    def vouched_until(self) -> int | None:
+        """While the feed cannot vouch: the generation that was current when its
+        connection broke (None before it ever listened, and while listening).
+        Answers read under it reflect every change whose notification reached
+        this process before the break (see `TargetCache`'s outage rule)."""
+        return None if self._healthy else self._vouched_until
+
     # ------------------------------------------------------------ thread
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -120,7 +129,7 @@ class ChangeFeed:
                 if self._healthy or self.reconnects == 0:
                     log.warning("change feed lost (%s): endpoint lookups query the database "
                                 "until it is back", type(err).__name__)
-            self._set_unhealthy()
+            self._lost()
             self._drop()
             self._stop.wait(self._retry_s)
 
@@ -155,6 +164,17 @@ class ChangeFeed:
                     self._generation += 1
 
     def _set_unhealthy(self) -> None:
+        self._healthy = False
+
+    def _lost(self) -> None:
+        """The connection broke: remember up to which generation the feed vouched."""
+        if self._healthy:
+            conn = self._conn
+            # Notifications that arrived together with the goodbye still count.
+            if conn is not None and getattr(conn, "notifies", None):
+                conn.notifies.clear()
+                self._generation += 1
+            self._vouched_until = self._generation
         self._healthy = False
 
     def _drop(self) -> None:

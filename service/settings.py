@@ -78,6 +78,8 @@ class RatelimitSettings:
     ipv6_prefix: int = 64
     auth_queue: int = 64
     auth_queue_per_endpoint: int = 8
+    on_storage_error: str = "open"      # Redis unreachable: "open" (per-node windows) or "closed" (503)
+    storage_timeout_ms: int = 1000      # a Redis call slower than this counts as an outage
 
 
 @dataclass(frozen=True)
@@ -223,9 +225,16 @@ def _db_url(value: Any) -> str:
 
 def _storage(value: Any) -> str:
     url = _str(value)
-    if urlparse(url).scheme not in ("memory", "redis", "rediss", "redis+sentinel", "redis+cluster"):
-        raise ValueError('expected "memory://" or a redis:// URL')
+    if urlparse(url).scheme not in ("memory", "redis", "rediss", "unix"):
+        raise ValueError('expected "memory://" or a redis://, rediss:// or unix:// URL')
     return url
+
+
+def _on_storage_error(value: Any) -> str:
+    choice = _str(value).strip().lower()
+    if choice not in ("open", "closed"):
+        raise ValueError('expected "open" or "closed"')
+    return choice
 
 
 def _networks(value: Any) -> tuple[IPNetwork, ...]:
@@ -272,7 +281,8 @@ _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
                 "max_workers": _int(0, 4096), "guild_share": _share,
                 "guild_budget_s": _int(0, 3600)},
     "ratelimit": {"storage": _storage, "ipv6_prefix": _int(8, 128),
-                  "auth_queue": _int(1, 1_000_000), "auth_queue_per_endpoint": _int(1, 1_000_000)},
+                  "auth_queue": _int(1, 1_000_000), "auth_queue_per_endpoint": _int(1, 1_000_000),
+                  "on_storage_error": _on_storage_error, "storage_timeout_ms": _int(10, 600_000)},
     "records": {"journal": _str, "fsync": _env_bool},
     "chat": {"public_key": _public_key, "path": _chat_path, "api_url": _http_url,
              "answer_within_ms": _int(0, 2500)},

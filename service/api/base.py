@@ -38,6 +38,7 @@ from service.core.errors import CoreError
 from service.core.tokencache import TokenCache
 from service.core.tokens import TokenIdentity, touch_api_token
 from service.http.base import BaseHandler, error_body
+from service.http.ratelimit import LimitsUnavailable, RateLimits
 from service.http.errors import (AuthThrottledError, BusyError, PayloadTooLargeError,
                                  RateLimitedError, ServiceError, UnauthorizedError)
 from service.http.event import client_ip
@@ -145,7 +146,15 @@ class APIHandler(BaseHandler):
             return
         limits = self.context.limits
         ip = self.ip
-        wait = limits.auth_throttled(ip)
+        try:
+            await self._limited(limits, ip)
+        except LimitsUnavailable:
+            raise BusyError("Rate limits cannot be checked right now; retry shortly.",
+                            headers={"Retry-After": "1"}) from None
+
+    async def _limited(self, limits: RateLimits, ip: str) -> None:
+        """Authentication and the per-token limit (`prepare`).  Raises `LimitsUnavailable`."""
+        wait = await limits.aauth_throttled(ip)
         if wait:
             raise AuthThrottledError("Too many failed authentications from your address; "
                                      "retry later.", headers={"Retry-After": str(wait)})
@@ -157,7 +166,7 @@ class APIHandler(BaseHandler):
             identity = await self._identity(token)
         if identity is None:
             if token:
-                limits.auth_failed(ip)
+                await limits.aauth_failed(ip)
             raise UnauthorizedError("A valid API token is required (Authorization: Bearer lat_...).",
                                     headers={"WWW-Authenticate": "Bearer"})
         self.identity = identity
@@ -170,7 +179,7 @@ class APIHandler(BaseHandler):
                 self.actor = Actor(validate_user_id(acting))
             except CoreError as err:
                 raise core_error(err) from None
-        decision = limits.hit_key(f"api:{identity.token_id}", API_REQUESTS_PER_MINUTE)
+        decision = await limits.ahit_key(f"api:{identity.token_id}", API_REQUESTS_PER_MINUTE)
         self.sticky_headers = decision.headers()
         for name, value in self.sticky_headers.items():
             self.set_header(name, value)

@@ -1,7 +1,9 @@
 """The invoke path's one read: everything a request needs, in one indexed query.
 
-`TargetCache` serves repeated lookups from memory on SQLite without ever
-serving a stale one (see its docstring).
+`TargetCache` serves repeated lookups from memory (SQLite: `PRAGMA
+data_version`; PostgreSQL: the change feed) without ever serving a stale one,
+runs PostgreSQL's queries off the event loop, and answers from memory what it
+can while PostgreSQL is unreachable (see its docstring).
 
 `load_target(guild_id, script_id, plans)` joins script (unique index on the
 public ID), guild (primary key) and endpoint (unique index on the script) and
@@ -11,12 +13,16 @@ caller authenticates with the endpoint secret.
 """
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
 
-from peewee import Database, SqliteDatabase
+from peewee import Database, InterfaceError, OperationalError, SqliteDatabase
 
 from models import Endpoint, Guild, Script
 from models.change_feed import ChangeFeed
@@ -25,6 +31,26 @@ from service.core.endpoints import parse_whitelist
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+log = logging.getLogger("logic.targets")
+
+#: While PostgreSQL is unreachable, one lookup at a time probes it, this long after
+#: the previous probe ended; the others are answered at once (see TargetCache).
+PROBE_GAP_S = 0.1
+#: Lookups waiting for a query thread; past it a lookup is refused (TargetsUnavailable).
+MAX_PENDING = 256
+
+
+class TargetsUnavailable(Exception):
+    """The endpoint cannot be looked up now: the database is unreachable and no
+    answer the change feed vouched for is remembered (or too many lookups wait)."""
+
+
+class NeedsQuery:
+    """`TargetCache.lookup`'s answer when only a query can decide: await `fetch`."""
+
+
+NEEDS_QUERY = NeedsQuery()
 
 
 @dataclass(frozen=True)
@@ -117,7 +143,21 @@ class TargetCache:
     endpoint notifies): answers are kept while its generation stays the same,
     and every lookup queries the database while the feed cannot vouch (not
     yet listening, connection lost, a notification not yet read). Without a
-    feed, other databases run the query on every lookup.
+    feed, other databases run the query on every lookup. The event loop uses
+    `lookup()` then, when it says `NEEDS_QUERY`, awaits `fetch()`, which runs
+    the query on one of two threads (at most `MAX_PENDING` waiting).
+
+    PostgreSQL unreachable (a query fails with a connection error): the
+    answers read under the generation that was current when the feed's
+    connection broke (`ChangeFeed.vouched_until`) are served as they are —
+    no change can commit on a server that is down, and every change whose
+    notification reached this process before the break was already applied.
+    Anything else raises `TargetsUnavailable`. One query at a time probes the
+    server, `PROBE_GAP_S` after the previous one ended; the first that
+    succeeds ends the outage, and the feed's reconnect starts a new
+    generation, so nothing served during the outage survives it. docs/architecture.md states the
+    exact guarantee and its two limits (a notification lost with the server,
+    a partition that isolates only this node).
     """
 
     def __init__(self, plans: Mapping[str, Plan] = DEFAULT_PLANS, max_entries: int = 10_000,
@@ -128,40 +168,148 @@ class TargetCache:
         self._entries: dict[tuple[str, str], InvokeTarget | None] = {}
         self._version: object = None
         self._conn: object = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending = 0
+        self._down_since: float | None = None
+        self._retry_at = 0.0
+        self._probing = False
+
+    @property
+    def database_down(self) -> bool:
+        """True from a lookup that found PostgreSQL unreachable to the next that reached
+        it, or until the change feed listens again (then the server is back)."""
+        feed = self._feed
+        return self._down_since is not None and (feed is None or not feed.healthy)
 
     def invalidate(self) -> None:
         self._entries.clear()
         self._version = None
         self._conn = None
 
-    def __call__(self, guild_id: str, script_id: str) -> InvokeTarget | None:
-        db = database.obj
-        conn: object
-        version: object
-        if isinstance(db, SqliteDatabase):
-            conn = db.connection()  # type: ignore[no-untyped-call]
-            version = conn.execute("PRAGMA data_version").fetchone()[0]  # type: ignore[attr-defined]
-        elif self._feed is not None:
-            # Read before the query: a change committed meanwhile bumps the
-            # generation, and the next lookup drops what this one stores.
-            version = self._feed.generation
-            if version is None:
-                return load_target(guild_id, script_id, self._plans)
-            conn = self._feed
-        else:
-            return load_target(guild_id, script_id, self._plans)
-        entries = self._entries
+    def _adopt(self, version: object, conn: object) -> dict[tuple[str, str], InvokeTarget | None]:
         # Versions compare only within one connection: a new connection (a
         # reconnect, another thread) starts a new series.
         if version != self._version or conn is not self._conn:
-            entries.clear()
+            self._entries.clear()
             self._version = version
             self._conn = conn
-        key = (guild_id, script_id)
-        found = entries.get(key, _MISSING)
-        if found is _MISSING:
+        return self._entries
+
+    def _store(self, key: tuple[str, str], found: InvokeTarget | None) -> None:
+        entries = self._entries
+        if len(entries) >= self._max:
+            entries.clear()  # a flood of unknown IDs must not grow memory
+        entries[key] = found
+
+    def __call__(self, guild_id: str, script_id: str) -> InvokeTarget | None:
+        """The answer, querying inline when needed (SQLite; PostgreSQL off the hot path).
+
+        Raises `TargetsUnavailable`."""
+        found = self.lookup(guild_id, script_id)
+        if not isinstance(found, NeedsQuery):
+            return found
+        version = self._feed.generation if self._feed is not None else None
+        try:
             found = load_target(guild_id, script_id, self._plans)
-            if len(entries) >= self._max:
-                entries.clear()  # a flood of unknown IDs must not grow memory
-            entries[key] = found
-        return found  # type: ignore[return-value]
+        except (OperationalError, InterfaceError) as err:
+            return self._unreachable(err, (guild_id, script_id))
+        self._reachable()
+        if version is not None and version == self._version and self._conn is self._feed:
+            self._store((guild_id, script_id), found)
+        return found
+
+    def lookup(self, guild_id: str, script_id: str) -> InvokeTarget | None | NeedsQuery:
+        """The remembered answer, or `NEEDS_QUERY` (PostgreSQL only: await `fetch`).
+
+        Raises `TargetsUnavailable` (PostgreSQL unreachable, nothing vouched for)."""
+        db = database.obj
+        key = (guild_id, script_id)
+        if isinstance(db, SqliteDatabase):
+            conn = db.connection()  # type: ignore[no-untyped-call]
+            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            entries = self._adopt(version, conn)
+            found = entries.get(key, _MISSING)
+            if found is _MISSING:
+                found = load_target(guild_id, script_id, self._plans)
+                self._store(key, found)
+            return found  # type: ignore[return-value]
+        feed = self._feed
+        if feed is None:
+            return NEEDS_QUERY
+        # Read before the query: a change committed meanwhile bumps the
+        # generation, and the next lookup drops what this one stores.
+        version = feed.generation
+        if version is not None:
+            found = self._adopt(version, feed).get(key, _MISSING)
+            return NEEDS_QUERY if found is _MISSING else found  # type: ignore[return-value]
+        if self._down_since is not None and (self._probing or time.monotonic() < self._retry_at):
+            return self._outage_answer(key)
+        return NEEDS_QUERY
+
+    async def fetch(self, guild_id: str, script_id: str) -> InvokeTarget | None:
+        """The answer after a query on a lookup thread (remembered when the feed vouches).
+
+        Raises `TargetsUnavailable`."""
+        key = (guild_id, script_id)
+        feed = self._feed
+        version = feed.generation if feed is not None else None
+        if self._pending >= MAX_PENDING:
+            raise TargetsUnavailable("too many endpoint lookups are waiting")
+        probe = self._down_since is not None and version is None
+        if probe:
+            # Still no feed: one lookup at a time probes, the others do not wait.
+            # (A feed listening again means the server is back: query at once.)
+            if self._probing or time.monotonic() < self._retry_at:
+                return self._outage_answer(key)
+            self._probing = True
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-lookup")
+        self._pending += 1
+        try:
+            found = await asyncio.get_running_loop().run_in_executor(
+                self._executor, load_target, guild_id, script_id, self._plans)
+        except (OperationalError, InterfaceError) as err:
+            return self._unreachable(err, key)
+        finally:
+            self._pending -= 1
+            if probe:
+                self._probing = False
+                self._retry_at = time.monotonic() + PROBE_GAP_S
+        self._reachable()
+        if version is not None and version == self._version and self._conn is feed:
+            self._store(key, found)
+        return found
+
+    def _outage_answer(self, key: tuple[str, str]) -> InvokeTarget | None:
+        feed = self._feed
+        vouched = feed.vouched_until if feed is not None else None
+        if vouched is not None and vouched == self._version and self._conn is feed:
+            found = self._entries.get(key, _MISSING)
+            if found is not _MISSING:
+                return found  # type: ignore[return-value]
+        raise TargetsUnavailable("the database is unreachable")
+
+    def _unreachable(self, err: BaseException, key: tuple[str, str]) -> InvokeTarget | None:
+        now = time.monotonic()
+        self._retry_at = max(self._retry_at, now + PROBE_GAP_S)
+        if self._down_since is None:
+            self._down_since = now
+            feed = self._feed
+            usable = (feed is not None and feed.vouched_until is not None
+                      and feed.vouched_until == self._version and self._conn is feed)
+            # The error's kind only: its text may carry the server's address.
+            log.warning("the database is unreachable (%s): endpoint lookups are answered from "
+                        "%d remembered answers, others get 503 busy, until it is back",
+                        type(err).__name__, len(self._entries) if usable else 0)
+        return self._outage_answer(key)
+
+    def _reachable(self) -> None:
+        if self._down_since is not None:
+            log.warning("the database is reachable again after %.1f s: endpoint lookups query "
+                        "it again", time.monotonic() - self._down_since)
+            self._down_since = None
+
+    def close(self) -> None:
+        """Stop the lookup threads."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)

@@ -42,6 +42,8 @@ from service.http.errors import (
 )
 from service.http.event import client_ip, ip_allowed
 from service.http.journal import JournaledRequest, request_facts
+from service.core.invoke_target import InvokeTarget, NeedsQuery, TargetsUnavailable
+from service.http.ratelimit import LimitsUnavailable
 from service.http.script_run import ScriptRun
 
 if TYPE_CHECKING:
@@ -49,7 +51,6 @@ if TYPE_CHECKING:
 
     from sandbox.pool import Outcome
     from service.http.context import AppContext
-    from service.core.invoke_target import InvokeTarget
     from service.http.exchange import Exchange
 
 _T = TypeVar("_T")
@@ -134,6 +135,8 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
             return step()
         except ServiceError as err:
             self._fail(err)
+        except TargetsUnavailable:
+            self._fail(_database_down())
         except Exception:  # noqa: BLE001 - one request's bug must not reach the connection
             self._internal_error()
         return None
@@ -166,12 +169,46 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
             raise EndpointNotFoundError()
         self.ip = client_ip(self.peer, headers.get("x-forwarded-for"),
                             ctx.settings.server.trusted_proxies)
+        if ctx.limits.remote:
+            return self._shared(guild_id, script_id)
         # Known now, acted on at check 5: an address that is throttled for
         # wrong secrets is answered from a lookup at most a second old, so a
         # flood of them costs no database read each (docs/http-api.md).
-        wait = ctx.limits.auth_throttled(self.ip)
-        target = (ctx.recent_targets.get(guild_id, script_id, ctx.load_target) if wait
-                  else ctx.load_target(guild_id, script_id))
+        return self._checks(ctx.limits.auth_throttled(self.ip), guild_id, script_id)
+
+    def _checks(self, wait: int, guild_id: str, script_id: str) -> Awaitable[None] | None:
+        """Checks 2-7; `wait`: seconds the caller's address is throttled for wrong secrets."""
+        ctx = self.context
+        found = ctx.load_target.lookup(guild_id, script_id)
+        if isinstance(found, NeedsQuery):  # PostgreSQL: the query runs off the loop
+            if wait:
+                # A throttled address: a lookup at most a second old will do.
+                known, target = ctx.recent_targets.get(guild_id, script_id)
+                if known:
+                    return self._checked(wait, target)
+            return self._fetched(wait, guild_id, script_id)
+        return self._checked(wait, found)
+
+    async def _fetched(self, wait: int, guild_id: str, script_id: str) -> None:
+        try:
+            target = await self.context.load_target.fetch(guild_id, script_id)
+            if wait:
+                self.context.recent_targets.put(guild_id, script_id, target)
+            step = self._checked(wait, target)
+            if step is not None:
+                await step
+        except TargetsUnavailable:
+            self._fail(_database_down())
+        except LimitsUnavailable:
+            self._fail(_limits_down())
+        except ServiceError as err:
+            self._fail(err)
+        except Exception:  # noqa: BLE001
+            self._internal_error()
+
+    def _checked(self, wait: int, target: InvokeTarget | None) -> Awaitable[None] | None:
+        """Checks 2 (the answer of the lookup) to 7."""
+        ctx = self.context
         if target is None:
             raise EndpointNotFoundError()
         self.target = target
@@ -187,13 +224,41 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
         # 5. secret (throttled per IP before any hash is computed; a secret
         # already verified costs no hash, so it is answered even then: a
         # client sharing an address with an attacker is not locked out)
-        secret = presented_secret(headers)
+        secret = presented_secret(self.headers)
         if ctx.verifier.cached(target.endpoint_id, target.secret_hash, secret):
-            self._authenticated()
-            return None
+            return self._authenticated()
         if wait:
             raise AuthThrottledError(headers={"Retry-After": str(wait)})
         return self._verify(secret)  # argon2 (legacy hashes) off the loop; reading waits
+
+    async def _shared(self, guild_id: str, script_id: str) -> None:
+        """Checks 2-7 when the limits live in Redis: the same, their Redis calls awaited
+        (reading the body waits meanwhile; the loop serves everything else).
+
+        A request whose endpoint is remembered and whose secret already
+        verified needs no throttle check (it is answered even from a throttled
+        address): one Redis call, the rate limit's, instead of two."""
+        ctx = self.context
+        try:
+            found = ctx.load_target.lookup(guild_id, script_id)
+            if (isinstance(found, InvokeTarget) and found.enabled
+                    and ip_allowed(self.ip, found.whitelist)
+                    and ctx.verifier.cached(found.endpoint_id, found.secret_hash,
+                                            presented_secret(self.headers))):
+                self.target = found
+                await self._admit_shared(found)
+                return
+            step = self._checks(await ctx.limits.aauth_throttled(self.ip), guild_id, script_id)
+            if step is not None:
+                await step
+        except LimitsUnavailable:
+            self._fail(_limits_down())
+        except TargetsUnavailable:
+            self._fail(_database_down())
+        except ServiceError as err:
+            self._fail(err)
+        except Exception:  # noqa: BLE001
+            self._internal_error()
 
     async def _verify(self, secret: str | None) -> None:
         target = self.target
@@ -207,23 +272,31 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
                                 headers={"Retry-After": "1"}) from None
             if not ok:
                 if secret is not None:
-                    ctx.limits.auth_failed(self.ip)
+                    if ctx.limits.remote:
+                        await ctx.limits.aauth_failed(self.ip)
+                    else:
+                        ctx.limits.auth_failed(self.ip)
                 raise UnauthorizedError(headers={"WWW-Authenticate": "Bearer"})
-            self._authenticated()
+            step = self._authenticated()
+            if step is not None:
+                await step
+        except LimitsUnavailable:
+            self._fail(_limits_down())
         except ServiceError as err:
             self._fail(err)
         except Exception:  # noqa: BLE001
             self._internal_error()
 
-    def _authenticated(self) -> None:
+    def _authenticated(self) -> Awaitable[None] | None:
         target = self.target
         assert target is not None
         limits = self.context.limits
+        if limits.remote:
+            return self._admit_shared(target)
         plan = target.plan
 
         # 6. declared length within the plan
-        declared = self.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > plan.body_bytes):
+        if self._too_long(plan.body_bytes):
             self.rate_headers = list(
                 limits.peek_endpoint(target.endpoint_id, plan.requests_per_minute).headers().items())
             raise PayloadTooLargeError()
@@ -234,6 +307,25 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
         if not decision.allowed:
             raise RateLimitedError(headers={"Retry-After": str(decision.reset_seconds)})
         self.accepted = True
+        return None
+
+    async def _admit_shared(self, target: InvokeTarget) -> None:
+        """Checks 6 and 7 with the windows in Redis.  Raises `LimitsUnavailable`."""
+        limits = self.context.limits
+        plan = target.plan
+        if self._too_long(plan.body_bytes):
+            decision = await limits.apeek_endpoint(target.endpoint_id, plan.requests_per_minute)
+            self.rate_headers = list(decision.headers().items())
+            raise PayloadTooLargeError()
+        decision = await limits.ahit_endpoint(target.endpoint_id, plan.requests_per_minute)
+        self.rate_headers = list(decision.headers().items())
+        if not decision.allowed:
+            raise RateLimitedError(headers={"Retry-After": str(decision.reset_seconds)})
+        self.accepted = True
+
+    def _too_long(self, cap: int) -> bool:
+        declared = self.headers.get("content-length")
+        return declared is not None and (not declared.isdigit() or int(declared) > cap)
 
     # --- body: check 8 --------------------------------------------------------------
     def data_received(self, chunk: bytes) -> None:
@@ -332,3 +424,15 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
     def journal_facts(self) -> tuple[Any, ...]:
         """What its records are made of (`service.http.journal.request_facts`)."""
         return request_facts(self)
+
+
+def _limits_down() -> BusyError:
+    """`ratelimit.on_storage_error = "closed"` while the shared storage is unreachable."""
+    return BusyError("Rate limits cannot be checked right now; retry shortly.",
+                     headers={"Retry-After": "1"})
+
+
+def _database_down() -> BusyError:
+    """PostgreSQL is unreachable and this endpoint's answer is not remembered."""
+    return BusyError("The endpoint cannot be looked up right now; retry shortly.",
+                     headers={"Retry-After": "1"})

@@ -163,10 +163,24 @@ class HTTP1Server:
         self._sweeper = self.loop.call_later(self.limits.sweep_interval, self._sweep)
 
     def stop(self) -> None:
-        """Stop accepting connections; open ones stay until `close_all_connections`."""
+        """Stop accepting connections; open ones stay until `close_all_connections`,
+        except those of a trusted proxy (`cap_exempt`): closed now when idle,
+        after their answer when busy.
+
+        A proxy sends a request that finds its connection closed to another
+        node (docs/deployment.md, nginx's `proxy_next_upstream`), where it is
+        answered; left open, the connection would carry requests into the
+        drain, each refused 503. A direct client keeps its connection and
+        gets that 503 with `Retry-After`.
+        """
         for server in self._servers:
             server.close()
         self._servers = []
+        for conn in list(self.connections):
+            if self._exempt(conn.context.remote_ip):
+                conn.closing = True
+                if conn.idle:
+                    conn.close_now()
 
     async def close_all_connections(self, timeout: float = 5.0) -> None:
         """Close idle connections now, busy ones after their answer; wait until all are gone."""

@@ -169,6 +169,7 @@ def families(context: AppContext) -> list[Family]:
     out = request_families(context.metrics)
     out += _pool_families(context)
     out += _record_families(context)
+    out.append(_dependency_family(context))
     return out
 
 
@@ -189,7 +190,8 @@ def request_families(m: Metrics) -> list[Family]:
                        "from the address).")
     busy = Family("logic_invoke_busy_total", "counter",
                   "Invoke requests answered 503 busy (no sandbox run slot in time, the "
-                  "queue full, too many secrets waiting, or shutting down), per plan.",
+                  "queue full, too many secrets waiting, shutting down, or a dependency "
+                  "unreachable: logic_dependency_down), per plan.",
                   ("plan",))
     throttled.samples[()] = 0
     for (status, code, plan, g), n in m.invoke.items():
@@ -260,6 +262,22 @@ def _record_families(context: AppContext) -> Iterable[Family]:
                    "three times).", records.dropped)
     yield _counter("logic_records_failed_batches_total",
                    "Record batches that failed three times.", records.failed_batches)
+
+
+def _dependency_family(context: AppContext) -> Family:
+    """1 while this process finds a dependency unreachable (its own last attempt: no probe here)."""
+    family = Family("logic_dependency_down", "gauge",
+                    "1 while the dependency is unreachable from this front process "
+                    "(database: the record writer or the endpoint lookups failed to reach it; "
+                    "change_feed: the PostgreSQL LISTEN connection; ratelimit: Redis).",
+                    ("dependency",))
+    samples = family.samples
+    samples[("database",)] = int(context.records.database_down
+                                 or context.load_target.database_down)
+    if context.change_feed is not None:
+        samples[("change_feed",)] = int(not context.change_feed.healthy)
+    samples[("ratelimit",)] = int(context.limits.storage_state()["state"] == "down")
+    return family
 
 
 # --- multiprocess mode (several front processes) ---------------------------------------------

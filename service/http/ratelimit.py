@@ -6,13 +6,25 @@ windows live:
 
 - ``memory://`` (one node): a deque of timestamps per key, owned by the event
   loop thread. Amortised O(1) per request, no locks, no threads.
-- anything else, e.g. ``redis://host:6379/0`` (several nodes sharing limits):
-  the `limits` library's moving-window strategy on that storage.
+- ``redis://host:6379/0`` (several nodes sharing limits): the same windows in
+  Redis (`service.http.redis_windows`), awaited: never a blocking call on the
+  event loop. `remote` is then True and callers use the ``a``-prefixed
+  coroutines (``ahit_endpoint``...); the plain methods serve memory:// without
+  a future or a task per request.
 
-Why not `limits`' own memory storage as well: measured on the invoke path it
-cost about a fifth of the service's CPU per request (two locked calls per
-request, an O(n) list insert, and a timer thread started every 10 ms to expire
-entries), for what a deque does in a few lines.
+While Redis is unreachable, `on_storage_error` decides: ``"open"`` (the
+default) admits requests under this process's own memory windows (each node
+then enforces the limits by itself, and the wrong-secret throttle stays on);
+``"closed"`` refuses every request that needs a limit with 503 `busy`
+(`LimitsUnavailable`). Either way one warning per outage, and the shared
+windows are used again as soon as Redis answers.
+
+Why not the `limits` library (used before): its memory storage cost about a
+fifth of the service's CPU per request on the invoke path (two locked calls
+per request, an O(n) list insert, and a timer thread started every 10 ms to
+expire entries), for what a deque does in a few lines; its Redis storage is
+synchronous, and its asynchronous one needs two round trips per decision
+where one Lua call does.
 """
 
 from __future__ import annotations
@@ -23,11 +35,20 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from service.http.redis_windows import RedisWindows
 
 #: DESIGN section 4: more than this many wrong secrets from one IP in 60 s are throttled.
 AUTH_FAILURES_PER_MINUTE = 20
 WINDOW_S = 60.0
+#: `ratelimit.on_storage_error` values.
+ON_STORAGE_ERROR = ("open", "closed")
+
+
+class LimitsUnavailable(Exception):
+    """The shared storage is unreachable and `on_storage_error` is "closed" (answer 503 busy)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,57 +115,30 @@ class _Windows:
             del self._hits[key]
 
 
-class _LibraryWindows:
-    """The same interface over the `limits` library (shared storages such as Redis)."""
-
-    def __init__(self, storage_uri: str) -> None:
-        from limits import RateLimitItemPerMinute
-        from limits.storage import storage_from_string
-        from limits.strategies import MovingWindowRateLimiter
-
-        self._item_type = RateLimitItemPerMinute
-        self._limiter = MovingWindowRateLimiter(storage_from_string(storage_uri))
-        self._items: dict[int, RateLimitItemPerMinute] = {}
-
-    def _item(self, limit: int) -> object:
-        item = self._items.get(limit)
-        if item is None:
-            item = self._items[limit] = self._item_type(limit, namespace="logic")
-        return item
-
-    def hit(self, key: str, limit: int) -> tuple[bool, int, float]:
-        item = self._item(limit)
-        allowed = self._limiter.hit(item, key)  # type: ignore[arg-type]
-        reset_at, remaining = self._limiter.get_window_stats(item, key)  # type: ignore[arg-type]
-        return allowed, limit - remaining, reset_at - WINDOW_S
-
-    def peek(self, key: str, limit: int) -> tuple[int, float]:
-        item = self._item(limit)  # the library's keys include the limit
-        reset_at, remaining = self._limiter.get_window_stats(item, key)  # type: ignore[arg-type]
-        return limit - remaining, reset_at - WINDOW_S
-
-    def refund(self, key: str, limit: int) -> None:
-        """Take back the newest hit of ``key`` (Redis: the moving window is a list, newest
-        first; other storages of the library keep the hit)."""
-        storage: Any = self._limiter.storage
-        if hasattr(storage, "prefixed_key") and hasattr(storage, "get_connection"):
-            full = self._item(limit).key_for(key)  # type: ignore[attr-defined]
-            storage.get_connection().lpop(storage.prefixed_key(full))
-
-
 class RateLimits:
     """Per-endpoint request quotas and per-IP failed-secret throttling."""
 
     def __init__(self, storage_uri: str = "memory://",
-                 clock: Callable[[], float] = time.time, ipv6_prefix: int = 64,
+                 clock: Callable[[], float] = time.time, ipv6_prefix: int = 64, *,
+                 on_storage_error: str = "open", storage_timeout_s: float = 1.0,
                  windows: _Windows | None = None) -> None:
-        """`windows`: memory:// windows to use instead of this process's own (the
+        """`windows`: memory windows to use instead of this process's own (the
         front processes' shared ones, `service.http.shared_windows`)."""
+        if on_storage_error not in ON_STORAGE_ERROR:
+            raise ValueError(f"on_storage_error must be one of {ON_STORAGE_ERROR}")
         self._clock = clock
         self._ipv6_prefix = ipv6_prefix
-        self._windows: _Windows | _LibraryWindows = (
-            _LibraryWindows(storage_uri) if not storage_uri.startswith("memory://")
-            else windows if windows is not None else _Windows(clock))
+        # memory://: the windows; a shared storage: the fallback while it is down
+        # (shared by the node's front processes either way).
+        self._windows = windows if windows is not None else _Windows(clock)
+        self._remote: RedisWindows | None = None
+        self._open = on_storage_error == "open"
+        if not storage_uri.startswith("memory://"):
+            from service.http.redis_windows import RedisWindows
+            self._remote = RedisWindows(storage_uri, window_s=WINDOW_S,
+                                        timeout_s=storage_timeout_s, clock=clock)
+        #: True when the windows are shared (Redis): use the ``a``-prefixed coroutines.
+        self.remote = self._remote is not None
 
     def _reset(self, count: int, oldest: float) -> int:
         if count == 0:
@@ -176,6 +170,86 @@ class RateLimits:
         if not allowed:
             reset = max(1, reset)
         return Decision(allowed, per_minute, max(0, per_minute - count), reset)
+
+    # --- a shared storage: the same decisions, awaited ---------------------------
+    async def _ahit(self, key: str, limit: int) -> tuple[bool, int, float]:
+        if self._remote is not None:
+            got = await self._remote.hit(key, limit)
+            if got is not None:
+                return got
+            if not self._open:
+                raise LimitsUnavailable()
+        return self._windows.hit(key, limit)
+
+    async def _apeek(self, key: str, limit: int) -> tuple[int, float]:
+        if self._remote is not None:
+            got = await self._remote.peek(key, limit)
+            if got is not None:
+                return got
+            if not self._open:
+                raise LimitsUnavailable()
+        return self._windows.peek(key, limit)
+
+    async def ahit_endpoint(self, endpoint_id: int, per_minute: int) -> Decision:
+        """`hit_endpoint` on any storage.  Raises `LimitsUnavailable`."""
+        allowed, count, oldest = await self._ahit(f"ep:{endpoint_id}", per_minute)
+        reset = self._reset(count, oldest)
+        if not allowed:
+            reset = max(1, reset)
+        return Decision(allowed, per_minute, max(0, per_minute - count), reset)
+
+    async def apeek_endpoint(self, endpoint_id: int, per_minute: int) -> Decision:
+        """`peek_endpoint` on any storage.  Raises `LimitsUnavailable`."""
+        count, oldest = await self._apeek(f"ep:{endpoint_id}", per_minute)
+        return Decision(True, per_minute, max(0, per_minute - count), self._reset(count, oldest))
+
+    async def arefund_endpoint(self, endpoint_id: int, per_minute: int) -> None:
+        """`refund_endpoint` on any storage (while Redis is down: the fallback window's)."""
+        if self._remote is not None and self._remote.down_since is None:
+            await self._remote.refund(f"ep:{endpoint_id}", per_minute)
+        else:
+            self._windows.refund(f"ep:{endpoint_id}", per_minute)
+
+    async def ahit_key(self, key: str, per_minute: int) -> Decision:
+        """`hit_key` on any storage.  Raises `LimitsUnavailable`."""
+        allowed, count, oldest = await self._ahit(key, per_minute)
+        reset = self._reset(count, oldest)
+        if not allowed:
+            reset = max(1, reset)
+        return Decision(allowed, per_minute, max(0, per_minute - count), reset)
+
+    async def aauth_throttled(self, ip: str) -> int:
+        """`auth_throttled` on any storage.  Raises `LimitsUnavailable`."""
+        count, oldest = await self._apeek(f"auth:{self.auth_key(ip)}", AUTH_FAILURES_PER_MINUTE)
+        if count < AUTH_FAILURES_PER_MINUTE:
+            return 0
+        return max(1, self._reset(count, oldest))
+
+    async def aauth_failed(self, ip: str) -> None:
+        """`auth_failed` on any storage (never raises: an uncounted failure is the lesser harm)."""
+        try:
+            await self._ahit(f"auth:{self.auth_key(ip)}", AUTH_FAILURES_PER_MINUTE)
+        except LimitsUnavailable:
+            pass
+
+    def storage_state(self) -> dict[str, Any]:
+        """For /readyz: which storage, and whether it answers."""
+        remote = self._remote
+        if remote is None:
+            return {"state": "up", "storage": "memory"}
+        state: dict[str, Any] = {"state": "up" if remote.down_since is None else "down",
+                                 "storage": "redis",
+                                 "onError": "open" if self._open else "closed"}
+        if remote.down_since is not None:
+            state["downForSeconds"] = round(time.monotonic() - remote.down_since, 1)
+            state["error"] = remote.last_error
+        return state
+
+    async def close(self) -> None:
+        """Close the shared storage's connections (memory://: nothing)."""
+        if self._remote is not None:
+            await self._remote.close()
+
     def auth_key(self, ip: str) -> str:
         """Whose failures `ip`'s count with: an IPv4 address itself, an IPv6
         address its network of `ipv6_prefix` bits (one subscriber's /64 holds

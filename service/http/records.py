@@ -8,6 +8,13 @@ through the service layer. `stop()` writes everything still queued, so a
 SIGTERM loses no record; with a `Journal` (as `logic serve` runs it) a crash
 of the process loses none either (service.http.journal).
 
+While the database is unreachable (a write fails with a connection error),
+entries stay queued, in order, and the writer retries (0.25 s, doubling to
+2 s); they are written once it answers, each exactly once. The queue is the
+bound (`max_queued`): past it, new entries are dropped and counted, with one
+warning per episode. Other write errors are retried twice, then that batch
+is dropped and counted.
+
 Entries are converted to records in the writer thread, and only as far as
 they can be kept: a plan keeps the newest N requests of an endpoint, so of a
 batch only each endpoint's newest N become history rows; every entry still
@@ -26,9 +33,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from peewee import InterfaceError, OperationalError
+
 from service.http.journal import Journal, JournaledRequest
 
 log = logging.getLogger("logic.records")
+
+#: While the database is unreachable: first retry after this, doubling up to RETRY_MAX_S.
+RETRY_S = 0.25
+RETRY_MAX_S = 2.0
 
 
 class Recordable(Protocol):
@@ -94,16 +107,24 @@ class RecordWriter:
         self._on_stop = on_thread_stop
         self._queue: deque[Any] = deque()
         self._wake = threading.Event()
+        self._stop_wait = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.written = 0
         self.dropped = 0
         self.failed_batches = 0
+        self._sealed: list[Path] = []
+        self._held: list[Any] = []
+        self._down_since: float | None = None
+        self._dropped_at_outage = 0
+        self._retry_s = RETRY_S
+        self._overflowing = False
 
     @property
     def pending(self) -> int:
-        """Entries queued and not yet taken by the writer thread."""
-        return len(self._queue)
+        """Entries not yet written: queued, or held back by a batch that found the
+        database unreachable (the buffer while it is down)."""
+        return len(self._queue) + len(self._held)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="logic-records", daemon=True)
@@ -116,8 +137,12 @@ class RecordWriter:
         too slow), or was stopped, the entry is dropped and counted instead.
         """
         queue = self._queue
-        if len(queue) >= self._max_queued or self._stopping:
+        if len(queue) + len(self._held) >= self._max_queued or self._stopping:
             self.dropped += 1
+            if not self._overflowing and not self._stopping:
+                self._overflowing = True  # once per episode: not a line per request
+                log.warning("the records buffer is full (%d waiting): records of further "
+                            "requests are dropped and counted until it drains", len(queue))
             return
         journal = self._journal
         facts = getattr(entry, "journal_facts", None) if journal is not None else None
@@ -148,36 +173,81 @@ class RecordWriter:
             return
         self._stopping = True
         self._wake.set()
+        self._stop_wait.set()
         self._thread.join(timeout)
         self._thread = None
+
+    @property
+    def database_down(self) -> bool:
+        """True from a failed write that found the database unreachable to the next success."""
+        return self._down_since is not None
 
     def _run(self) -> None:
         if self._on_start:
             self._on_start()
         try:
             while True:
-                self._wake.wait(self._interval)
+                if self._down_since is None:
+                    self._wake.wait(self._interval)
+                else:  # a full queue must not make the writer hammer a database that is down
+                    self._stop_wait.wait(self._retry_s)
                 self._wake.clear()
                 stopping = self._stopping  # read before draining: nothing is left behind
+                if self._down_since is not None and self._held and not stopping:
+                    # Probe with the held batch alone: no journal segment is
+                    # sealed (kept open and mapped) per turn of a long outage.
+                    if self._flush(self._held):
+                        continue
+                    self._held = []
                 queued, sealed = self._seal()
+                self._sealed += sealed
                 # What is queued now, in batches of at most max_batch; entries
                 # arriving meanwhile wait for the next turn (or the final drain).
-                ok = True
-                for _ in range(-(-queued // self._max_batch)):
-                    ok = self._flush(self._take()) and ok
-                if stopping:
+                ok = self._write(queued)
+                if stopping and ok:
                     queued, more = self._seal()
-                    sealed += more
-                    while self._queue:
-                        ok = self._flush(self._take()) and ok
-                self._settle(sealed, ok)
+                    self._sealed += more
+                    while self._queue and ok:
+                        ok = self._write(len(self._queue))
+                self._settle(ok)
                 if stopping:
+                    if self._held:
+                        self._queue.extendleft(reversed(self._held))
+                        self._held = []
+                    if self._queue:
+                        # The database is down at shutdown: the journal keeps them
+                        # for the next start (without one they are lost, counted).
+                        log.warning("stopping with %d records unwritten (the database is "
+                                    "unreachable)%s", len(self._queue),
+                                    "; the journal keeps them" if self._journal else "")
+                        if self._journal is None:
+                            self.dropped += len(self._queue)
                     if self._journal is not None:
                         self._journal.close()
                     return
         finally:
             if self._on_stop:
                 self._on_stop()
+
+    def _write(self, count: int) -> bool:
+        """Write what a failed turn held back, then the oldest `count` queued entries;
+        False at the first batch that failed.
+
+        A batch that found the database unreachable is held and written first
+        next time: while the database is down the queue and that batch are the
+        buffer (together at most `max_queued`), written in order once it is back.
+        """
+        if self._held:
+            if self._flush(self._held):
+                return False
+            self._held = []
+        while count > 0:
+            batch = self._take_up_to(count)
+            count -= len(batch)
+            if self._flush(batch):
+                self._held = batch
+                return False
+        return True
 
     def _seal(self) -> tuple[int, list[Path]]:
         """How many entries are queued now, and the journal segments holding them."""
@@ -187,32 +257,61 @@ class RecordWriter:
         with journal.lock:
             return len(self._queue), journal.seal()
 
-    def _settle(self, sealed: list[Path], ok: bool) -> None:
-        if self._journal is not None and sealed and ok:
-            self._journal.discard(sealed)
-        # else: a batch failed; its segments stay and are replayed at the next start-up
+    def _settle(self, ok: bool) -> None:
+        if self._journal is not None and self._sealed and ok:
+            self._journal.discard(self._sealed)
+            self._sealed = []
+        # else: kept until everything they hold is written (or replayed at the next start)
 
-    def _take(self) -> list[Any]:
+    def _take_up_to(self, n: int) -> list[Any]:
         queue = self._queue
-        batch = []
-        for _ in range(min(len(queue), self._max_batch)):
-            batch.append(queue.popleft())
-        return batch
+        return [queue.popleft() for _ in range(min(n, len(queue), self._max_batch))]
 
     def _flush(self, batch: list[Any]) -> bool:
+        """Write `batch`; True when it must stay queued (the database is unreachable).
+
+        Any other error is retried twice, then the batch is dropped and
+        counted (a batch that can never be written must not stop the writer).
+        """
         started = time.monotonic()
         for attempt in range(3):
             try:
                 self._write_batch(expand(batch))
-                self.written += len(batch)
-                log.debug("wrote %d entries in %.1f ms", len(batch),
-                          (time.monotonic() - started) * 1000)
+            except (OperationalError, InterfaceError) as err:
+                self._unreachable(err, len(batch))
                 return True
             except Exception:  # noqa: BLE001 - a bad batch must not kill the writer
                 log.warning("writing %d records failed (attempt %d)", len(batch), attempt + 1,
                             exc_info=True)
                 if attempt < 2:
                     time.sleep(0.1 * (attempt + 1))
+                continue
+            if self._down_since is not None:
+                self._reachable()  # before `written` moves: whoever waits on it sees the line
+            self.written += len(batch)
+            self._overflowing = False
+            log.debug("wrote %d entries in %.1f ms", len(batch),
+                      (time.monotonic() - started) * 1000)
+            return False
         self.failed_batches += 1
         self.dropped += len(batch)
         return False
+
+    def _unreachable(self, err: BaseException, size: int) -> None:
+        self._retry_s = min(RETRY_MAX_S, self._retry_s * 2) if self._down_since else RETRY_S
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            self._dropped_at_outage = self.dropped
+            # The error's kind only: its text may carry the server's address.
+            log.warning("the database is unreachable (%s): records wait in memory (%d now, at "
+                        "most %d) and are written when it is back", type(err).__name__, size,
+                        self._max_queued)
+
+    def _reachable(self) -> None:
+        assert self._down_since is not None
+        lost = self.dropped - self._dropped_at_outage
+        log.warning("the database is reachable again after %.1f s: waiting records written%s",
+                    time.monotonic() - self._down_since,
+                    f"; {lost} dropped while the buffer was full" if lost else "")
+        self._down_since = None
+        self._overflowing = False

@@ -101,9 +101,17 @@ class ScriptRun:
         target = self.target
         if target is not None and self.accepted:
             limits = self.context.limits
-            limits.refund_endpoint(target.endpoint_id, target.plan.requests_per_minute)
-            self.rate_headers = list(limits.peek_endpoint(
-                target.endpoint_id, target.plan.requests_per_minute).headers().items())
+            per_minute = target.plan.requests_per_minute
+            if limits.remote:
+                # Redis: given back in the background; the headers count the slot as free.
+                self.context.background(limits.arefund_endpoint(target.endpoint_id, per_minute))
+                self.rate_headers = [(k, str(min(per_minute, int(v) + 1))
+                                      if k == "RateLimit-Remaining" else v)
+                                     for k, v in self.rate_headers]
+            else:
+                limits.refund_endpoint(target.endpoint_id, per_minute)
+                self.rate_headers = list(limits.peek_endpoint(
+                    target.endpoint_id, per_minute).headers().items())
         return BusyError(headers={"Retry-After": "1"})
 
     def _on_outcome(self, future: asyncio.Future[Outcome]) -> None:

@@ -156,6 +156,8 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         settings=settings,
         pool=pool,
         limits=RateLimits(settings.ratelimit.storage, ipv6_prefix=settings.ratelimit.ipv6_prefix,
+                          on_storage_error=settings.ratelimit.on_storage_error,
+                          storage_timeout_s=settings.ratelimit.storage_timeout_ms / 1000,
                           windows=windows),
         verifier=SecretVerifier(verify_secret, executor, workers=2,
                                 max_pending=settings.ratelimit.auth_queue,
@@ -222,8 +224,10 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     await server.close_all_connections()
     await loop.run_in_executor(None, records.stop)
     await pool.stop()
+    await context.limits.close()
     context.metrics_export.stop()
     executor.shutdown(wait=False)
+    context.load_target.close()
     if feed is not None:
         feed.stop()
     log.info("stopped: %d records written, %d dropped (%d failed batches)", records.written,

@@ -42,6 +42,7 @@ from service.http.base import error_body
 from service.http.errors import (OUTCOME_ERRORS, BusyError, PayloadTooLargeError,
                                  RateLimitedError, ServiceError)
 from service.http.event import build_event, parse_query
+from service.http.ratelimit import LimitsUnavailable
 from service.http.script_run import REPLY_HEADERS, SERVICE_SET
 
 if TYPE_CHECKING:
@@ -87,7 +88,12 @@ async def run_test_call(context: AppContext, target: InvokeTarget, request: Test
     try:
         if len(request.body) > plan.body_bytes:
             raise PayloadTooLargeError()
-        decision = context.limits.hit_endpoint(target.endpoint_id, plan.requests_per_minute)
+        try:
+            decision = await context.limits.ahit_endpoint(target.endpoint_id,
+                                                          plan.requests_per_minute)
+        except LimitsUnavailable:
+            raise BusyError("Rate limits cannot be checked right now; retry shortly.",
+                            headers={"Retry-After": "1"}) from None
         run.rate_headers = decision.headers()
         if not decision.allowed:
             raise RateLimitedError(headers={"Retry-After": str(decision.reset_seconds)})

@@ -22,6 +22,7 @@ def test_defaults_match_the_design():
     assert s.server.trusted_proxies == () and s.database.url == "sqlite:///logic.db"
     assert s.sandbox.workers is None and s.sandbox.worker_count == (os.cpu_count() or 1)
     assert s.sandbox.queue_timeout_ms == 2000 and s.ratelimit.storage == "memory://"
+    assert s.ratelimit.on_storage_error == "open" and s.ratelimit.storage_timeout_ms == 1000
     assert dict(s.plans) == dict(DEFAULT_PLANS)
     assert (FREE.endpoints, PLUS.endpoints, PRO.endpoints) == (0, 3, 9)
     assert (PLUS.body_bytes, PRO.body_bytes, PLUS.history, PRO.history) == (131072, 1048576, 20, 200)
@@ -64,6 +65,11 @@ time_limit_ms = 1000
     assert s.database.url == "postgresql://u@db/logic" and s.sandbox.workers == 2
     assert s.plans["plus"].history == 50 and s.plans["plus"].endpoints == 3
     assert s.plans["bench"].requests_per_minute == 1000000 and "pro" in s.plans
+    # The rate limit's outage policy, from the environment too.
+    outage = load_settings(path, {"LOGIC_RATELIMIT_ON_STORAGE_ERROR": "closed",
+                                  "LOGIC_RATELIMIT_STORAGE_TIMEOUT_MS": "250"}, {})
+    assert outage.ratelimit.on_storage_error == "closed"
+    assert outage.ratelimit.storage_timeout_ms == 250
     # LOGIC_CONFIG names the file when no --config is given.
     assert load_settings(None, {"LOGIC_CONFIG": path}, {}).server.port == 9000
 
@@ -85,6 +91,11 @@ time_limit_ms = 1000
     ("[server]\nprocesses = 0\n", {}, 'config: bad value for server.processes: expected "auto" or an integer 1..256'),
     ("[server]\nprocesses = 'many'\n", {}, "config: bad value for server.processes"),
     ("", {"LOGIC_SERVER_PROCESSES": "2.5"}, "env: bad value for LOGIC_SERVER_PROCESSES"),
+    ("[ratelimit]\non_storage_error = 'maybe'\n", {},
+     "config: bad value for ratelimit.on_storage_error: expected \"open\" or \"closed\""),
+    ("", {"LOGIC_RATELIMIT_STORAGE_TIMEOUT_MS": "5"},
+     "env: bad value for LOGIC_RATELIMIT_STORAGE_TIMEOUT_MS"),
+    ("[ratelimit]\nstorage = 'memcached://x'\n", {}, "config: bad value for ratelimit.storage"),
 ])
 def test_errors_are_one_line_naming_the_key(tmp_path, text, env, message):
     with pytest.raises(SettingsError) as err:

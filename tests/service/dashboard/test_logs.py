@@ -12,6 +12,7 @@ from tornado.netutil import bind_sockets
 
 from service import core
 from service.http.app import make_app
+from service.http.metrics import Metrics
 from service.settings import load_settings
 
 
@@ -23,7 +24,8 @@ def test_the_access_log_never_holds_the_login_token(db, caplog: pytest.LogCaptur
     async def run() -> list[int]:
         sockets = bind_sockets(0, "127.0.0.1")
         port = sockets[0].getsockname()[1]
-        server = HTTPServer(make_app(SimpleNamespace(settings=settings, change_feed=None)))  # type: ignore[arg-type]
+        server = HTTPServer(make_app(SimpleNamespace(settings=settings, change_feed=None,
+                                                   metrics=Metrics())))  # type: ignore[arg-type]
         server.add_sockets(sockets)
         client = AsyncHTTPClient()
         codes = []

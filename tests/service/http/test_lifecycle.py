@@ -28,6 +28,11 @@ def test_health_and_readiness(server: Server) -> None:
     resp = server.request("/readyz", method="GET")
     assert resp.status == 200 and resp.json["status"] == "ready"
     assert resp.json["workers"] >= 1
+    # Each dependency by name, all up on a healthy node.
+    deps = resp.json["dependencies"]
+    assert {name: dep["state"] for name, dep in deps.items()} == {
+        "database": "up", "ratelimit": "up", "sandbox": "up", "records": "up"}
+    assert deps["ratelimit"]["storage"] == "memory" and deps["records"]["dropped"] == 0
 
 
 async def _post(port: int, path: str, secret: str, body: object) -> tuple[int, bytes]:

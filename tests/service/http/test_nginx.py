@@ -121,3 +121,86 @@ def test_shipped_nginx_ignores_proxy_control_and_hides_origin_wide_headers(nginx
     # nginx did not follow X-Accel-Redirect into the internal location
     assert body == b"upstream says /endpoints/1/x"
     assert not names & {name.lower() for name in HOSTILE}, names
+
+
+class _DiesMidRequest(BaseHTTPRequestHandler):
+    """A node that dies with the request in hand: reads it, closes unanswered."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[str]
+
+    def _die(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        self.seen.append(f"{self.command} {self.path}")
+        self.close_connection = True
+
+    do_GET = do_POST = do_PATCH = _die  # noqa: N815 - http.server's naming
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+def test_shipped_nginx_resends_an_invocation_but_no_other_post_that_reached_a_node(
+        tmp_path: Path) -> None:
+    """deploy/nginx.conf's failover (docs/deployment.md): a node that closed the
+    connection with the request unanswered, as a killed node does, gets the
+    request sent to the next node for an invocation (any method) and for a
+    GET anywhere, but never for a POST or PATCH to the admin API, dashboard
+    or chat command, which may have changed state."""
+    if NGINX is None:
+        pytest.skip("the nginx binary is not installed (Debian package nginx; CI installs it)")
+    seen: list[str] = []
+    handler = type("Handler", (_DiesMidRequest,), {"seen": seen})
+    nodes = [ThreadingHTTPServer(("127.0.0.1", 0), handler) for _ in range(2)]
+    for node in nodes:
+        threading.Thread(target=node.serve_forever, daemon=True).start()
+    port = _free_port()
+    text = CONF.read_text().replace(
+        "server 127.0.0.1:8080;",
+        # max_fails=0: both stay in use after failing, so every request below
+        # meets the two of them.
+        " ".join(f"server 127.0.0.1:{node.server_address[1]} max_fails=0;" for node in nodes))
+    text = text.replace("listen 443 ssl;", f"listen 127.0.0.1:{port};")
+    text = re.sub(r"\n\s*ssl_certificate\S*\s[^;]*;", "", text)
+    temp = "\n".join(f"    {name}_temp_path {tmp_path}/{name};" for name in
+                     ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(f"pid {tmp_path}/nginx.pid;\nerror_log {tmp_path}/error.log;\nevents {{}}\n"
+                    f"http {{\n    access_log off;\n{temp}\n{text}\n}}\n")
+    proc = subprocess.Popen([NGINX, "-p", str(tmp_path), "-c", str(conf), "-g", "daemon off;"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "nginx did not start"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+        def tries(method: str, path: str) -> list[str]:
+            seen.clear()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                conn.request(method, path, body=None if method == "GET" else b"{}",
+                             headers={"Host": "endpoints.example.com"})
+                resp = conn.getresponse()
+                resp.read()
+            finally:
+                conn.close()
+            assert resp.status == 502
+            return list(seen)
+
+        assert tries("POST", "/endpoints/1/logic_x") == ["POST /endpoints/1/logic_x"] * 2
+        assert tries("GET", "/api/v1/guilds/1") == ["GET /api/v1/guilds/1"] * 2
+        for method, path in (("POST", "/api/v1/guilds"), ("PATCH", "/api/v1/guilds/1"),
+                             ("POST", "/dashboard/1/scripts"), ("POST", "/interactions")):
+            assert tries(method, path) == [f"{method} {path}"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for node in nodes:
+            node.shutdown()
+            node.server_close()

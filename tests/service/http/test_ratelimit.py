@@ -6,6 +6,7 @@ the shared (Redis) storage runs against the real server at 127.0.0.1:6379.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 
@@ -106,15 +107,42 @@ def _redis_url() -> str:
 
 def test_shared_storage_on_the_real_redis_is_exact() -> None:
     url = _redis_url()
-    a, b = RateLimits(url), RateLimits(url)  # two nodes sharing their counts
-    endpoint = int(uuid.uuid4().int % 10**12)
-    results = [(a if n % 2 else b).hit_endpoint(endpoint, 5) for n in range(6)]
-    assert [r.allowed for r in results] == [True] * 5 + [False]
-    assert [r.remaining for r in results[:5]] == [4, 3, 2, 1, 0]
-    assert 59 <= results[5].reset_seconds <= 60
-    assert a.peek_endpoint(endpoint, 5).remaining == 0
-    ip = f"203.0.113.{endpoint % 250}-{endpoint}"
-    for _ in range(AUTH_FAILURES_PER_MINUTE):
-        assert a.auth_throttled(ip) == 0
-        b.auth_failed(ip)
-    assert 59 <= a.auth_throttled(ip) <= 60
+
+    async def scenario() -> None:
+        a, b = RateLimits(url), RateLimits(url)  # two nodes sharing their counts
+        assert a.remote and b.remote
+        endpoint = int(uuid.uuid4().int % 10**12)
+        results = [await (a if n % 2 else b).ahit_endpoint(endpoint, 5) for n in range(6)]
+        assert [r.allowed for r in results] == [True] * 5 + [False]
+        assert [r.remaining for r in results[:5]] == [4, 3, 2, 1, 0]
+        assert 59 <= results[5].reset_seconds <= 60
+        assert (await a.apeek_endpoint(endpoint, 5)).remaining == 0
+        await b.arefund_endpoint(endpoint, 5)  # a request answered busy gives its slot back
+        assert (await a.apeek_endpoint(endpoint, 5)).remaining == 1
+        ip = f"203.0.113.{endpoint % 250}-{endpoint}"
+        for _ in range(AUTH_FAILURES_PER_MINUTE):
+            assert await a.aauth_throttled(ip) == 0
+            await b.aauth_failed(ip)
+        assert 59 <= await a.aauth_throttled(ip) <= 60
+        assert a.storage_state() == {"state": "up", "storage": "redis", "onError": "open"}
+        await a.close()
+        await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_memory_storage_answers_the_async_calls_too() -> None:
+    async def scenario() -> None:
+        clock = Clock()
+        limits = RateLimits(clock=clock)
+        assert not limits.remote
+        assert [(await limits.ahit_endpoint(1, 2)).allowed for _ in range(3)] == [True, True, False]
+        assert limits.hit_endpoint(1, 2).allowed is False  # one window behind both interfaces
+        assert limits.storage_state() == {"state": "up", "storage": "memory"}
+
+    asyncio.run(scenario())
+
+
+def test_on_storage_error_is_validated() -> None:
+    with pytest.raises(ValueError, match="on_storage_error"):
+        RateLimits(on_storage_error="maybe")

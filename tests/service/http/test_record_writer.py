@@ -7,12 +7,14 @@ what it receives, so the tests see exactly which batches reached the database.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+from peewee import InterfaceError, OperationalError
 
 from service.http.records import RecordWriter, expand
 
@@ -39,6 +41,7 @@ class Sink:
         self.calls = 0
         self.fail_times = fail_times
         self.fail_always = False
+        self.error: type[Exception] = RuntimeError
         self._lock = threading.Lock()
 
     def __call__(self, items: Sequence[Any]) -> None:
@@ -46,7 +49,7 @@ class Sink:
             self.calls += 1
             if self.fail_always or self.fail_times > 0:
                 self.fail_times = max(0, self.fail_times - 1)
-                raise RuntimeError("database is down")
+                raise self.error("database is down")
             self.batches.append(list(items))
 
     @property
@@ -248,6 +251,50 @@ def test_a_batch_that_keeps_failing_is_dropped_and_the_writer_goes_on(make_write
     writer.stop()
     assert sink.items == list(range(10, 15))
     assert writer.failed_batches == 1 and writer.dropped == 10
+
+
+def test_while_the_database_is_unreachable_records_wait_and_are_written_once_in_order(
+        make_writer, caplog):
+    sink = Sink()
+    sink.error = OperationalError          # what peewee raises when the server is gone
+    sink.fail_always = True
+    writer = make_writer(sink, interval=0.02, max_batch=7)
+    writer.start()
+    with caplog.at_level(logging.WARNING, logger="logic.records"):
+        for n in range(50):
+            writer.put(n)
+        assert wait_for(lambda: sink.calls >= 4, timeout=10.0)   # retried while down
+        assert writer.database_down
+        assert writer.pending == 50 and writer.written == 0 and writer.dropped == 0
+        sink.fail_always = False                                 # the database is back
+        assert wait_for(lambda: writer.written == 50, timeout=10.0)
+    assert sink.items == list(range(50))                         # in order, each once
+    assert not writer.database_down and writer.pending == 0 and writer.failed_batches == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("database is unreachable" in m for m in messages) == 1
+    assert sum("reachable again" in m for m in messages) == 1
+
+
+def test_past_the_bound_while_down_records_are_dropped_counted_and_logged_once(
+        make_writer, caplog):
+    sink = Sink()
+    sink.error = InterfaceError
+    sink.fail_always = True
+    writer = make_writer(sink, interval=0.02, max_queued=10)
+    writer.start()
+    with caplog.at_level(logging.WARNING, logger="logic.records"):
+        for n in range(10):
+            writer.put(n)
+        assert wait_for(lambda: writer.database_down, timeout=10.0)
+        for n in range(10, 25):
+            writer.put(n)
+        assert writer.dropped == 15 and writer.pending == 10
+        sink.fail_always = False
+        assert wait_for(lambda: writer.written == 10, timeout=10.0)
+    assert sink.items == list(range(10))
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("buffer is full" in m for m in messages) == 1
+    assert any("15 dropped while the buffer was full" in m for m in messages)
 
 
 # --- back-pressure --------------------------------------------------------------------------

@@ -1,0 +1,162 @@
+"""`RedisWindows`: the moving windows of `service.http.ratelimit` in a shared Redis, awaited.
+
+One round trip per decision: a Lua script counts the window, adds the hit if
+a slot is free and says how old the oldest counted hit is, all on Redis's own
+clock (`TIME`), so nodes whose clocks disagree still share one exact window.
+The window is a list, newest first, trimmed to the limit: the layout (and key
+names) of the `limits` library's moving window, which earlier versions used.
+
+Nothing here blocks the event loop: `redis.asyncio` on a bounded connection
+pool, every call bounded by `timeout_s`. When Redis cannot be reached (refused,
+reset, timed out), a call returns None and the windows count as *down*: one
+warning, then no call at all for `retry_s`, after which one request probes
+again; the first call that starts after the outage was noticed and succeeds
+ends it (one info line). What the limiter does meanwhile is
+`ratelimit.on_storage_error` (`service.http.ratelimit.RateLimits`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger("logic.ratelimit")
+
+#: Connections to Redis per process: requests beyond this wait for one (bounded by the timeout).
+MAX_CONNECTIONS = 32
+#: Seconds between probes while Redis is down.
+RETRY_S = 1.0
+
+# KEYS[1]: the window (a list of hit times, newest first).
+# ARGV: limit, window seconds, 1 to count a hit if a slot is free (0: only look).
+# Returns {allowed (0/1), hits in the window, age in seconds of the oldest (string)}.
+_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local edge = now - window
+local len = math.min(redis.call('LLEN', KEYS[1]), limit)
+local lo, hi, count = 0, len - 1, 0
+while lo <= hi do
+  local mid = math.floor((lo + hi) / 2)
+  if tonumber(redis.call('LINDEX', KEYS[1], mid)) > edge then
+    count = mid + 1
+    lo = mid + 1
+  else
+    hi = mid - 1
+  end
+end
+local allowed = 0
+if ARGV[3] == '1' and count < limit then
+  redis.call('LPUSH', KEYS[1], string.format('%.6f', now))
+  redis.call('LTRIM', KEYS[1], 0, limit - 1)
+  redis.call('EXPIRE', KEYS[1], math.ceil(window))
+  count = count + 1
+  allowed = 1
+end
+local age = '0'
+if count > 0 then
+  age = string.format('%.6f', now - tonumber(redis.call('LINDEX', KEYS[1], count - 1)))
+end
+return {allowed, count, age}
+"""
+
+
+def _key(key: str, limit: int) -> str:
+    # The `limits` library's key for a per-minute item in the "logic" namespace.
+    return f"LIMITS:LIMITER/logic/{key}/{limit}/1/minute"
+
+
+class RedisWindows:
+    """Moving windows in Redis; every method is a coroutine and returns None while Redis is down."""
+
+    def __init__(self, url: str, *, window_s: float, timeout_s: float, retry_s: float = RETRY_S,
+                 clock: Any = time.time) -> None:
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        self._pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=MAX_CONNECTIONS, timeout=timeout_s,
+            socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            # One immediate retry on a broken connection (Redis restarted since
+            # it was pooled); a timeout is not retried: it already took long.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)))
+        self._client = aioredis.Redis(connection_pool=self._pool)
+        self._script = self._client.register_script(_SCRIPT)
+        self._window_s = window_s
+        self._retry_s = retry_s
+        self._clock = clock
+        self._retry_at = 0.0
+        #: `time.monotonic()` when the current outage was noticed; None while Redis answers.
+        self.down_since: float | None = None
+        #: The kind of the error that started the current outage (never its text: it may hold a host).
+        self.last_error = ""
+        self.outages = 0
+
+    async def _run(self, key: str, limit: int, hit: bool) -> Any:
+        started = time.monotonic()
+        if self.down_since is not None:
+            if started < self._retry_at:
+                return None
+            self._retry_at = started + self._retry_s  # this call probes; the others do not wait
+        try:
+            reply = await self._script(keys=[_key(key, limit)],
+                                       args=[limit, self._window_s, 1 if hit else 0])
+        except Exception as err:  # noqa: BLE001 - refused, reset, timed out, or a broken pool
+            self._failed(err)
+            return None
+        # Only a call that started after the outage was noticed proves it over.
+        if self.down_since is not None and started > self.down_since:
+            self._recovered()
+        return reply
+
+    def _failed(self, err: BaseException) -> None:
+        now = time.monotonic()
+        self._retry_at = now + self._retry_s
+        if self.down_since is None:
+            self.down_since = now
+            self.last_error = type(err).__name__
+            self.outages += 1
+            log.warning("rate-limit storage unreachable (%s); see ratelimit.on_storage_error "
+                        "for what requests get until it is back", self.last_error)
+
+    def _recovered(self) -> None:
+        assert self.down_since is not None
+        log.warning("rate-limit storage reachable again after %.1f s; shared limits apply again",
+                    time.monotonic() - self.down_since)
+        self.down_since = None
+        self.last_error = ""
+
+    async def hit(self, key: str, limit: int) -> tuple[bool, int, float] | None:
+        """Count a hit if a slot is free: (allowed, hits in window, oldest hit time), or None."""
+        reply = await self._run(key, limit, True)
+        if reply is None:
+            return None
+        allowed, count, age = reply
+        return bool(allowed), int(count), self._clock() - float(age)
+
+    async def peek(self, key: str, limit: int) -> tuple[int, float] | None:
+        """(hits in window, oldest hit time) without counting, or None."""
+        reply = await self._run(key, limit, False)
+        if reply is None:
+            return None
+        _, count, age = reply
+        return int(count), self._clock() - float(age)
+
+    async def refund(self, key: str, limit: int) -> None:
+        """Take back the newest hit of `key` (nothing while Redis is down)."""
+        if self.down_since is not None:
+            return
+        try:
+            await self._client.lpop(_key(key, limit))
+        except Exception as err:  # noqa: BLE001
+            self._failed(err)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+        await self._pool.aclose()

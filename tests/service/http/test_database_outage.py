@@ -1,0 +1,207 @@
+"""PostgreSQL stopped under load, against a PRIVATE PostgreSQL this test starts.
+
+The cluster is made with `initdb` in a temporary directory and run with
+`pg_ctl` on a free port (as the `postgres` user when the test runs as root);
+the machine's shared server is never touched. Skipped, saying why, only when
+the PostgreSQL server binaries are missing.
+
+While the server is stopped (about ten seconds, under load):
+- requests for endpoints the node has looked up are answered (the change
+  feed vouched for those answers up to the moment its connection broke);
+  an endpoint never looked up gets 503 `busy`;
+- `/readyz` answers 503 and names the database as down, with records waiting;
+Once it is back: every answered request's statistics are written exactly
+once (the counts equal the answers given), and `/readyz` is 200 again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.service.http.conftest import CONFIG
+from tests.service.http.harness import LOGIC, Server
+from tests.service.http.private_servers import PrivatePostgres, dependency_down, poll
+
+ECHO = "on endpoint(event):\n    event.reply({'ok': True})\n"
+OUTAGE_S = 10.0
+
+
+@pytest.fixture()
+def private_pg() -> Iterator[PrivatePostgres]:
+    pg = PrivatePostgres()
+    reason = pg.missing()
+    if reason:
+        pytest.skip(reason)
+    try:
+        pg.init().start()
+        yield pg
+    finally:
+        pg.cleanup()
+
+
+def _make_endpoints(url: str, config: Path, first: int, n: int
+                    ) -> list[tuple[str, str, str, int]]:
+    """(guild id, script id, secret, endpoint id) × n, made through the service layer."""
+    from models.db import database, open_database
+    from service.core import endpoints, guilds, scripts, secrets
+    from service.core.access import Actor
+    from service.core.invoke_target import load_target
+    from service.settings import load_settings
+
+    plans = load_settings(str(config), env={}).plans
+    previous = database.obj
+    db = open_database(url)
+    database.initialize(db)
+    made = []
+    try:
+        for k in range(first, first + n):
+            guild_id = str(880_000 + k)
+            owner = Actor.user("4242")
+            guilds.create_guild(Actor.operator(), guild_id, "4242", "bench", plans=plans)
+            sid = scripts.create_script(owner, guild_id, f"outage{k}", ECHO)["logicScriptId"]
+            endpoints.enable_endpoint(owner, guild_id, sid, plans=plans)
+            secret = secrets.regenerate_secret(owner, guild_id, sid)["secret"]
+            target = load_target(guild_id, sid, plans)
+            assert target is not None
+            made.append((guild_id, sid, secret, target.endpoint_id))
+    finally:
+        db.close()
+        if previous is not None:
+            database.initialize(previous)
+    return made
+
+
+def _stat_counts(url: str, endpoint_id: int) -> dict[str, int]:
+    """Requests counted in the statistics per granularity (minute and hour buckets)."""
+    import psycopg2  # type: ignore[import-untyped,unused-ignore]
+    from models.db import open_database
+    db = open_database(url)
+    conn = psycopg2.connect(dbname=db.database, **db.connect_params)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT granularity, SUM(count) FROM stat_bucket WHERE endpoint_id = %s "
+                        "GROUP BY granularity", (endpoint_id,))
+            return {g: int(c) for g, c in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+def test_postgresql_stopped_under_load(private_pg: PrivatePostgres, tmp_path: Path) -> None:
+    url = private_pg.url
+    subprocess.run([LOGIC, "--database-url", url, "db", "upgrade"], check=True,
+                   capture_output=True)
+    config = tmp_path / "logic.toml"
+    config.write_text(f'[records]\njournal = "{tmp_path / "journal"}"\n' + CONFIG)
+    eps = _make_endpoints(url, config, 0, 2)
+    cold_guild, cold_script, cold_secret, _ = _make_endpoints(url, config, 2, 1)[0]
+    srv = Server(url, str(config)).start()
+    try:
+        assert poll(lambda: srv.request("/readyz", method="GET").json
+                    ["dependencies"]["database"].get("changeFeed") == "listening", 30)
+        answers: Counter[tuple[int, int]] = Counter()   # (endpoint index, status) -> n
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def load(k: int) -> None:
+            guild_id, script_id, secret, _ = eps[k]
+            while not stop.is_set():
+                resp = srv.request(f"/endpoints/{guild_id}/{script_id}", secret=secret,
+                                   json_body={}, timeout=30)
+                with lock:
+                    answers[(k, resp.status)] += 1
+
+        threads = [threading.Thread(target=load, args=(n % 2,)) for n in range(4)]
+        for t in threads:
+            t.start()
+
+        def answered() -> int:
+            with lock:
+                return sum(n for (_, status), n in answers.items() if status == 200)
+
+        try:
+            assert poll(lambda: answered() >= 50, 60)
+            private_pg.stop("fast")
+            stopped_at = time.monotonic()
+            before = answered()
+            ready = srv.request("/readyz", method="GET")
+            assert ready.status == 503 and ready.code == "not_ready"
+            assert ready.json["dependencies"]["database"]["state"] == "down"
+            # Answered from memory while the server is down, and the records wait.
+            assert poll(lambda: answered() >= before + 200, 60)
+            assert srv.request("/readyz", method="GET").json["dependencies"]["records"][
+                "pending"] > 0
+            assert poll(lambda: dependency_down(srv, "database") == 1)
+            assert dependency_down(srv, "change_feed") == 1
+            cold = srv.request(f"/endpoints/{cold_guild}/{cold_script}", secret=cold_secret,
+                               json_body={})
+            assert cold.status == 503 and cold.code == "busy"
+            time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - stopped_at)))
+            assert srv.request("/readyz", method="GET").status == 503
+            private_pg.start()
+            assert poll(lambda: srv.request("/readyz", method="GET").status == 200, 60)
+            recovered = answered()
+            assert poll(lambda: answered() >= recovered + 200, 60)  # and after
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+        with lock:
+            statuses = Counter(status for (_, status), n in answers.items() for _ in range(n))
+        assert set(statuses) == {200}, statuses
+        assert poll(lambda: srv.request("/readyz", method="GET").json["dependencies"]["records"]
+                    ["pending"] == 0, 30)
+        for k, (_, _, _, endpoint_id) in enumerate(eps):
+            given = answers[(k, 200)]
+            # Every answer of the run counted once in each granularity: none lost, none twice.
+            assert poll(lambda: _stat_counts(url, endpoint_id) == {"m": given, "h": given}, 30), \
+                (_stat_counts(url, endpoint_id), given)
+        # One line per outage from each part that noticed it (not one per request).
+        for part in ("records wait in memory", "endpoint lookups are answered from"):
+            assert poll(lambda: part in srv.log)
+            assert srv.log.count(part) == 1, srv.log
+        assert poll(lambda: "waiting records written" in srv.log)
+        assert srv.log.count("waiting records written") == 1
+        assert srv.request("/readyz", method="GET").json["dependencies"]["records"]["dropped"] == 0
+        assert poll(lambda: dependency_down(srv, "database") == 0
+                    and dependency_down(srv, "change_feed") == 0)
+    finally:
+        srv.stop()
+
+
+def test_records_held_when_the_process_dies_during_an_outage_are_written_at_the_next_start(
+        private_pg: PrivatePostgres, tmp_path: Path) -> None:
+    url = private_pg.url
+    subprocess.run([LOGIC, "--database-url", url, "db", "upgrade"], check=True,
+                   capture_output=True)
+    config = tmp_path / "logic.toml"
+    config.write_text(f'[records]\njournal = "{tmp_path / "journal"}"\n' + CONFIG)
+    guild_id, script_id, secret, endpoint_id = _make_endpoints(url, config, 10, 1)[0]
+    path = f"/endpoints/{guild_id}/{script_id}"
+    srv = Server(url, str(config)).start()
+    try:
+        assert poll(lambda: srv.request("/readyz", method="GET").json
+                    ["dependencies"]["database"].get("changeFeed") == "listening", 30)
+        assert srv.request(path, secret=secret, json_body={}).status == 200
+        assert poll(lambda: _stat_counts(url, endpoint_id) == {"m": 1, "h": 1}, 30)
+        private_pg.stop("fast")
+        statuses = [srv.request(path, secret=secret, json_body={}).status for _ in range(30)]
+        assert statuses == [200] * 30
+        assert poll(lambda: srv.request("/readyz", method="GET").json["dependencies"]["records"]
+                    ["pending"] == 30, 30)
+    finally:
+        srv.kill()   # SIGKILL: what it held in memory is gone; the journal is not
+    private_pg.start()
+    again = Server(url, str(config)).start()
+    try:
+        assert "replayed 30 journaled requests" in again.log
+        assert _stat_counts(url, endpoint_id) == {"m": 31, "h": 31}
+    finally:
+        again.stop()
