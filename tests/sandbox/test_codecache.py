@@ -218,3 +218,30 @@ def test_the_digest_memo_is_exact_and_bounded(monkeypatch: pytest.MonkeyPatch) -
     # Same key and version, another source: never the remembered digest.
     other = "# other\n"
     assert source_digest("logic_m", 49, other) == hashlib.sha256(other.encode()).digest()
+
+
+def test_the_compile_worker_never_runs_a_script() -> None:
+    """Code is produced only by a process that never ran any script: no job is ever
+    dispatched to the compile worker, and it is no guild's worker."""
+    from typing import Any
+    dispatched: list[Any] = []
+
+    async def scenario(pool: Pool) -> None:
+        dispatch = pool._dispatch
+
+        def recording(w: Any, req: Any) -> None:
+            dispatched.append((w, req.kind))
+            dispatch(w, req)
+
+        pool._dispatch = recording  # type: ignore[method-assign]
+        compiler = pool._compiler
+        assert compiler is not None
+        outs = await asyncio.gather(*(pool.run(ref(REPLY % i, f"logic_c{i}"), event(), LIMITS,
+                                               f"g{i % 3}") for i in range(9)))
+        assert all(o.status == 200 for o in outs)
+        assert pool.counters["compiles"] >= 1
+        assert dispatched and all(w is not compiler for w, _ in dispatched)
+        assert compiler.guild not in {f"g{i}" for i in range(3)}
+        assert compiler.pid not in pool.worker_pids[:-1]   # listed last, as no guild's
+
+    run_with_pool(scenario, size=2, max_workers=8)
