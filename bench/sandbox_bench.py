@@ -167,20 +167,26 @@ def run_tenancy(counts: list[int], n: int, concurrency: int, workers: int) -> No
     print(f"tenancy: {n} invocations per cell, {concurrency} in flight, {workers} run slots")
     rows: dict[int, list[str]] = {g: [] for g in counts}
     base: dict[str, float] = {}
+    spawn_steps: list[str] = []
     for label, options in (("shared workers (before)", {"guild_workers": False}),
                            ("per-guild workers", {})):
         for g in counts:
             pool = Pool(size=workers, **options)  # type: ignore[arg-type]
             pool.start()
 
-            async def go(pool: Pool = pool, g: int = g) -> tuple[float, dict[str, int]]:
+            async def go(pool: Pool = pool, g: int = g
+                         ) -> tuple[float, dict[str, int], dict[str, float]]:
                 try:
                     rate = await bench_guilds(pool, n, concurrency, g)
-                    return rate, pool.counters
+                    return rate, pool.counters, getattr(pool, "spawn_steps", {})
                 finally:
                     await pool.stop()
 
-            rate, counters = asyncio.run(go())
+            rate, counters, steps = asyncio.run(go())
+            if options == {} and steps.get("n"):
+                spawn_steps.append(f"  {g:6d} guilds: {steps['n']:5.0f} workers started, mean ms: "
+                                   + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()
+                                               if k != "n"))
             base.setdefault(label, rate)
             rows[g].append(f"{rate:9,.0f} inv/s ({rate / base[label]:4.2f} of 1 guild)")
             if options == {}:
@@ -192,6 +198,9 @@ def run_tenancy(counts: list[int], n: int, concurrency: int, workers: int) -> No
     first = counts[0]
     print(f"  after/before at {first} guild(s): see the two rates above "
           f"(target: within 10 %)")
+    print("worker start-up (per-guild pools; fork_call: the fork server's fork(), fork: until "
+          "the child runs, total: spawn request to ready):")
+    print("\n".join(spawn_steps))
 
 
 def bench_memory(n_rows: int, reps: int) -> dict[str, float]:

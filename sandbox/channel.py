@@ -20,6 +20,7 @@ import psutil  # type: ignore[import-untyped,unused-ignore]
 from sandbox import protocol
 
 if TYPE_CHECKING:
+    from sandbox.codecache import CodeCache
     from sandbox.limits import Limits
 
 
@@ -28,7 +29,7 @@ class RequestState:
 
     __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker",
                  "ships_source", "asked_source", "guild", "queued", "deprioritised", "waited",
-                 "seated", "excess", "where")
+                 "seated", "excess", "where", "dig", "code_waited")
 
     def __init__(self, future: "asyncio.Future[Any]", kind: str, ref: Any,
                  event: dict[str, Any], limits: "Limits", guild: str = "") -> None:
@@ -53,6 +54,8 @@ class RequestState:
         # A worker may ask for the source ("need") once per request: each ask
         # resets the deadline to a fresh compile budget (redteam finding R10).
         self.asked_source = False
+        self.dig = b""  # SHA-256 of ref.source (sandbox.codecache.source_digest)
+        self.code_waited = False  # waited once for the compile worker (sandbox.compiling)
 
     def resolve(self, value: Any) -> None:
         """Set the result unless the caller already went away (cancelled)."""
@@ -65,7 +68,7 @@ class WorkerHandle:
 
     __slots__ = ("slot", "pid", "pidfd", "sock", "fd", "reader", "known", "cache_size", "jobs",
                  "max_jobs", "spawned_at", "ready", "req", "alive", "outbuf", "_proc", "guild",
-                 "idle_since")
+                 "idle_since", "asked_at", "fork_ms")
 
     def __init__(self, slot: int, pid: int, channel_fd: int, pidfd: int, *, cache_size: int,
                  max_jobs: int, now: float) -> None:
@@ -76,7 +79,7 @@ class WorkerHandle:
         self.sock.setblocking(False)
         self.fd = channel_fd
         self.reader = protocol.FrameReader(protocol.MAX_REPLY_BYTES)
-        self.known: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self.known: OrderedDict[tuple[str, int, bytes], None] = OrderedDict()
         self.cache_size = cache_size
         self.jobs = 0
         self.max_jobs = max_jobs
@@ -90,9 +93,13 @@ class WorkerHandle:
         # ever serve (bound at its first job, until it exits).
         self.guild: str | None = None
         self.idle_since = now
+        self.asked_at = 0.0   # time.monotonic() of the spawn request (start-up cost)
+        self.fork_ms = 0.0    # the fork server's fork() call
 
-    def job_frame(self, req: RequestState) -> bytes:
-        """Encode ``req`` for this worker; the source goes along only if it lacks it.
+    def job_frame(self, req: RequestState, codes: "CodeCache | None" = None) -> bytes:
+        """Encode ``req`` for this worker; the script goes along only if it lacks it:
+        as marshalled code from ``codes`` (checked there) when it has it, else as
+        source for the worker to compile (``req.ships_source``).
 
         Raises ProtocolError when the frame would pass the job cap.
         """
@@ -100,13 +107,16 @@ class WorkerHandle:
             return protocol.encode({"t": "exec", "id": req.id, "code": req.event["code"]},
                                    protocol.MAX_JOB_BYTES)
         ref = req.ref
-        key = (ref.key, ref.version)
+        key = (ref.key, ref.version, req.dig)
         known = self.known
         have = key in known
-        req.ships_source = not have
+        entry = None if have or codes is None else codes.get(key)
+        req.ships_source = not have and entry is None
         frame = protocol.encode(
-            {"t": "job", "id": req.id, "key": ref.key, "ver": ref.version,
-             "src": None if have else ref.source, "event": req.event,
+            {"t": "job", "id": req.id, "key": ref.key, "ver": ref.version, "dig": req.dig,
+             "src": None if have else ref.source,
+             "code": entry.code if entry is not None else None,
+             "meta": entry.meta() if entry is not None else None, "event": req.event,
              "ms": req.limits.time_ms, "mem": req.limits.memory_kb * 1024},
             protocol.MAX_JOB_BYTES)
         # Same order of moves and evictions as the worker's LRU.
@@ -117,6 +127,11 @@ class WorkerHandle:
             if len(known) > self.cache_size:
                 known.popitem(last=False)
         return frame
+
+    def compile_frame(self, job_id: int, source: str) -> bytes:
+        """A ``compile`` message for the compile worker (``sandbox.compiling``)."""
+        return protocol.encode({"t": "compile", "id": job_id, "src": source},
+                               protocol.MAX_JOB_BYTES)
 
     def send(self, frame: bytes, loop: asyncio.AbstractEventLoop | None,
              on_writable: Callable[["WorkerHandle"], None]) -> bool:

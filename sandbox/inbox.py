@@ -1,7 +1,8 @@
 """`Inbox`: what the pool does with each message a worker sends.
 
 ``ready`` (a spare joins), ``need`` (send the source again, once),
-``compiled`` (the script's own clock starts), ``where`` (where a script was
+``compiled`` (the script's own clock starts), ``code`` (the compile worker's
+answer, ``sandbox.compiling``), ``where`` (where a script was
 when its time ran out, for the timeout's error record), ``res`` / ``xres``
 (the answer: the request resolves and the worker is parked or replaced).
 Anything else, or any of these out of turn, is a ``ProtocolError``: the
@@ -9,19 +10,22 @@ worker is killed (see ``Pool._on_readable``).
 """
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from sandbox.channel import WorkerHandle
+from sandbox.compiling import Compiling
 from sandbox.errors import ProtocolError
 from sandbox.limits import COMPILE_BUDGET_MS
 from sandbox.outcome import from_result
 from sandbox.supervisor import Supervisor
 
 
-class Inbox(Supervisor):
+class Inbox(Compiling, Supervisor):
     """Worker messages, for ``Pool`` (which initialises the shared state)."""
 
     kill_grace: float
+    _steps: dict[str, float]
 
     if TYPE_CHECKING:  # provided by Placement / Pool (before this class in the MRO)
         def _park(self, w: WorkerHandle, now: float) -> None: ...
@@ -29,6 +33,24 @@ class Inbox(Supervisor):
         def _on_spare(self, w: WorkerHandle) -> None: ...
 
         def _on_writable(self, w: WorkerHandle) -> None: ...
+
+    @property
+    def spawn_steps(self) -> dict[str, float]:
+        """Mean start-up cost of a worker in ms, per step, over the workers started so far:
+        ``fork_call`` (the fork server's ``fork()``), ``fork`` (until the child runs),
+        ``harden``, ``init`` (memory accountant and runner), ``total`` (spawn request to
+        ready, as the pool saw it); ``n`` workers."""
+        n = self._steps["n"]
+        return {k: (v if k == "n" else v / n if n else 0.0) for k, v in self._steps.items()}
+
+    def _count_steps(self, w: WorkerHandle, ms: dict[str, float] | None) -> None:
+        """Add a new worker's start-up steps to ``Pool.spawn_steps``."""
+        steps = self._steps
+        steps["n"] += 1
+        steps["fork_call"] += w.fork_ms
+        steps["total"] += (time.monotonic() - w.asked_at) * 1000.0 if w.asked_at else 0.0
+        for k, v in (ms or {}).items():
+            steps[k] += v
 
     def _on_message(self, w: WorkerHandle, msg: dict[str, Any]) -> None:
         t = msg["t"]
@@ -39,6 +61,7 @@ class Inbox(Supervisor):
             w.ready = True
             self._unready -= 1
             self._merge_hardening(msg["hard"], msg["notes"])
+            self._count_steps(w, msg.get("ms"))
             if self._loop is not None:
                 self._loop.call_later(1.0, self._clear_failures, w)
             self._on_spare(w)
@@ -66,11 +89,18 @@ class Inbox(Supervisor):
             if req.kind != "job" or req.ships_source or req.asked_source:
                 raise ProtocolError("worker asked again for a source it was sent")
             req.asked_source = True
-            w.known.pop((req.ref.key, req.ref.version), None)
-            if req.kind != "job" or not w.send(w.job_frame(req), self._loop, self._on_writable):
+            w.known.pop((req.ref.key, req.ref.version, req.dig), None)
+            if req.kind != "job" or not w.send(w.job_frame(req, self._codes), self._loop,
+                                               self._on_writable):
                 raise ProtocolError("worker asked for a source it cannot have")
             assert self._loop is not None
             req.deadline = self._loop.time() + COMPILE_BUDGET_MS / 1000.0 + self.kill_grace
+            return
+        if t == "code":
+            if req.kind != "compile":
+                raise ProtocolError("code answers a job")
+            if self._on_code(w, req, msg):
+                self._replace(w, None, backoff=False)
             return
         if (t == "res") != (req.kind == "job"):
             raise ProtocolError(f"{t!r} answers a {req.kind!r} request")

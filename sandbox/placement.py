@@ -83,6 +83,7 @@ class Placement:
     _next_slot: int
     _unready: int
     _c: dict[str, int]
+    _compiler: WorkerHandle | None
 
     if TYPE_CHECKING:  # provided by Pool / Supervisor (after this class in the MRO)
         def _dispatch(self, w: WorkerHandle, req: RequestState) -> None: ...
@@ -202,8 +203,11 @@ class Placement:
         """Fork (or make room for) spares: ``spares`` ready plus one per homeless request."""
         want = (self.spares + len(self._homeless) - len(self._idle) - len(self._spawning)
                 - self._unready)
+        # The compile worker (sandbox.compiling) is not one of the max_workers.
+        compiler = self._compiler
+        extra = 1 if compiler is not None and self._workers.get(compiler.slot) is compiler else 0
         while want > 0 and self._state in ("starting", "running"):
-            if len(self._workers) < self.max_workers:
+            if len(self._workers) - extra < self.max_workers:
                 slot = self._next_slot
                 self._next_slot += 1
                 self._workers[slot] = None

@@ -36,6 +36,8 @@ from typing import Any
 
 from sandbox import protocol, zygote
 from sandbox.channel import RequestState, WorkerHandle
+from sandbox.codecache import source_digest
+from sandbox.compiling import COMPILER
 from sandbox.errors import PoolBusyError, PoolClosedError, ProtocolError, SpawnError
 from sandbox.hardening import HardeningConfig
 from sandbox.limits import COMPILE_BUDGET_MS, Limits, current_address_space
@@ -68,7 +70,7 @@ class ScriptRef:
             raise TypeError("ScriptRef needs key: str, version: int, source: str")
 
 
-class Pool(Placement, Inbox, Shutdown):
+class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
     """Hardened workers, one guild per worker, behind an asyncio API.  See docs/architecture.md."""
 
     def __init__(self, size: int | None = None, *, queue_timeout_ms: int = 2000,
@@ -81,7 +83,7 @@ class Pool(Placement, Inbox, Shutdown):
                  spares: int | None = None, guild_share: float = 0.5,
                  guild_budget_s: float = 60.0, idle_retire_s: float = 60.0,
                  crash_limit: int = 3, crash_window_s: float = 60.0, quarantine_s: float = 60.0,
-                 guild_workers: bool = True,
+                 guild_workers: bool = True, code_cache_mb: int = 64,
                  _unsafe_test_hooks: bool = False) -> None:
         # Builds configuration only: nothing here changes the process.
         if size is not None and size < 1:
@@ -141,20 +143,27 @@ class Pool(Placement, Inbox, Shutdown):
         self._next_id = 0
         self._busy = 0
         self._unready = 0  # registered workers that have not said "ready" yet
+        #: summed start-up cost of the workers that became ready (see spawn_steps)
+        self._steps = dict.fromkeys(("n", "fork_call", "fork", "harden", "init", "total"), 0.0)
         self._c = dict.fromkeys(("invocations", "timeouts", "memory_kills", "crashes",
                                  "restarts", "busy_rejections", "queued", "deprioritised",
-                                 "quarantined", "retired"), 0)
+                                 "quarantined", "retired", "compiles", "compile_failures"),
+                                0)
+        self._init_compiling(code_cache_mb)
 
     # --- public properties ------------------------------------------------
     @property
     def counters(self) -> dict[str, int]:
         """invocations, timeouts, memory_kills, crashes, restarts, busy_rejections, queued,
-        deprioritised, quarantined, retired; queue_depth, workers (processes), guilds
-        (with a bound worker)."""
+        deprioritised, quarantined, retired, compiles, compile_failures; queue_depth,
+        code_rejected (cached code whose MAC failed), workers (processes, not counting the
+        compile worker), guilds (with a bound worker)."""
         return {**self._c, "queue_depth": self._sched.waiting,
-                "workers": sum(1 for w in self._workers.values() if w is not None),
+                "code_rejected": self._codes.rejected if self._codes is not None else 0,
+                "workers": sum(1 for w in self._workers.values()
+                               if w is not None and w.guild != COMPILER),
                 "guilds": len({w.guild for w in self._workers.values()
-                               if w is not None and w.guild is not None})}
+                               if w is not None and w.guild not in (None, COMPILER)})}
 
     @property
     def scheduler(self) -> Scheduler:
@@ -173,13 +182,15 @@ class Pool(Placement, Inbox, Shutdown):
 
     @property
     def live_workers(self) -> int:
-        """Workers that are up and hardened (idle or busy)."""
-        return sum(1 for w in self._workers.values() if w is not None and w.ready)
+        """Workers that are up and hardened (idle or busy); not the compile worker."""
+        return sum(1 for w in self._workers.values()
+                   if w is not None and w.ready and w.guild != COMPILER)
 
     @property
     def worker_pids(self) -> list[int]:
-        """Pids of live workers (for operators and tests)."""
-        return [w.pid for w in self._workers.values() if w is not None]
+        """Pids of live workers (for operators and tests); the compile worker's last."""
+        live = [w for w in self._workers.values() if w is not None]
+        return [w.pid for w in sorted(live, key=lambda w: w.guild == COMPILER)]
 
     # --- start -------------------------------------------------------------
     def start(self) -> None:
@@ -202,12 +213,14 @@ class Pool(Placement, Inbox, Shutdown):
                            self._test_hooks, self._spin_us)
         self._zygote_pid, self._ctl = zygote.start(cfg, self._fresh_interpreter)
         self._ctl.setblocking(False)
-        for slot in range(self.spares):
+        # The spares, plus the compile worker (sandbox.compiling) when code is cached.
+        initial = self.spares + (self._codes is not None)
+        for slot in range(initial):
             self._workers[slot] = None
             self._request_spawn(slot)
-        self._next_slot = self.spares
+        self._next_slot = initial
         deadline = time.monotonic() + self.spawn_timeout
-        while self.live_workers < self.spares:
+        while self.live_workers < initial:
             left = deadline - time.monotonic()
             if left <= 0 or self._state != "starting" or not self._zygote_alive:
                 self._abort_start()
@@ -220,6 +233,8 @@ class Pool(Placement, Inbox, Shutdown):
                 else:
                     self._on_readable(next(w for w in pending if w.sock is sock))
         self._state = "running"
+        if self._codes is not None:
+            self._compile_worker()
         self._log_hardening()
 
     def attach(self) -> None:
@@ -285,6 +300,7 @@ class Pool(Placement, Inbox, Shutdown):
         if not self.guild_workers:
             guild = ""
         req = RequestState(loop.create_future(), "job", ref, event, limits, guild)
+        req.dig = source_digest(ref.key, ref.version, ref.source)
         if self._quarantine:
             answer = self._quarantined(req, loop.time())
             if answer is not None:
@@ -317,10 +333,12 @@ class Pool(Placement, Inbox, Shutdown):
 
     def _dispatch(self, w: WorkerHandle, req: RequestState) -> None:
         assert self._loop is not None
+        if req.kind == "job" and self._codes is not None and self._await_code(w, req):
+            return   # dispatched again once the compile worker answered
         self._next_id += 1
         req.id = self._next_id
         try:
-            frame = w.job_frame(req)
+            frame = w.job_frame(req, self._codes)
         except ProtocolError as exc:
             self._park(w, self._loop.time())
             self._end(req, 0.0)

@@ -10,10 +10,14 @@ exact shape before anyone acts on it.
 Messages (``t`` is the type):
 
 parent -> worker
-    ``{"t": "job", "id", "key", "ver", "src": str | None, "event", "ms", "mem"}``
+    ``{"t": "job", "id", "key", "ver", "dig": source SHA-256, "src": str | None,
+    "code": marshalled code | None, "meta": {"events", "endpoint", "gen", "err"} | None,
+    "event", "ms", "mem"}`` (``meta`` set: load ``code``, do not compile)
+    ``{"t": "compile", "id", "src"}``  (to the compile worker only)
     ``{"t": "exec", "id", "code"}``  (test hook; refused unless the pool enabled it)
 worker -> parent
-    ``{"t": "ready", "pid", "hard": {layer: bool}, "notes": [str]}``
+    ``{"t": "ready", "pid", "hard": {layer: bool}, "notes": [str], "ms": {step: float}}``
+    (``ms``: what the worker's start-up steps cost; optional)
     ``{"t": "need", "id"}``  (worker lacks the source for that script version)
     ``{"t": "compiled", "id"}``  (worker compiled the source it was sent; the run starts)
     ``{"t": "where", "id", "line", "tb"}``  (the script's time ran out: where it was; the
@@ -21,6 +25,8 @@ worker -> parent
     ``{"t": "res", "id", "r": run_endpoint result, "peak", "over", "dur", "exit",
     "rss"}`` (``rss``: the worker's resident bytes after the job)
     ``{"t": "xres", "id", "ok", "value"}``
+    ``{"t": "code", "id", "code": marshalled code | None, "meta", "exit"}`` (a compile's
+    result)
 """
 from __future__ import annotations
 
@@ -147,8 +153,13 @@ def check_job(msg: Any) -> dict[str, Any]:
     t = msg.get("t")
     if t == "job":
         ok = (_is_int(msg.get("id")) and type(msg.get("key")) is str and _is_int(msg.get("ver"))
-              and _opt(msg.get("src"), str) and type(msg.get("event")) is dict
+              and type(msg.get("dig")) is bytes and _opt(msg.get("src"), str)
+              and _opt(msg.get("code"), bytes)
+              and (msg.get("meta") is None or (check_meta(msg["meta"]) and msg["src"] is not None))
+              and type(msg.get("event")) is dict
               and _is_int(msg.get("ms")) and _is_int(msg.get("mem")))
+    elif t == "compile":
+        ok = _is_int(msg.get("id")) and type(msg.get("src")) is str
     elif t == "exec":
         ok = _is_int(msg.get("id")) and type(msg.get("code")) is str
     else:
@@ -156,6 +167,20 @@ def check_job(msg: Any) -> dict[str, Any]:
     if not ok:
         raise ProtocolError(f"malformed job message {t!r}")
     return msg
+
+
+def check_meta(meta: Any) -> bool:
+    """The ``meta`` of compiled code: events, endpoint, generators, first compile error."""
+    if type(meta) is not dict or len(meta) != 4:
+        return False
+    events, err = meta.get("events"), meta.get("err")
+    return (type(events) is list and len(events) <= 64
+            and all(type(e) is str and len(e) <= 256 for e in events)
+            and type(meta.get("endpoint")) is bool and type(meta.get("gen")) is bool
+            and (err is None or (type(err) is list and len(err) == 2
+                                 and (err[0] is None or _is_int(err[0]))
+                                 and type(err[1]) is str
+                                 and len(err[1]) <= MAX_ERROR_MESSAGE_CHARS)))
 
 
 def _check_headers(headers: Any) -> bool:
@@ -220,6 +245,19 @@ def _check_measures(msg: dict[str, Any]) -> bool:
     return math.isfinite(dur) and dur >= 0.0 and 0 <= peak < 1 << 63
 
 
+#: The start-up steps a ready message may time (``WorkerHandle`` sums them).
+SPAWN_STEPS = ("fork", "harden", "init")
+
+
+def _check_steps(steps: Any) -> bool:
+    """``ms`` of a ready message: absent, or finite non-negative floats per known step."""
+    if steps is None:
+        return True
+    return (type(steps) is dict and len(steps) <= len(SPAWN_STEPS)
+            and all(k in SPAWN_STEPS and type(v) is float and math.isfinite(v)
+                    and 0.0 <= v < 1e7 for k, v in steps.items()))
+
+
 def check_reply(msg: Any) -> dict[str, Any]:
     """Validate a worker -> parent message; raises :class:`ProtocolError`."""
     if type(msg) is not dict:
@@ -229,6 +267,10 @@ def check_reply(msg: Any) -> dict[str, Any]:
         ok = (_is_int(msg.get("id")) and check_result(msg.get("r")) and _check_measures(msg)
               and type(msg.get("over")) is bool and type(msg.get("exit")) is bool
               and (msg.get("rss") is None or _is_int(msg.get("rss"))))
+    elif t == "code":
+        ok = (_is_int(msg.get("id")) and _opt(msg.get("code"), bytes)
+              and check_meta(msg.get("meta")) and type(msg.get("exit")) is bool
+              and (msg["code"] is None) == (msg["meta"]["err"] is not None))
     elif t in ("need", "compiled"):
         ok = _is_int(msg.get("id"))
     elif t == "where":
@@ -240,7 +282,8 @@ def check_reply(msg: Any) -> dict[str, Any]:
         ok = (_is_int(msg.get("pid")) and type(hard) is dict
               and all(type(k) is str and type(v) is bool for k, v in hard.items())
               and type(msg.get("notes")) is list
-              and all(type(n) is str for n in msg["notes"]))
+              and all(type(n) is str for n in msg["notes"])
+              and _check_steps(msg.get("ms")))
     elif t == "xres":
         ok = _is_int(msg.get("id")) and type(msg.get("ok")) is bool
     else:

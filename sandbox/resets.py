@@ -55,6 +55,11 @@ def _bounded_search(name: str) -> Any:
     return entry
 
 
+def installed() -> bool:
+    """True once :func:`install` ran in this process (or in the fork server it came from)."""
+    return bool(_state["installed"])
+
+
 def install(flag_classes: Iterable[type[enum.Flag]] = ()) -> None:
     """Take the warm state as the one to return to; call once, after warming.
 

@@ -74,6 +74,8 @@ def prepare_worker_process() -> None:
     warnings.simplefilter("ignore")
     if not 0 < sys.get_int_max_str_digits() <= INT_MAX_STR_DIGITS:
         sys.set_int_max_str_digits(INT_MAX_STR_DIGITS)
+    if resets.installed():
+        return  # done in the fork server before the fork (~0.6 ms a worker saved)
     members = [v for ns in STATIC_NAMESPACES.values() for v in namespace_members(ns)]
     resets.install(resets.reachable_flag_classes(members))
 

@@ -122,7 +122,9 @@ class Supervisor:
             t = msg.get("t")
             slot, pid = msg.get("slot"), msg.get("pid")
             if t == "spawned" and type(slot) is int and type(pid) is int and fds:
-                self._register(slot, pid, fds[0], fds[1] if len(fds) > 1 else -1)
+                fork_ms = msg.get("fork_ms")
+                self._register(slot, pid, fds[0], fds[1] if len(fds) > 1 else -1,
+                               fork_ms if type(fork_ms) is float else 0.0)
                 continue
             for fd in fds:
                 os.close(fd)
@@ -143,12 +145,14 @@ class Supervisor:
         if self._loop is not None:
             self._loop.remove_reader(self._ctl.fileno())
 
-    def _register(self, slot: int, pid: int, channel_fd: int, pidfd: int) -> None:
-        self._spawning.pop(slot, None)
+    def _register(self, slot: int, pid: int, channel_fd: int, pidfd: int,
+                  fork_ms: float = 0.0) -> None:
+        asked = self._spawning.pop(slot, None)
         now = self._loop.time() if self._loop is not None else time.monotonic()
         w = WorkerHandle(slot, pid, channel_fd, pidfd, cache_size=self._compile_cache,
                          max_jobs=self.max_jobs + random.randint(0, self.max_jobs_jitter),
                          now=now)
+        w.asked_at, w.fork_ms = asked or 0.0, fork_ms
         if self._state not in ("starting", "running") or self._workers.get(slot) is not None:
             w.signal(signal.SIGKILL)
             w.close(None)

@@ -2,9 +2,11 @@
 
 A worker is forked by the fork server (``sandbox.zygote``), hardens itself
 (``sandbox.hardening``), reports which layers took effect, then loops:
-receive a job, compile the script version if it is not in the LRU cache,
-run ``run_endpoint`` with the memory accountant armed, reply.  It never
-decides about time: the supervisor SIGKILLs it past the deadline.
+receive a job, load the script version if it is not in the LRU cache (from
+the marshalled code the service ships, ``sandbox.codecache``; compiling the
+source only when none came), run ``run_endpoint`` with the memory accountant armed, reply.  It never
+decides about time: the supervisor SIGKILLs it past the deadline.  The
+pool's compile worker gets ``compile`` messages instead and never runs a script.
 
 A worker exits (and the pool replaces it) after any job that broke the memory
 cap or failed inside the runtime itself, and after any job that left its
@@ -15,10 +17,12 @@ address-space bound (``limits.AddressSpaceLimit``).
 """
 from __future__ import annotations
 
+import marshal
 import os
 import signal
 import socket
 import time
+import types
 from collections import OrderedDict
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -79,7 +83,7 @@ class _Runner:
         self._cpu = limits.CpuBackstop(cfg.hardening.cpu_lifetime_s)
         # Same size and same move/evict order as the parent's mirror of it, so
         # the parent knows which versions it need not send again.
-        self._cache: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int, bytes], Any] = OrderedDict()
         self._mem = limits.ProcessMemory()
         self._as = limits.AddressSpaceLimit()
         self._rss_at_start = self._mem.resident
@@ -110,20 +114,64 @@ class _Runner:
                       "memory to compile"),))
         return compiled
 
+    def _load(self, src: str, code: bytes | None, meta: dict[str, Any]) -> Any:
+        """A script version from the marshalled code the service sent (no compile)."""
+        from sandbox.compiler import CompiledScript, CompileError, CompileResult
+        err = meta["err"]
+        if err is not None or code is None:
+            line, message = err if err is not None else (1, "script does not compile")
+            return CompileResult(None, (CompileError(line or 1, 1, message),))
+        loaded = marshal.loads(code)
+        if type(loaded) is not types.CodeType:
+            raise ProtocolError("shipped code is not a code object")
+        return CompileResult(CompiledScript(loaded, tuple(meta["events"]), meta["endpoint"],
+                                            tuple(src.split("\n")), meta["gen"]), ())
+
+    def compile_only(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """A ``compile`` message (this worker is the pool's compile worker and never
+        runs a script): the marshalled code, or the first compile error."""
+        self._cpu.before_job(limits.COMPILE_BUDGET_MS)
+        compiled = self._compile_guarded(msg["src"])
+        script = compiled.script
+        code: bytes | None = None
+        err: list[Any] | None = None
+        if compiled.ok and script is not None:
+            code = marshal.dumps(script.code)
+            meta = {"events": list(script.events), "endpoint": script.has_endpoint,
+                    "gen": script.has_generators, "err": None}
+        else:
+            first = compiled.errors[0] if compiled.errors else None
+            message = first.message if first else "script does not compile"
+            if len(message) > protocol.MAX_ERROR_MESSAGE_CHARS:
+                message = message[:protocol.MAX_ERROR_MESSAGE_CHARS - 3] + "..."
+            err = [first.line if first else None, message]
+            meta = {"events": [], "endpoint": False, "gen": False, "err": err}
+        self._mem.refresh()
+        exit_after = (self._mem.resident - self._rss_at_start > self._max_rss_growth
+                      or self._compile_over)
+        return {"t": "code", "id": msg["id"], "code": code, "meta": meta, "exit": exit_after}
+
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Run one job message; returns the reply message."""
-        key = (msg["key"], msg["ver"])
+        # Bound to the source's digest too: a version whose source changed
+        # (a restored database reusing version numbers) is never served from
+        # the old entry.
+        key = (msg["key"], msg["ver"], msg["dig"])
         compiled = self._cache.get(key)
         if compiled is None:
             src = msg["src"]
             if src is None:
                 return {"t": "need", "id": msg["id"]}
-            # The compile has its own budget: the supervisor allows COMPILE_BUDGET_MS
-            # until it hears "compiled", then the script's own time limit.
-            self._cpu.before_job(msg["ms"] + limits.COMPILE_BUDGET_MS)
-            compiled = self._compile_guarded(src)
-            if self.on_compiled is not None:
-                self.on_compiled(msg["id"])
+            if msg.get("meta") is not None:
+                # Compiled once by the pool's compile worker: loaded, not compiled.
+                compiled = self._load(src, msg.get("code"), msg["meta"])
+            else:
+                # The compile has its own budget: the supervisor allows COMPILE_BUDGET_MS
+                # until it hears "compiled", then the script's own time limit.
+                self._cpu.before_job(msg["ms"] + limits.COMPILE_BUDGET_MS)
+                compiled = self._compile_guarded(src)
+                if self.on_compiled is not None:
+                    self.on_compiled(msg["id"])
             self._cache[key] = compiled
             if len(self._cache) > self._cfg.compile_cache:
                 self._cache.popitem(last=False)
@@ -260,10 +308,19 @@ def _spin_until_readable(sock: socket.socket, spin_s: float) -> None:
             os.sched_yield()
 
 
-def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
-    """Worker entry point after fork; never returns."""
+def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any,
+          shared_netns: tuple[bool, str] | None = None, forked_at: float = 0.0) -> NoReturn:
+    """Worker entry point after fork; never returns.
+
+    ``shared_netns``: the fork server's network namespace result (see
+    ``hardening.share_network_namespace``); ``forked_at``: its
+    ``perf_counter()`` just before the fork, so the ready message can say
+    what each start-up step cost (``ms``: fork, harden, init).
+    """
     try:
-        fd, report = hardening.harden(channel_fd, cfg.hardening, seccomp_filter)
+        t_child = time.perf_counter()
+        fd, report = hardening.harden(channel_fd, cfg.hardening, seccomp_filter, shared_netns)
+        t_hard = time.perf_counter()
         sock = socket.socket(fileno=fd)
         sock.setblocking(True)
         accountant = limits.make_accountant(cfg.prefer_memguard)
@@ -274,8 +331,11 @@ def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
         runner.on_compiled = lambda job_id: _send(sock, {"t": "compiled", "id": job_id})
         runner.send_where = lambda message: _send(sock, message)
         signal.signal(signal.SIGALRM, runner.on_time_limit)
+        t_init = time.perf_counter()
+        steps = {"fork": max(t_child - forked_at, 0.0) * 1000.0 if forked_at else 0.0,
+                 "harden": (t_hard - t_child) * 1000.0, "init": (t_init - t_hard) * 1000.0}
         _send(sock, {"t": "ready", "pid": os.getpid(), "hard": report.layers,
-                     "notes": report.notes})
+                     "notes": report.notes, "ms": steps})
         while True:
             if cfg.spin_us:
                 _spin_until_readable(sock, cfg.spin_us / 1e6)
@@ -290,7 +350,10 @@ def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any) -> NoReturn:
                 ok, value = _test_exec(msg["code"])
                 _send(sock, {"t": "xres", "id": msg["id"], "ok": ok, "value": value})
                 continue
-            sent = _send(sock, runner.handle(msg))
+            if msg["t"] == "compile":
+                sent = _send(sock, runner.compile_only(msg))
+            else:
+                sent = _send(sock, runner.handle(msg))
             if sent.get("exit"):
                 os._exit(EXIT_EOF)
     except ProtocolError:

@@ -6,13 +6,14 @@ and forking a multi-threaded process copies locks held by other threads.  So
 thread exists; it imports and warms everything a worker needs (after the uid
 drop a worker may not be able to read the interpreter's files), freezes the
 heap (``gc.freeze()``: forked pages stay shared), builds the seccomp filter
-once, and then only forks on request.  It never runs user code.
+once, enters the workers' empty network namespace once (every fork starts in
+it; ``hardening.share_network_namespace``), and then only forks on request.  It never runs user code.
 
 Control socket (SOCK_SEQPACKET, one msgpack message per packet, so passed
 descriptors stay attached to their message):
 
 service -> zygote: ``{"t": "spawn", "slot": int}``
-zygote -> service: ``{"t": "spawned", "slot", "pid"}`` with descriptors
+zygote -> service: ``{"t": "spawned", "slot", "pid", "fork_ms"}`` with descriptors
                    [channel, pidfd] (pidfd only where the kernel has it);
                    ``{"t": "exit", "pid", "code", "signal"}`` when it reaps a worker.
 
@@ -30,6 +31,7 @@ import select
 import signal
 import socket
 import sys
+import time
 import traceback
 from typing import Any, NoReturn
 
@@ -184,6 +186,8 @@ class _Zygote:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         self.filter = hardening.build_seccomp_filter() if cfg.hardening.seccomp else None
+        # Once, for every worker forked from now on (see hardening.share_network_namespace).
+        self.netns = hardening.share_network_namespace(cfg.hardening, self.filter)
 
     def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         data = msgpack.packb(message, use_bin_type=True)
@@ -198,6 +202,7 @@ class _Zygote:
         except OSError as exc:
             self.send({"t": "spawn_failed", "slot": slot, "error": SpawnError(str(exc)).to_dict()})
             return
+        t0 = time.perf_counter()
         try:
             pid = os.fork()
         except OSError as exc:
@@ -214,9 +219,10 @@ class _Zygote:
                 self.ctl.detach()
                 parent_end.detach()
                 fd = child_end.detach()
-                worker.serve(fd, self.cfg, self.filter)
+                worker.serve(fd, self.cfg, self.filter, self.netns, t0)
             finally:
                 os._exit(70)
+        fork_ms = (time.perf_counter() - t0) * 1000.0
         self.children.add(pid)
         child_end.close()
         fds = [parent_end.fileno()]
@@ -227,7 +233,7 @@ class _Zygote:
         except (AttributeError, OSError):
             pass
         try:
-            self.send({"t": "spawned", "slot": slot, "pid": pid}, fds)
+            self.send({"t": "spawned", "slot": slot, "pid": pid, "fork_ms": fork_ms}, fds)
         finally:
             parent_end.close()
             if pidfd >= 0:

@@ -1,7 +1,13 @@
-"""Endpoint secrets: generate, hash (argon2id), verify (DESIGN section 7).
+"""Endpoint secrets: generate, hash, verify.
 
-A secret is `lsk_` + 32 random bytes, URL-safe.  Only its argon2id hash and a
-4-character hint are stored; the secret itself is returned once to the owner
+A secret is `lsk_` + 32 random bytes, URL-safe.  Only its verifier and a
+4-character hint are stored: `sha256$` + the hex SHA-256 of the secret (one
+hash, about a microsecond to check, so the invoke path never waits for a
+verification; docs/security.md "Secret verification" says why that is enough
+for 256 random bits). Hashes made before this are argon2id strings: they
+still verify (tens of milliseconds, off the event loop) and are replaced by
+the SHA-256 verifier the first time the right secret is presented
+(`upgrade_secret_hash`). the secret itself is returned once to the owner
 and never stored, logged or audited.  Only the guild owner may create or
 regenerate it; regeneration replaces the hash in one UPDATE, so every node
 sees the new hash on its next lookup (and a verification cache keyed by the
@@ -9,6 +15,8 @@ hash misses at once).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import secrets as _random
 from typing import Any
@@ -27,7 +35,7 @@ log = logging.getLogger("logic.core")
 SECRET_PREFIX = "lsk_"
 HINT_CHARS = 4
 
-# argon2id with OWASP's baseline parameters (m=19 MiB, t=2, p=1): ~20-30 ms of
+# Legacy hashes: argon2id with OWASP's baseline parameters (m=19 MiB, t=2, p=1): ~20-30 ms of
 # one core per hash. The secret has 256 bits of entropy, so the stretching is
 # not what protects it; the cost matters because unknown secrets are hashed
 # on the request path (at most 20 per IP per minute, see service.http.ratelimit).
@@ -42,20 +50,60 @@ def new_secret() -> str:
     return SECRET_PREFIX + _random.token_urlsafe(32)
 
 
+FAST_PREFIX = "sha256$"
+
+
 def hash_secret(secret: str) -> str:
-    """The argon2id hash string of `secret`."""
+    """The stored verifier of `secret`: `sha256$` + hex SHA-256."""
+    return FAST_PREFIX + hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def hash_secret_argon2(secret: str) -> str:
+    """The argon2id hash string of `secret`, as stored before the SHA-256 verifier
+    (kept for tests of the migration and of the argon2 queue)."""
     return _hasher.hash(secret)
 
 
+def is_fast(secret_hash: str | None) -> bool:
+    """True for a SHA-256 verifier (checked inline), False for argon2 or nothing."""
+    return secret_hash is not None and secret_hash.startswith(FAST_PREFIX)
+
+
+def verify_fast(secret_hash: str, presented: str) -> bool:
+    """Check a SHA-256 verifier in constant time (the caller made sure `is_fast`)."""
+    return hmac.compare_digest(secret_hash.encode("ascii", "replace"),
+                               hash_secret(presented).encode("ascii"))
+
+
 def verify_secret(secret_hash: str | None, presented: str) -> bool:
-    """True when `presented` matches `secret_hash`.  CPU-heavy (argon2):
+    """True when `presented` matches `secret_hash`.  For an argon2 hash CPU-heavy:
     call it off the event loop.  Never raises for a bad or missing hash."""
     if not secret_hash or not presented:
         return False
+    if is_fast(secret_hash):
+        return verify_fast(secret_hash, presented)
     try:
         return _hasher.verify(secret_hash, presented)
     except (VerifyMismatchError, VerificationError, InvalidHashError):
         return False
+
+
+def upgrade_secret_hash(endpoint_id: int, old_hash: str, secret: str) -> bool:
+    """Replace a verified argon2 hash by the SHA-256 verifier of the same secret.
+
+    Only while the row still holds `old_hash` (a secret regenerated meanwhile
+    is never overwritten); the caller has just verified `secret` against it.
+    Returns True when the row changed.
+    """
+    if is_fast(old_hash):
+        return False
+    with database.connection_context():
+        changed = (Endpoint.update(secret_hash=hash_secret(secret))
+                   .where((Endpoint.id == endpoint_id) & (Endpoint.secret_hash == old_hash))
+                   .execute())
+    if changed:
+        log.info("endpoint %s: argon2 secret hash replaced by its SHA-256 verifier", endpoint_id)
+    return bool(changed)
 
 
 def regenerate_secret(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]:

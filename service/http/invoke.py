@@ -229,7 +229,7 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
             return self._authenticated()
         if wait:
             raise AuthThrottledError(headers={"Retry-After": str(wait)})
-        return self._verify(secret)  # argon2 off the loop; reading waits for it
+        return self._verify(secret)  # argon2 (legacy hashes) off the loop; reading waits
 
     async def _shared(self, guild_id: str, script_id: str) -> None:
         """Checks 2-7 when the limits live in Redis: the same, their Redis calls awaited

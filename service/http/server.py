@@ -128,7 +128,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                on_ready: Callable[[], None] | None = None) -> None:
     from service.core.invoke_target import TargetCache
     from service.core.records import write_batch
-    from service.core.secrets import verify_secret
+    from service.core.secrets import upgrade_secret_hash, verify_secret
 
     # PostgreSQL: a LISTEN connection lets the endpoint lookup cache (SQLite
     # has PRAGMA data_version instead); started after the pool's fork.
@@ -161,7 +161,8 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                           windows=windows),
         verifier=SecretVerifier(verify_secret, executor, workers=2,
                                 max_pending=settings.ratelimit.auth_queue,
-                                per_endpoint=settings.ratelimit.auth_queue_per_endpoint),
+                                per_endpoint=settings.ratelimit.auth_queue_per_endpoint,
+                                upgrade=upgrade_secret_hash),
         records=records,
         load_target=TargetCache(settings.plans, feed=feed),
         change_feed=feed,

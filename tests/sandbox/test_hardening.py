@@ -211,3 +211,41 @@ def test_operator_check_also_runs_the_save_time_compile_process() -> None:
     report = json.loads(proc.stdout)
     assert report["compile_gate"] == {"ok": True, "errors": []}
     assert proc.returncode == (0 if all(report["reported"].values()) else 1)
+
+
+def _netns(pid: int) -> int:
+    return os.stat(f"/proc/{pid}/ns/net").st_ino
+
+
+@pytest.mark.skipif(not ROOT, reason="a network namespace needs root")
+def test_workers_start_in_the_fork_servers_empty_network_namespace() -> None:
+    """The namespace is entered once, in the fork server: every worker is in it (not
+    the service's), and it has only `lo`, so the layer still holds per worker."""
+    async def scenario(pool: Pool) -> None:
+        pids = pool.worker_pids
+        assert len(pids) >= 2
+        spaces = {_netns(pid) for pid in pids}
+        assert len(spaces) == 1 and _netns(os.getpid()) not in spaces
+        assert spaces == {_netns(pool._zygote_pid)}
+        ok, res = await pool._test_exec(PROBE.replace("LISTEN_FD", "99"))
+        assert ok and res["interfaces"] == ["lo"] and res["socket"] == errno.EPERM, res
+        assert pool.hardening["network_namespace"]
+        steps = pool.spawn_steps
+        assert steps["n"] >= 2 and steps["harden"] > 0 and steps["total"] >= steps["harden"]
+
+    run_with_pool(scenario, size=2, _unsafe_test_hooks=True)
+
+
+@pytest.mark.skipif(not ROOT, reason="a network namespace needs root")
+def test_without_seccomp_each_worker_keeps_its_own_network_namespace() -> None:
+    """Without seccomp a worker could create a socket, so workers must not share one
+    namespace (two of them could meet through an abstract Unix socket)."""
+    async def scenario(pool: Pool) -> None:
+        pids = pool.worker_pids
+        assert len(pids) >= 2
+        spaces = {_netns(pid) for pid in pids}
+        assert len(spaces) == len(pids) and _netns(os.getpid()) not in spaces
+        assert _netns(pool._zygote_pid) == _netns(os.getpid())
+        assert pool.hardening["network_namespace"]
+
+    run_with_pool(scenario, size=2, seccomp=False)

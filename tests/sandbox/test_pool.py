@@ -5,9 +5,12 @@ import asyncio
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 
+from sandbox.channel import WorkerHandle
+from sandbox.codecache import source_digest
 from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, Pool
 
@@ -63,15 +66,31 @@ def test_never_replied_compile_error_and_no_handler() -> None:
 
 def test_source_is_sent_once_per_worker_and_version() -> None:
     async def scenario(pool: Pool) -> None:
-        first = await pool.run(ref(ECHO, "logic_cache", 1), event({"n": 1}), LIMITS)
-        assert first.body == b'{"ok":true,"double":2}'
-        # Same key and version, different text: the worker must use its
-        # compiled copy, which proves the source was not shipped again.
-        other = "on endpoint(event):\n    event.reply('recompiled')\n"
-        again = await pool.run(ref(other, "logic_cache", 1), event({"n": 2}), LIMITS)
-        assert again.body == b'{"ok":true,"double":4}'
-        newer = await pool.run(ref(other, "logic_cache", 2), event({"n": 2}), LIMITS)
-        assert newer.body == b'"recompiled"'
+        sent: list[bool] = []
+        job_frame = WorkerHandle.job_frame
+
+        def recording(w: WorkerHandle, req: Any, codes: Any = None) -> bytes:
+            frame = job_frame(w, req, codes)
+            sent.append(b"on endpoint" in frame)
+            return frame
+
+        WorkerHandle.job_frame = recording  # type: ignore[method-assign]
+        try:
+            first = await pool.run(ref(ECHO, "logic_cache", 1), event({"n": 1}), LIMITS)
+            assert first.body == b'{"ok":true,"double":2}'
+            again = await pool.run(ref(ECHO, "logic_cache", 1), event({"n": 2}), LIMITS)
+            assert again.body == b'{"ok":true,"double":4}'
+            # The script went to the worker with the first job only.
+            assert sent == [True, False]
+            # Same key and version, different text (a restored database): the
+            # copy the worker has is bound to the old source and is not run.
+            other = "on endpoint(event):\n    event.reply('recompiled')\n"
+            changed = await pool.run(ref(other, "logic_cache", 1), event({"n": 2}), LIMITS)
+            assert changed.body == b'"recompiled"'
+            newer = await pool.run(ref(other, "logic_cache", 2), event({"n": 2}), LIMITS)
+            assert newer.body == b'"recompiled"'
+        finally:
+            WorkerHandle.job_frame = job_frame  # type: ignore[method-assign]
 
     run_with_pool(scenario, size=1)
 
@@ -80,7 +99,8 @@ def test_worker_asks_for_a_source_it_lacks() -> None:
     async def scenario(pool: Pool) -> None:
         worker = next(w for w in pool._workers.values() if w is not None)
         script = ref(ECHO, "logic_need", 4)
-        worker.known[("logic_need", 4)] = None  # the mirror wrongly believes it is cached
+        # The mirror wrongly believes it is cached.
+        worker.known[("logic_need", 4, source_digest("logic_need", 4, ECHO))] = None
         out = await pool.run(script, event({"n": 3}), LIMITS)
         assert out.body == b'{"ok":true,"double":6}'
         # Served by the same worker, no crash (the other pid is the spare
@@ -212,7 +232,7 @@ def test_start_reports_hardening_and_workers() -> None:
         assert set(pool.counters) == {"invocations", "timeouts", "memory_kills", "crashes",
                                       "restarts", "queue_depth", "busy_rejections", "queued",
                                       "deprioritised", "quarantined", "retired", "workers",
-                                      "guilds"}
+                                      "guilds", "compiles", "compile_failures", "code_rejected"}
 
     run_with_pool(scenario)
 

@@ -66,9 +66,16 @@ def test_malformed_worker_messages_are_refused(bad: object) -> None:
 
 
 def test_job_validation() -> None:
-    job = {"t": "job", "id": 1, "key": "k", "ver": 1, "src": None, "event": {}, "ms": 5, "mem": 9}
+    job = {"t": "job", "id": 1, "key": "k", "ver": 1, "dig": b"d" * 32, "src": None,
+           "event": {}, "ms": 5, "mem": 9}
     assert protocol.check_job(job) is job
-    for bad in ({**job, "src": 3}, {**job, "event": []}, {**job, "t": "exec"}, {"t": "x"}):
+    meta = {"events": ["endpoint"], "endpoint": True, "gen": False, "err": None}
+    shipped = {**job, "src": "x", "code": b"c", "meta": meta}
+    assert protocol.check_job(shipped) is shipped
+    for bad in ({**job, "src": 3}, {**job, "event": []}, {**job, "t": "exec"}, {"t": "x"},
+                {**job, "dig": None}, {**job, "code": "text"}, {**shipped, "src": None},
+                {**shipped, "meta": {**meta, "endpoint": 1}},
+                {**shipped, "meta": {**meta, "err": ["1", "x"]}}):
         with pytest.raises(ProtocolError):
             protocol.check_job(bad)
 

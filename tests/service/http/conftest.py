@@ -218,3 +218,27 @@ def source_ip() -> Callable[[], str]:
         return f"127.0.{n // 250}.{n % 250 + 2}"
 
     return make
+
+
+@pytest.fixture()
+def argon2_secret(bind: Callable[[], None]) -> Callable[[Ep], str]:
+    """Store the endpoint's secret as a legacy argon2id hash (as before the SHA-256
+    verifier) and return the stored hash."""
+    from models import Endpoint, Script
+    from service.core.secrets import hash_secret_argon2
+
+    def do(ep: Ep) -> str:
+        bind()
+        stored = hash_secret_argon2(ep.secret)
+        script = Script.get(Script.public_id == ep.script_id)
+        Endpoint.update(secret_hash=stored).where(Endpoint.script == script.id).execute()
+        return stored
+
+    return do
+
+
+def stored_secret_hash(ep: Ep) -> str | None:
+    """The endpoint's stored secret verifier (the model must be bound)."""
+    from models import Endpoint, Script
+    script = Script.get(Script.public_id == ep.script_id)
+    return Endpoint.get(Endpoint.script == script.id).secret_hash  # type: ignore[no-any-return]

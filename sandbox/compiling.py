@@ -1,0 +1,237 @@
+"""`Compiling`: the pool's compile worker and the code cache in front of the workers.
+
+A script version is compiled once per service process, not once per worker:
+when a request is about to go to a worker that lacks its version (key,
+version, source digest) and the :class:`~sandbox.codecache.CodeCache` has no
+code for it either, the request keeps its run slot and its worker while the
+*compile worker* compiles the source and returns marshalled code (as they
+waited while the worker compiled, before); then it is dispatched, and every
+worker that lacks the version receives the code with the job and loads it
+(``marshal.loads``, microseconds) instead of compiling it. Requests for a
+version already being compiled share that compile.
+
+A request never waits behind another version's compile: when the compile
+worker is busy with another source, the request goes on without code and its
+own worker compiles it (so one guild's large sources cannot hold other
+guilds' requests and run slots), and the version is queued for the compile
+worker to compile later, for the cache (a bounded queue nobody waits for);
+only requests for the version being compiled right now wait for it.
+
+The compile worker is a spare taken out of the spare list (hardened like any
+worker, and it never ran a script) that is never bound to a guild and never
+runs a script: it only answers ``compile`` messages, one at a time, each within
+``limits.COMPILE_BUDGET_MS`` (the deadline ticker kills it past that, as a
+worker past its time limit) and under the compile memory cap.  It is retired
+like a worker (memory growth, job count) and replaced by the next spare.
+
+When no compile worker can be had at once (no spare ready, or the fork
+server is gone) or a compile fails to come back, the request goes without
+code and its worker compiles the source itself, as before this cache existed:
+slower, never wrong.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from sandbox.channel import RequestState, WorkerHandle
+from sandbox.codecache import CodeCache, CodeKey
+from sandbox.limits import COMPILE_BUDGET_MS, COMPILE_MEMORY_BYTES, Limits
+
+from sandbox.outcome import failure
+
+log = logging.getLogger("sandbox.pool")
+
+#: The guild mark of the compile worker: no request's guild can be this.
+COMPILER = "\x00compile"
+#: Compiles queued for the cache while the compile worker is busy (nobody waits
+#: for them): at most this many sources, this many characters in all.
+BACKGROUND_COMPILES = 256
+BACKGROUND_CHARS = 16 << 20
+
+
+class Compiling:
+    """Compile-worker state and methods shared with ``Pool`` (which initialises them)."""
+
+    kill_grace: float
+    _codes: CodeCache | None
+    _compiler: WorkerHandle | None
+    _compiles: dict[CodeKey, "asyncio.Future[Any]"]
+    _compile_q: deque[tuple[CodeKey, str, "asyncio.Future[Any]"]]
+    _compiling_now: CodeKey | None
+    _idle: deque[WorkerHandle]
+    _loop: asyncio.AbstractEventLoop | None
+    _next_id: int
+    _busy: int
+    _c: dict[str, int]
+    _state: str
+    _zygote_alive: bool
+
+    if TYPE_CHECKING:  # provided by Pool / Supervisor (after this class in the MRO)
+        def _top_up(self) -> None: ...
+
+        def _ensure_tick(self) -> None: ...
+
+        def _on_writable(self, w: WorkerHandle) -> None: ...
+
+        def _worker_lost(self, w: WorkerHandle) -> None: ...
+
+        def _dispatch(self, w: WorkerHandle, req: RequestState) -> None: ...
+
+        def _seat(self, req: RequestState) -> None: ...
+
+        def _park(self, w: WorkerHandle, now: float) -> None: ...
+
+        def _end(self, req: RequestState, cost_s: float) -> None: ...
+
+        def _pump(self) -> None: ...
+
+    def _init_compiling(self, code_cache_mb: int) -> None:
+        """The code cache (None with ``code_cache_mb`` 0: workers compile, as before)."""
+        self._codes = CodeCache(code_cache_mb << 20) if code_cache_mb > 0 else None
+        self._compiler = None
+        self._compiles = {}
+        self._compile_q = deque()
+        self._compiling_now = None
+
+    def _await_code(self, w: WorkerHandle, req: RequestState) -> bool:
+        """Before a job goes to ``w``: when ``w`` lacks the version and the cache has no
+        code for it, compile it in the compile worker first and return True (``w`` and
+        the run slot wait for it, as they waited for a compile in ``w`` before);
+        ``_dispatch`` is called again when the compile answered."""
+        ref = req.ref
+        key = (ref.key, ref.version, req.dig)
+        codes = self._codes
+        if codes is None or req.code_waited or key in w.known or key in codes:
+            return False
+        compiling = self._compiles.get(key)
+        if compiling is not None and key != self._compiling_now:
+            return False   # queued behind other sources: this worker compiles it itself
+        if compiling is None:
+            busy = self._compiler
+            if self._compile_q or (busy is not None and busy.alive and busy.req is not None):
+                # Never queue behind another compile (another guild's big source would
+                # hold this request and its run slot): this worker compiles it, as
+                # before, and the compile worker compiles it later for the cache.
+                self._compile_later(key, ref.source)
+                return False
+            assert self._loop is not None
+            compiling = self._loop.create_future()
+            self._compiles[key] = compiling
+            self._compile_q.append((key, ref.source, compiling))
+            self._next_compile()
+            if compiling.done():
+                return False   # no compile worker now: this worker compiles, as before
+        req.code_waited = True   # once: a compile that failed is not asked for again
+        compiling.add_done_callback(functools.partial(self._code_ready, w, req))
+        return True
+
+    def _compile_later(self, key: CodeKey, source: str) -> None:
+        """Queue a compile nobody waits for (the cache gets the version off the request
+        path); bounded: at most ``BACKGROUND_COMPILES`` sources, ``BACKGROUND_CHARS``."""
+        q = self._compile_q
+        if (key in self._compiles or len(q) >= BACKGROUND_COMPILES or self._loop is None
+                or sum(len(item[1]) for item in q) + len(source) > BACKGROUND_CHARS):
+            return
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._compiles[key] = future
+        q.append((key, source, future))
+        self._next_compile()
+
+    def _code_ready(self, w: WorkerHandle, req: RequestState, _: "asyncio.Future[Any]") -> None:
+        """The compile the request waited for answered (or failed): dispatch it now."""
+        if req.future.done() or self._state not in ("running", "stopping"):
+            # Its caller went away (or the pool stopped): give the slot and the worker back.
+            # (While stopping, an admitted request still runs, as running jobs do.)
+            self._end(req, 0.0)
+            req.resolve(failure("crash", "sandbox pool stopped", 0.0))
+            if w.alive and self._state == "running":
+                self._park(w, self._loop.time() if self._loop is not None else 0.0)
+                self._pump()
+            return
+        if not w.alive:
+            self._seat(req)   # the worker died meanwhile: another one takes the request
+            return
+        self._dispatch(w, req)
+
+    def _compile_worker(self) -> WorkerHandle | None:
+        """The compile worker, taking a spare for it if there is none; None without a spare."""
+        w = self._compiler
+        if w is not None and w.alive:
+            return w
+        self._compiler = None
+        if not self._idle or not self._zygote_alive:
+            return None   # the last spare stays a spare when no new one can be forked
+        w = self._idle.pop()
+        w.guild = COMPILER
+        self._compiler = w
+        self._top_up()
+        return w
+
+    def _next_compile(self) -> None:
+        """Send the next waiting compile to the compile worker, if it is free."""
+        q = self._compile_q
+        while q:
+            w = self._compile_worker()
+            if w is None:
+                # No spare now: those requests go on without code (their workers compile).
+                while q:
+                    self._compile_done(q.popleft(), None)
+                return
+            if w.req is not None:
+                return   # busy: its answer sends the next one
+            key, source, _ = q[0]
+            assert self._loop is not None
+            self._next_id += 1
+            req = RequestState(self._loop.create_future(), "compile", None, {},
+                               Limits(COMPILE_BUDGET_MS, COMPILE_MEMORY_BYTES >> 10))
+            req.id = self._next_id
+            req.t0 = self._loop.time()
+            req.deadline = req.t0 + COMPILE_BUDGET_MS / 1000.0 + self.kill_grace
+            req.worker = w
+            item = q.popleft()
+            self._compiling_now = key
+            req.future.add_done_callback(functools.partial(self._compile_answered, item))
+            w.req = req
+            self._busy += 1
+            self._ensure_tick()
+            if w.send(w.compile_frame(req.id, source), self._loop, self._on_writable):
+                return
+            w.req = None
+            self._busy -= 1
+            self._worker_lost(w)   # resolves nothing (no request now); next worker next turn
+            q.appendleft(item)
+
+    def _compile_answered(self, item: tuple[CodeKey, str, "asyncio.Future[Any]"],
+                          answer: "asyncio.Future[Any]") -> None:
+        self._compile_done(item, None if answer.cancelled() else answer.result())
+
+    def _compile_done(self, item: tuple[CodeKey, str, "asyncio.Future[Any]"], msg: Any) -> None:
+        """A compile came back (``msg``: the ``code`` message) or failed (anything else)."""
+        key, _, future = item
+        self._compiles.pop(key, None)
+        if self._compiling_now == key:
+            self._compiling_now = None
+        if type(msg) is dict and self._codes is not None:
+            meta = msg["meta"]
+            err = meta["err"]
+            self._codes.put(key, msg["code"], tuple(meta["events"]), meta["endpoint"],
+                            meta["gen"], (err[0], err[1]) if err is not None else None)
+            self._c["compiles"] += 1
+        else:
+            self._c["compile_failures"] += 1
+        if not future.done():
+            future.set_result(None)
+        self._next_compile()
+
+    def _on_code(self, w: WorkerHandle, req: RequestState, msg: dict[str, Any]) -> bool:
+        """The compile worker answered; True when it should be replaced."""
+        w.req = None
+        self._busy -= 1
+        w.jobs += 1
+        req.resolve(msg)
+        return bool(msg["exit"]) or w.jobs >= w.max_jobs
+

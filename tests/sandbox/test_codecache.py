@@ -1,0 +1,247 @@
+"""Compiled code shipped to workers (sandbox.codecache, sandbox.compiling), with real workers.
+
+A version is compiled once, by the compile worker; workers load its marshalled
+code. Cached code is bound to (script key, version, source digest) and to a
+MAC: a changed entry or a changed source is never run.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import marshal
+
+import pytest
+
+from sandbox.codecache import CodeCache, source_digest
+from sandbox.compiler import compile_script
+from sandbox.pool import Pool
+
+from tests.sandbox.poolkit import LIMITS, event, ref, run_with_pool
+
+pytestmark = pytest.mark.timeout(90)
+
+REPLY = "on endpoint(event):\n    event.reply({'v': %r})\n"
+# Long enough that two requests started together hold two workers at once.
+SLOW = ("on endpoint(event):\n    n = 0\n    for i in range(300000):\n        n += 1\n"
+        "    event.reply({'v': %r})\n")
+
+
+def _body(out: object) -> bytes:
+    assert getattr(out, "status", None) == 200, out
+    return out.body  # type: ignore[attr-defined, no-any-return]
+
+
+def test_a_version_compiles_once_and_every_worker_loads_it() -> None:
+    src = REPLY % "one"
+
+    async def scenario(pool: Pool) -> None:
+        outs = await asyncio.gather(*(pool.run(ref(src, "logic_once"), event(), LIMITS, f"g{i}")
+                                      for i in range(4)))
+        assert [_body(o) for o in outs] == [b'{"v":"one"}'] * 4
+        assert pool.counters["compiles"] == 1
+        assert pool.counters["guilds"] == 4
+        # A version that does not compile is remembered too: its error, once.
+        broken = "on endpoint(event):\n    event.reply(\n"
+        for i in range(3):
+            out = await pool.run(ref(broken, "logic_broken"), event(), LIMITS, f"b{i}")
+            assert out.error_kind == "script_error" and out.error_line == 2, out
+        assert pool.counters["compiles"] == 2
+
+    run_with_pool(scenario, size=2, max_workers=12)
+
+
+def test_a_tampered_cached_code_object_is_never_run() -> None:
+    src = REPLY % "genuine"
+    evil = compile_script(REPLY % "tampered").script
+    assert evil is not None
+
+    async def scenario(pool: Pool) -> None:
+        assert _body(await pool.run(ref(src, "logic_t"), event(), LIMITS, "a")) == \
+            b'{"v":"genuine"}'
+        codes = pool._codes
+        assert codes is not None
+        key = ("logic_t", 1, source_digest("logic_t", 1, src))
+        entry = codes.entries()[key]
+        # Someone changes the cached bytes (the MAC stays the genuine one).
+        codes.replace_entry(key, dataclasses.replace(entry, code=marshal.dumps(evil.code)))
+        # A new guild's worker lacks the version: the entry must not be shipped.
+        assert _body(await pool.run(ref(src, "logic_t"), event(), LIMITS, "b")) == \
+            b'{"v":"genuine"}'
+        assert pool.counters["code_rejected"] == 1
+        assert key not in codes
+
+    run_with_pool(scenario, size=1, max_workers=6)
+
+
+def test_a_stale_entry_for_the_same_version_is_never_run() -> None:
+    """Same key and version, another source (e.g. a restored database that reuses
+    version numbers): the source digest is part of every cache key, the worker's too."""
+    async def scenario(pool: Pool) -> None:
+        assert _body(await pool.run(ref(REPLY % "old", "logic_s"), event(), LIMITS, "g")) == \
+            b'{"v":"old"}'
+        assert _body(await pool.run(ref(REPLY % "new", "logic_s"), event(), LIMITS, "g")) == \
+            b'{"v":"new"}'
+        assert pool.counters["workers"] <= 3   # the same guild worker served both
+        assert pool.counters["compiles"] == 2
+
+    run_with_pool(scenario, size=1, max_workers=3)
+
+
+def test_a_script_update_runs_on_the_very_next_request_on_every_worker() -> None:
+    async def scenario(pool: Pool) -> None:
+        async def both(version: int, label: str) -> list[bytes]:
+            r = ref(SLOW % label, "logic_u", version)
+            outs = await asyncio.gather(pool.run(r, event(), LIMITS, "g"),
+                                        pool.run(r, event(), LIMITS, "g"))
+            return [_body(o) for o in outs]
+
+        assert await both(1, "v1") == [b'{"v":"v1"}'] * 2
+        workers = list(pool._guild_idle["g"])
+        assert len(workers) == 2
+        assert await both(2, "v2") == [b'{"v":"v2"}'] * 2
+        # Both of the guild's workers ran version 2 (and no new worker did).
+        assert sorted(pool._guild_idle["g"], key=id) == sorted(workers, key=id)
+        for w in workers:
+            assert any(k[:2] == ("logic_u", 2) for k in w.known)
+            assert next(reversed(w.known))[:2] == ("logic_u", 2)
+
+    run_with_pool(scenario, size=2, max_workers=6)
+
+
+def test_without_the_code_cache_workers_compile_as_before() -> None:
+    async def scenario(pool: Pool) -> None:
+        outs = await asyncio.gather(*(pool.run(ref(REPLY % 1, "logic_p"), event(), LIMITS, f"g{i}")
+                                      for i in range(3)))
+        assert [_body(o) for o in outs] == [b'{"v":1}'] * 3
+        assert pool.counters["compiles"] == 0
+
+    run_with_pool(scenario, size=2, max_workers=8, code_cache_mb=0)
+
+
+def test_code_cache_is_bounded_by_bytes_and_checks_its_mac() -> None:
+    cache = CodeCache(max_bytes=4096)
+    for i in range(20):
+        cache.put(("k", i, b"d" * 32), b"x" * 1000, ("endpoint",), True, False, None)
+    assert cache.size_bytes <= 4096 and 0 < len(cache) < 20
+    last = ("k", 19, b"d" * 32)
+    entry = cache.get(last)
+    assert entry is not None and entry.code == b"x" * 1000
+    # Bound to its key: the same bytes under another version do not verify.
+    cache.replace_entry(("k", 99, b"d" * 32), entry)
+    assert cache.get(("k", 99, b"d" * 32)) is None and cache.rejected == 1
+
+
+def test_a_dead_compile_worker_is_replaced_and_requests_still_answered() -> None:
+    import os
+    import signal
+
+    from tests.sandbox.poolkit import alive, wait_for
+
+    async def scenario(pool: Pool) -> None:
+        assert _body(await pool.run(ref(REPLY % 1, "logic_d1"), event(), LIMITS, "g")) == \
+            b'{"v":1}'
+        compiler = pool._compiler
+        assert compiler is not None and compiler.alive
+        os.kill(compiler.pid, signal.SIGKILL)
+        await wait_for(lambda: not alive(compiler.pid))
+        # The next new version: a new compile worker (or, without a spare at that
+        # moment, the guild's worker compiles it); either way it is answered.
+        for version in range(2, 5):
+            out = await pool.run(ref(REPLY % version, "logic_d1", version), event(), LIMITS, "g")
+            assert _body(out) == b'{"v":%d}' % version
+        # A compile worker again: later versions are compiled once, not by the worker.
+        for version in range(5, 40):
+            replaced = pool._compiler
+            if replaced is not None and replaced.alive and replaced.pid != compiler.pid:
+                break
+            out = await pool.run(ref(REPLY % version, "logic_d1", version), event(), LIMITS, "g")
+            assert _body(out) == b'{"v":%d}' % version
+        else:
+            raise AssertionError(f"no new compile worker: {pool.counters}")
+        before = pool.counters["compiles"]
+        out = await pool.run(ref(REPLY % 99, "logic_d2"), event(), LIMITS, "h")
+        assert _body(out) == b'{"v":99}'
+        assert pool.counters["compiles"] == before + 1
+
+    run_with_pool(scenario, size=1, max_workers=4)
+
+
+# ~220 KB of straight-line code: a few hundred ms in the compiler.
+BIG = "\n".join(["on endpoint(event):", "    t = 0"]
+                + [f"    t = t + {i} * 2 - (t // 3)" for i in range(7000)]
+                + ["    event.reply(t)"]) + "\n"
+
+
+def test_a_guilds_long_compile_does_not_hold_another_guilds_new_version() -> None:
+    async def scenario(pool: Pool) -> None:
+        order: list[str] = []
+
+        async def run(name: str, source: str, guild: str) -> None:
+            out = await pool.run(ref(source, f"logic_{name}"), event(), LIMITS, guild)
+            assert out.status == 200, out
+            order.append(name)
+
+        big = asyncio.ensure_future(run("big", BIG, "a"))
+        compiler = pool._compiler
+        assert compiler is not None
+        while compiler.req is None:
+            await asyncio.sleep(0.001)   # A's source is in the compile worker now
+        busy_with = compiler.req
+        await run("small", REPLY % "b", "b")
+        # B was answered while the compile worker was still on A's source: B did not
+        # queue behind it (its own worker compiled it).
+        assert compiler.req is busy_with and not big.done()
+        await big
+        assert order == ["small", "big"]
+        # B's version was then compiled for the cache, off the request path.
+        from tests.sandbox.poolkit import wait_for
+        small = REPLY % "b"
+        key = ("logic_small", 1, source_digest("logic_small", 1, small))
+        codes = pool._codes
+        assert codes is not None
+        await wait_for(lambda: key in codes)
+        assert pool.counters["compiles"] == 2
+
+    run_with_pool(scenario, size=2, max_workers=6)
+
+
+def test_the_digest_memo_is_exact_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    from sandbox import codecache
+    monkeypatch.setattr(codecache, "_DIGEST_CHARS", 1000)
+    for i in range(50):
+        src = f"# {i}\n" + "x" * 97
+        assert source_digest("logic_m", i, src) == hashlib.sha256(src.encode()).digest()
+    held = sum(len(s) for s, _ in codecache._known_digests.values())
+    assert held <= 1000 and held == codecache._memo_chars[0]
+    # Same key and version, another source: never the remembered digest.
+    other = "# other\n"
+    assert source_digest("logic_m", 49, other) == hashlib.sha256(other.encode()).digest()
+
+
+def test_the_compile_worker_never_runs_a_script() -> None:
+    """Code is produced only by a process that never ran any script: no job is ever
+    dispatched to the compile worker, and it is no guild's worker."""
+    from typing import Any
+    dispatched: list[Any] = []
+
+    async def scenario(pool: Pool) -> None:
+        dispatch = pool._dispatch
+
+        def recording(w: Any, req: Any) -> None:
+            dispatched.append((w, req.kind))
+            dispatch(w, req)
+
+        pool._dispatch = recording  # type: ignore[method-assign]
+        compiler = pool._compiler
+        assert compiler is not None
+        outs = await asyncio.gather(*(pool.run(ref(REPLY % i, f"logic_c{i}"), event(), LIMITS,
+                                               f"g{i % 3}") for i in range(9)))
+        assert all(o.status == 200 for o in outs)
+        assert pool.counters["compiles"] >= 1
+        assert dispatched and all(w is not compiler for w, _ in dispatched)
+        assert compiler.guild not in {f"g{i}" for i in range(3)}
+        assert compiler.pid not in pool.worker_pids[:-1]   # listed last, as no guild's
+
+    run_with_pool(scenario, size=2, max_workers=8)
