@@ -103,10 +103,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def logic(db: str, cfg: str, *args: str) -> dict[str, object]:
+def logic(db: str, cfg: str, *args: str, env: dict[str, str] | None = None) -> dict[str, object]:
     out = subprocess.run([LOGIC, "--database-url", db, "--config", cfg, *args, "--json"],
-                         check=True, capture_output=True, text=True).stdout
+                         check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out) if out.strip() else {}
+
+
+def _knows_env(tree: str) -> bool:
+    """Whether the `service` package in `tree` accepts the cookie-secret variable
+    (trees from before the dashboard refuse it as unknown)."""
+    return "cookie_secret" in (Path(tree) / "service" / "settings.py").read_text()
 
 
 def wait_listening(proc: subprocess.Popen[str]) -> None:
@@ -194,8 +200,8 @@ def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
 SERVE_ENV = {"LOGIC_SERVER_COOKIE_SECRET": "bench-cookie-secret-" + "x" * 32}
 
 
-def bench_endpoint(tmp: Path, workers: int, database: str | None = None
-                   ) -> tuple[str, Path, str, str, Path]:
+def bench_endpoint(tmp: Path, workers: int, database: str | None = None,
+                   env: dict[str, str] | None = None) -> tuple[str, Path, str, str, Path]:
     """A SQLite database in `tmp` (or the empty `database`) with guild 1000 on
     the bench plan, the echo-validate script's endpoint enabled, and a wrk
     script posting to it: (database URL, config file, script id, secret, wrk Lua file)."""
@@ -203,12 +209,13 @@ def bench_endpoint(tmp: Path, workers: int, database: str | None = None
     cfg = tmp / "bench.toml"
     cfg.write_text(CONFIG.format(workers=workers))
     (tmp / "script.py").write_text(SCRIPT)
-    logic(db, str(cfg), "db", "upgrade")
-    logic(db, str(cfg), "guild", "create", "1000", "--owner", "42", "--plan", "bench")
+    logic(db, str(cfg), "db", "upgrade", env=env)
+    logic(db, str(cfg), "guild", "create", "1000", "--owner", "42", "--plan", "bench", env=env)
     script_id = str(logic(db, str(cfg), "script", "create", "1000", "--name", "bench",
-                          "--file", str(tmp / "script.py"))["logicScriptId"])
-    logic(db, str(cfg), "endpoint", "enable", "1000", script_id)
-    secret = str(logic(db, str(cfg), "secret", "regenerate", "1000", script_id, "--as", "42")["secret"])
+                          "--file", str(tmp / "script.py"), env=env)["logicScriptId"])
+    logic(db, str(cfg), "endpoint", "enable", "1000", script_id, env=env)
+    secret = str(logic(db, str(cfg), "secret", "regenerate", "1000", script_id, "--as", "42",
+                       env=env)["secret"])
     lua = tmp / ("post.lua" if database is None else "post-database.lua")
     lua.write_text(WRK_LUA.format(body=json.dumps(BODY), secret=secret))
     return db, cfg, script_id, secret, lua
@@ -320,14 +327,25 @@ def main() -> None:
             other_env = ({**env, "PYTHONPATH": args.before,
                           "LOGIC_RECORDS_JOURNAL": str(tmp / "before-journal")} if args.before
                          else {**env, "LOGIC_RECORDS_JOURNAL": "off"})
+            plain_db, plain_cfg, plain_path, plain_lua = db, cfg, path, lua
+            if args.before and not _knows_env(args.before):
+                # An older tree that knows neither the cookie secret nor the
+                # journal's variable (and needs neither), and refuses a newer
+                # schema: it gets its own database, made by its own CLI.
+                other_env = {k: v for k, v in other_env.items()
+                             if k not in SERVE_ENV and k != "LOGIC_RECORDS_JOURNAL"}
+                (tmp / "before").mkdir()
+                plain_db, plain_cfg, plain_id, _, plain_lua = bench_endpoint(
+                    tmp / "before", args.workers, env=other_env)
+                plain_path = f"/endpoints/1000/{plain_id}"
             nojournal = subprocess.Popen(
-                ["taskset", "-c", str(SERVER_CPU), LOGIC, "--database-url", db, "--config",
-                 str(cfg), "serve", "--port", str(plain_port)], stdout=subprocess.PIPE,
+                ["taskset", "-c", str(SERVER_CPU), LOGIC, "--database-url", plain_db, "--config",
+                 str(plain_cfg), "serve", "--port", str(plain_port)], stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True, env=other_env)
             procs.append(nojournal)
             wait_listening(nojournal)
-            plain_url = f"http://127.0.0.1:{plain_port}{path}"
-            run_wrk(plain_url, str(lua), 4, 2)
+            plain_url = f"http://127.0.0.1:{plain_port}{plain_path}"
+            run_wrk(plain_url, str(plain_lua), 4, 2)
         pg = None
         if args.database:
             pg_db, drop_pg = fresh_database(args.database)
@@ -354,7 +372,7 @@ def main() -> None:
                                          args.duration))
                 if nojournal is not None:
                     runs_plain.append(measure("before" if args.before else "no journal",
-                                              nojournal.pid, plain_url, str(lua), c,
+                                              nojournal.pid, plain_url, str(plain_lua), c,
                                               args.duration))
                 if pg is not None:
                     runs_pg.append(measure("postgresql", pg.pid, pg_url, str(pg_lua), c,

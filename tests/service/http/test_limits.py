@@ -79,11 +79,26 @@ def test_a_throttled_address_still_gets_the_earlier_checks_first(server: Server,
 
 
 def test_regenerated_secret_takes_effect_on_the_next_request(server: Server, make_endpoint,
-                                                             regenerate) -> None:
+                                                             regenerate, http_env) -> None:
+    """On SQLite the very next request; on PostgreSQL the next one after the change
+    notification reached the node (docs/architecture.md: delivered after the
+    commit returns, so a request sent at that instant may still be answered
+    from the node's memory; the bound the docs state is one second).
+
+    (This test used to demand the very next request on PostgreSQL too, which
+    the documented bound does not promise: it passed only while the
+    notification happened to arrive before the request.)"""
     ep = make_endpoint(source=ECHO)
     assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200  # now cached
     new_secret = regenerate(ep)
-    assert_error(server.request(ep.path, json_body={}, secret=ep.secret), 401, "unauthorized")
+    if http_env.database_url.startswith("postgres"):
+        deadline = time.monotonic() + 1.0
+        while (server.request(ep.path, json_body={}, secret=ep.secret).status == 200
+               and time.monotonic() < deadline):
+            pass
+    for _ in range(3):  # and from then on, every time
+        assert_error(server.request(ep.path, json_body={}, secret=ep.secret), 401,
+                     "unauthorized")
     assert server.request(ep.path, json_body={}, secret=new_secret).status == 200
 
 
