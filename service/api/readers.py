@@ -36,7 +36,7 @@ T = TypeVar("T")
 #: Reading processes per front process.
 READ_PROCESSES = 2
 #: Their CPU priority below the service's (Linux nice value added).
-READ_NICENESS = 10
+READ_NICENESS = 19
 
 
 class ReadProcesses:
