@@ -7,7 +7,7 @@ took up to half of the event loop's time, whatever the thread's priority
 (docs/performance.md, "Admin API next to the invoke path"). Here those calls
 run in `READ_PROCESSES` separate processes, started with `spawn` (a fresh
 interpreter: nothing of the event loop, the sandbox pool or a thread is
-inherited) and running at a lower CPU priority (`nice` 10): under load they
+inherited) and running at the lowest CPU priority (`nice` 19): under load they
 take only CPU the invoke path does not want, and an invocation never waits
 for them.
 
