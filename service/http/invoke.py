@@ -17,10 +17,11 @@ every request under ``/endpoints/`` here; every other path goes to the Tornado
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from tornado import httputil
@@ -81,6 +82,19 @@ class InvokeEndpoint(httputil.HTTPServerConnectionDelegate):
         return InvokeRequest(self.context, cast("Exchange", request_conn))
 
 
+def _answered(step: Callable[..., Coroutine[Any, Any, None]]
+              ) -> Callable[..., Coroutine[Any, Any, None]]:
+    """An asynchronous step of `InvokeRequest` whose failure is answered as
+    `InvokeRequest._guarded` answers a synchronous one's."""
+    @functools.wraps(step)
+    async def answered(self: InvokeRequest, *args: Any) -> None:
+        try:
+            await step(self, *args)
+        except Exception as exc:  # noqa: BLE001 - one request's bug must not reach the connection
+            self._failed(exc)
+    return answered
+
+
 class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
     """One invoke request, from its headers to its records."""
 
@@ -130,16 +144,24 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
         return self._guarded(lambda: self._check(start_line, headers))
 
     def _guarded(self, step: Callable[[], _T]) -> _T | None:
-        """Run `step`; a ServiceError is answered, any other error is a 500."""
+        """Run `step`; its failure is answered (`_failed`)."""
         try:
             return step()
-        except ServiceError as err:
-            self._fail(err)
-        except TargetsUnavailable:
-            self._fail(_database_down())
-        except Exception:  # noqa: BLE001 - one request's bug must not reach the connection
-            self._internal_error()
+        except Exception as exc:  # noqa: BLE001 - one request's bug must not reach the connection
+            self._failed(exc)
         return None
+
+    def _failed(self, exc: Exception) -> None:
+        """Answer a failed step (call in its `except`): a ServiceError as itself, an
+        unreachable database or rate-limit storage 503 `busy`, anything else 500."""
+        if isinstance(exc, ServiceError):
+            self._fail(exc)
+        elif isinstance(exc, TargetsUnavailable):
+            self._fail(_database_down())
+        elif isinstance(exc, LimitsUnavailable):
+            self._fail(_limits_down())
+        else:
+            self._internal_error()
 
     def _check(self, start_line: httputil.RequestStartLine,
                headers: dict[str, str]) -> Awaitable[None] | None:
@@ -189,22 +211,14 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
             return self._fetched(wait, guild_id, script_id)
         return self._checked(wait, found)
 
+    @_answered
     async def _fetched(self, wait: int, guild_id: str, script_id: str) -> None:
-        try:
-            target = await self.context.load_target.fetch(guild_id, script_id)
-            if wait:
-                self.context.recent_targets.put(guild_id, script_id, target)
-            step = self._checked(wait, target)
-            if step is not None:
-                await step
-        except TargetsUnavailable:
-            self._fail(_database_down())
-        except LimitsUnavailable:
-            self._fail(_limits_down())
-        except ServiceError as err:
-            self._fail(err)
-        except Exception:  # noqa: BLE001
-            self._internal_error()
+        target = await self.context.load_target.fetch(guild_id, script_id)
+        if wait:
+            self.context.recent_targets.put(guild_id, script_id, target)
+        step = self._checked(wait, target)
+        if step is not None:
+            await step
 
     def _checked(self, wait: int, target: InvokeTarget | None) -> Awaitable[None] | None:
         """Checks 2 (the answer of the lookup) to 7."""
@@ -231,6 +245,7 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
             raise AuthThrottledError(headers={"Retry-After": str(wait)})
         return self._verify(secret)  # argon2 (legacy hashes) off the loop; reading waits
 
+    @_answered
     async def _shared(self, guild_id: str, script_id: str) -> None:
         """Checks 2-7 when the limits live in Redis: the same, their Redis calls awaited
         (reading the body waits meanwhile; the loop serves everything else).
@@ -239,53 +254,38 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
         verified needs no throttle check (it is answered even from a throttled
         address): one Redis call, the rate limit's, instead of two."""
         ctx = self.context
-        try:
-            found = ctx.load_target.lookup(guild_id, script_id)
-            if (isinstance(found, InvokeTarget) and found.enabled
-                    and ip_allowed(self.ip, found.whitelist)
-                    and ctx.verifier.cached(found.endpoint_id, found.secret_hash,
-                                            presented_secret(self.headers))):
-                self.target = found
-                await self._admit_shared(found)
-                return
-            step = self._checks(await ctx.limits.aauth_throttled(self.ip), guild_id, script_id)
-            if step is not None:
-                await step
-        except LimitsUnavailable:
-            self._fail(_limits_down())
-        except TargetsUnavailable:
-            self._fail(_database_down())
-        except ServiceError as err:
-            self._fail(err)
-        except Exception:  # noqa: BLE001
-            self._internal_error()
+        found = ctx.load_target.lookup(guild_id, script_id)
+        if (isinstance(found, InvokeTarget) and found.enabled
+                and ip_allowed(self.ip, found.whitelist)
+                and ctx.verifier.cached(found.endpoint_id, found.secret_hash,
+                                        presented_secret(self.headers))):
+            self.target = found
+            await self._admit_shared(found)
+            return
+        step = self._checks(await ctx.limits.aauth_throttled(self.ip), guild_id, script_id)
+        if step is not None:
+            await step
 
+    @_answered
     async def _verify(self, secret: str | None) -> None:
         target = self.target
         assert target is not None
         ctx = self.context
         try:
-            try:
-                ok = await ctx.verifier.check(target.endpoint_id, target.secret_hash, secret)
-            except VerifierBusy:
-                raise BusyError("Too many secrets are being checked; retry shortly.",
-                                headers={"Retry-After": "1"}) from None
-            if not ok:
-                if secret is not None:
-                    if ctx.limits.remote:
-                        await ctx.limits.aauth_failed(self.ip)
-                    else:
-                        ctx.limits.auth_failed(self.ip)
-                raise UnauthorizedError(headers={"WWW-Authenticate": "Bearer"})
-            step = self._authenticated()
-            if step is not None:
-                await step
-        except LimitsUnavailable:
-            self._fail(_limits_down())
-        except ServiceError as err:
-            self._fail(err)
-        except Exception:  # noqa: BLE001
-            self._internal_error()
+            ok = await ctx.verifier.check(target.endpoint_id, target.secret_hash, secret)
+        except VerifierBusy:
+            raise BusyError("Too many secrets are being checked; retry shortly.",
+                            headers={"Retry-After": "1"}) from None
+        if not ok:
+            if secret is not None:
+                if ctx.limits.remote:
+                    await ctx.limits.aauth_failed(self.ip)
+                else:
+                    ctx.limits.auth_failed(self.ip)
+            raise UnauthorizedError(headers={"WWW-Authenticate": "Bearer"})
+        step = self._authenticated()
+        if step is not None:
+            await step
 
     def _authenticated(self) -> Awaitable[None] | None:
         target = self.target
