@@ -72,3 +72,24 @@ def test_an_old_secret_never_comes_back_through_the_upgrade(server: Server, make
     assert stored_secret_hash(ep) == hash_secret(new_secret)
     assert_error(server.request(ep.path, json_body={}, secret=ep.secret), 401, "unauthorized")
     assert server.request(ep.path, json_body={}, secret=new_secret).status == 200
+
+
+def test_a_verifier_is_compared_in_constant_time(monkeypatch) -> None:
+    """The check goes through `hmac.compare_digest` (not `==`, whose time
+    tells how many leading characters matched)."""
+    import hmac
+
+    from service.core import secrets
+
+    calls: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(secrets.hmac, "compare_digest", spy)
+    secret = secrets.new_secret()
+    stored = hash_secret(secret)
+    assert verify_secret(stored, secret) and not verify_secret(stored, secret + "x")
+    assert len(calls) == 2 and calls[0][0] == stored.encode()
