@@ -3,7 +3,8 @@
 `TargetCache` serves repeated lookups from memory (SQLite: `PRAGMA
 data_version`; PostgreSQL: the change feed) without ever serving a stale one,
 runs PostgreSQL's queries off the event loop, and answers from memory what it
-can while PostgreSQL is unreachable (see its docstring).
+can while PostgreSQL is unreachable (see its docstring; `connection_lost`
+tells "unreachable" from an error the server reported).
 
 `load_target(guild_id, script_id, plans)` joins script (unique index on the
 public ID), guild (primary key) and endpoint (unique index on the script) and
@@ -27,6 +28,7 @@ from peewee import Database, InterfaceError, OperationalError, SqliteDatabase
 from models import Endpoint, Guild, Script
 from models.change_feed import ChangeFeed
 from models.db import database
+from service.core.db_errors import connection_lost
 from service.core.endpoints import parse_whitelist
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
 
@@ -43,7 +45,8 @@ MAX_PENDING = 256
 
 class TargetsUnavailable(Exception):
     """The endpoint cannot be looked up now: the database is unreachable and no
-    answer the change feed vouched for is remembered (or too many lookups wait)."""
+    answer the change feed vouched for is remembered, the database refused the
+    lookup, or too many lookups wait."""
 
 
 class NeedsQuery:
@@ -147,7 +150,8 @@ class TargetCache:
     `lookup()` then, when it says `NEEDS_QUERY`, awaits `fetch()`, which runs
     the query on one of two threads (at most `MAX_PENDING` waiting).
 
-    PostgreSQL unreachable (a query fails with a connection error): the
+    PostgreSQL unreachable (a query fails with a connection error,
+    `connection_lost`): the
     answers read under the generation that was current when the feed's
     connection broke (`ChangeFeed.vouched_until`) are served as they are —
     no change can commit on a server that is down, and every change whose
@@ -155,9 +159,11 @@ class TargetCache:
     Anything else raises `TargetsUnavailable`. One query at a time probes the
     server, `PROBE_GAP_S` after the previous one ended; the first that
     succeeds ends the outage, and the feed's reconnect starts a new
-    generation, so nothing served during the outage survives it. docs/architecture.md states the
-    exact guarantee and its two limits (a notification lost with the server,
-    a partition that isolates only this node).
+    generation, so nothing served during the outage survives it. An error the
+    server reports (too many clients, a cancelled query) is no outage: that
+    lookup raises `TargetsUnavailable` and nothing is served from memory.
+    docs/architecture.md states the exact guarantee and its two limits (a
+    notification lost with the server, a partition that isolates only this node).
     """
 
     def __init__(self, plans: Mapping[str, Plan] = DEFAULT_PLANS, max_entries: int = 10_000,
@@ -173,6 +179,7 @@ class TargetCache:
         self._down_since: float | None = None
         self._retry_at = 0.0
         self._probing = False
+        self._refusing = False
 
     @property
     def database_down(self) -> bool:
@@ -212,7 +219,7 @@ class TargetCache:
         try:
             found = load_target(guild_id, script_id, self._plans)
         except (OperationalError, InterfaceError) as err:
-            return self._unreachable(err, (guild_id, script_id))
+            return self._failed(err, (guild_id, script_id))
         self._reachable()
         if version is not None and version == self._version and self._conn is self._feed:
             self._store((guild_id, script_id), found)
@@ -269,7 +276,7 @@ class TargetCache:
             found = await asyncio.get_running_loop().run_in_executor(
                 self._executor, load_target, guild_id, script_id, self._plans)
         except (OperationalError, InterfaceError) as err:
-            return self._unreachable(err, key)
+            return self._failed(err, key)
         finally:
             self._pending -= 1
             if probe:
@@ -289,6 +296,22 @@ class TargetCache:
                 return found  # type: ignore[return-value]
         raise TargetsUnavailable("the database is unreachable")
 
+    def _failed(self, err: BaseException, key: tuple[str, str]) -> InvokeTarget | None:
+        """A lookup's query failed: an outage only when the connection was lost."""
+        if connection_lost(err):
+            return self._unreachable(err, key)
+        # The server is up and said no: no outage (one that was on ends here),
+        # and nothing from memory: it may be committing changes meanwhile.
+        self._end_outage()
+        if not self._refusing:
+            self._refusing = True
+            # The error's kind and SQLSTATE only: its text may carry the server's address.
+            orig = err.args[0] if err.args and isinstance(err.args[0], BaseException) else err
+            log.warning("the database refused an endpoint lookup (%s, SQLSTATE %s): such "
+                        "lookups get 503 busy, never a remembered answer",
+                        type(orig).__name__, getattr(orig, "pgcode", None) or "none")
+        raise TargetsUnavailable("the database refused the lookup")
+
     def _unreachable(self, err: BaseException, key: tuple[str, str]) -> InvokeTarget | None:
         now = time.monotonic()
         self._retry_at = max(self._retry_at, now + PROBE_GAP_S)
@@ -304,6 +327,11 @@ class TargetCache:
         return self._outage_answer(key)
 
     def _reachable(self) -> None:
+        if self._down_since is not None or self._refusing:
+            self._end_outage()
+            self._refusing = False
+
+    def _end_outage(self) -> None:
         if self._down_since is not None:
             log.warning("the database is reachable again after %.1f s: endpoint lookups query "
                         "it again", time.monotonic() - self._down_since)

@@ -1,9 +1,10 @@
-"""`TargetCache` while PostgreSQL is down: what the feed vouched for, and nothing stale.
+"""`TargetCache` while PostgreSQL is down: what the feed vouched for, and
+nothing stale; an error the server reports while up is no outage.
 
 Runs against a PRIVATE PostgreSQL cluster (initdb + pg_ctl on a free port,
-`tests/service/http/private_servers.py`) that the test stops and starts; the
-shared server is never touched. Skipped, saying why, only when the server
-binaries are missing.
+`tests/service/http/private_servers.py`) that the test stops and starts, locks
+or fills; the shared server is never touched. Skipped, saying why, only when
+the server binaries are missing.
 """
 from __future__ import annotations
 
@@ -15,20 +16,34 @@ from typing import Any
 import pytest
 
 from service import core
+from service.core.db_errors import connection_lost
 from service.core.invoke_target import NEEDS_QUERY, TargetCache, TargetsUnavailable
 from tests.factories import OWNER, make_guild, make_script
 from tests.service.http.harness import LOGIC
-from tests.service.http.private_servers import PrivatePostgres, poll
+from tests.service.http.private_servers import PrivatePostgres, free_port, poll
+
+#: Client connections the "few slots" cluster accepts (none reserved for superusers).
+SLOTS = 12
 
 
 @pytest.fixture()
 def private_db() -> Iterator[tuple[PrivatePostgres, Any]]:
+    yield from _private_db("")
+
+
+@pytest.fixture()
+def few_slots_db() -> Iterator[tuple[PrivatePostgres, Any]]:
+    yield from _private_db(f"-c max_connections={SLOTS} -c superuser_reserved_connections=0")
+
+
+def _private_db(options: str) -> Iterator[tuple[PrivatePostgres, Any]]:
     from models.db import database, open_database
 
     pg = PrivatePostgres()
     reason = pg.missing()
     if reason:
         pytest.skip(reason)
+    pg.options = options
     previous = database.obj
     try:
         pg.init().start()
@@ -112,3 +127,102 @@ def _try(cache: TargetCache, gid: str, sid: str) -> bool | None:
     except TargetsUnavailable:
         return None
     return None if target is None else bool(target.enabled)
+
+
+def _enabled_endpoint() -> tuple[str, str]:
+    gid = make_guild("pro")
+    sid = make_script(gid)
+    core.enable_endpoint(OWNER, gid, sid)
+    return gid, sid
+
+
+def _lost_feed_with_a_stale_answer(db: Any) -> tuple[TargetCache, str, str]:
+    """A cache that remembers an enabled endpoint, a feed lost while the server
+    stays up, and the endpoint disabled since (this node heard nothing of it).
+    The remembered answer is read on this thread's connection: the cache's
+    lookup threads have not connected yet."""
+    from models.change_feed import ChangeFeed
+
+    gid, sid = _enabled_endpoint()
+    feed = ChangeFeed.for_database(db, retry_s=0.1).start()
+    try:
+        assert feed.healthy
+        cache = TargetCache(feed=feed)
+        assert poll(lambda: cache(gid, sid) is cache.lookup(gid, sid))
+        assert cache.lookup(gid, sid).enabled  # type: ignore[union-attr]
+    finally:
+        feed.stop()
+    assert feed.vouched_until is not None
+    core.disable_endpoint(OWNER, gid, sid)
+    return cache, gid, sid
+
+
+def test_a_lookup_the_server_cancels_is_refused_never_answered_from_memory(
+        private_db: tuple[PrivatePostgres, Any]) -> None:
+    import psycopg2  # type: ignore[import-untyped,unused-ignore]
+
+    pg, db = private_db
+    cache, gid, sid = _lost_feed_with_a_stale_answer(db)
+    # The lookup threads' sessions (opened from now on) cancel a statement after
+    # 300 ms; another session holds the endpoint table: the lookup is cancelled
+    # by the server (SQLSTATE 57014), which is up and committing.
+    db.execute_sql("ALTER ROLE postgres SET statement_timeout = 300")
+    locker = psycopg2.connect(dbname=db.database, **db.connect_params)
+    try:
+        with locker.cursor() as cur:
+            cur.execute("LOCK TABLE endpoint IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(TargetsUnavailable):
+            asyncio.run(cache.fetch(gid, sid))
+        assert not cache.database_down
+        assert cache.lookup(gid, sid) is NEEDS_QUERY   # nothing from memory either
+        with pytest.raises(TargetsUnavailable):
+            _answer(cache, gid, sid)
+    finally:
+        locker.rollback()
+        locker.close()
+        db.execute_sql("ALTER ROLE postgres RESET statement_timeout")
+    assert poll(lambda: _try(cache, gid, sid) is False)
+    cache.close()
+
+
+def test_a_connection_the_server_refuses_is_refused_never_answered_from_memory(
+        few_slots_db: tuple[PrivatePostgres, Any]) -> None:
+    import psycopg2  # type: ignore[import-untyped,unused-ignore]
+
+    pg, db = few_slots_db
+    cache, gid, sid = _lost_feed_with_a_stale_answer(db)
+    params = {"dbname": db.database, **db.connect_params}
+    fillers: list[Any] = []
+    full: Exception | None = None
+    try:
+        # Take every free slot: the server answers "too many clients" (at
+        # connect time psycopg2 gives no SQLSTATE, only the server's words).
+        for _ in range(SLOTS + 1):
+            try:
+                fillers.append(psycopg2.connect(**params))
+            except psycopg2.OperationalError as err:
+                full = err
+                break
+        else:
+            pytest.fail(f"the private server accepted more than {SLOTS} connections")
+        assert fillers and full is not None and not connection_lost(full)
+        # `localhost` may be tried as ::1 first (refused: nothing listens
+        # there), then 127.0.0.1 (full): the server's refusal still wins.
+        with pytest.raises(psycopg2.OperationalError) as joined:
+            psycopg2.connect(**{**params, "host": "localhost"})
+        assert not connection_lost(joined.value)
+
+        with pytest.raises(TargetsUnavailable):
+            asyncio.run(cache.fetch(gid, sid))
+        assert not cache.database_down
+        with pytest.raises(TargetsUnavailable):
+            _answer(cache, gid, sid)
+    finally:
+        for conn in fillers:
+            conn.close()
+    assert poll(lambda: _try(cache, gid, sid) is False)
+    cache.close()
+    # Nothing listening at all is a lost connection.
+    with pytest.raises(psycopg2.OperationalError) as refused:
+        psycopg2.connect(**{**params, "port": free_port()})
+    assert connection_lost(refused.value)

@@ -115,6 +115,8 @@ class PrivatePostgres:
         self.data = self.root / "data"
         self.port = free_port()
         self.user: str | None = None
+        #: More server options for `pg_ctl -o` (e.g. "-c max_connections=8").
+        self.options = ""
         if os.geteuid() == 0:
             self.user = "postgres"
 
@@ -154,7 +156,7 @@ class PrivatePostgres:
         self._run(f"{self.bin}/pg_ctl", "-D", str(self.data), "-w", "-t", "60",
                   "-l", str(self.root / "server.log"),
                   "-o", f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
-                        "-c fsync=off -c full_page_writes=off", "start")
+                        f"-c fsync=off -c full_page_writes=off {self.options}", "start")
 
     def stop(self, mode: str = "fast") -> None:
         self._run(f"{self.bin}/pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-m", mode, "stop")
