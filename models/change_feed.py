@@ -60,7 +60,9 @@ class ChangeFeed:
         self._retry_s = retry_s
         self._generation = 0
         self._healthy = False
-        self._vouched_until: int | None = None
+        # (generation, time.monotonic()) when the connection broke; one tuple,
+        # so a reader never sees one outage's generation with another's time.
+        self._vouched: tuple[int, float] | None = None
         self._conn: Any = None
         self._poller: select.poll | None = None
         self._stop = threading.Event()
@@ -117,7 +119,17 @@ class ChangeFeed:
         connection broke (None before it ever listened, and while listening).
         Answers read under it reflect every change whose notification reached
         this process before the break (see `TargetCache`'s outage rule)."""
-        return None if self._healthy else self._vouched_until
+        vouched = self._vouched
+        return None if self._healthy or vouched is None else vouched[0]
+
+    @property
+    def lost_at(self) -> float | None:
+        """While the feed cannot vouch: when (`time.monotonic()`) this process
+        noticed its connection broke, the moment its `vouched_until` answers
+        stopped being vouched for (None before it ever listened, and while
+        listening). `TargetCache` serves them for `outage_serve_s` after it."""
+        vouched = self._vouched
+        return None if self._healthy or vouched is None else vouched[1]
 
     # ------------------------------------------------------------ thread
     def _run(self) -> None:
@@ -174,7 +186,7 @@ class ChangeFeed:
             if conn is not None and getattr(conn, "notifies", None):
                 conn.notifies.clear()
                 self._generation += 1
-            self._vouched_until = self._generation
+            self._vouched = (self._generation, time.monotonic())
         self._healthy = False
 
     def _drop(self) -> None:

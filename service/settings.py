@@ -56,6 +56,9 @@ class DashboardSettings:
 @dataclass(frozen=True)
 class DatabaseSettings:
     url: str = "sqlite:///logic.db"
+    #: PostgreSQL unreachable: remembered endpoint answers are served this long
+    #: after the change feed's connection broke; 0: never (503 at once).
+    outage_serve_s: int = 30
 
 
 @dataclass(frozen=True)
@@ -276,7 +279,7 @@ _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
                "max_connections": _int(0, 10_000_000),
                "max_connections_per_ip": _int(1, 10_000_000), "max_pipelined": _int(1, 100_000),
                "write_buffer_bytes": _int(4096, 1 << 30), "processes": _processes},
-    "database": {"url": _db_url},
+    "database": {"url": _db_url, "outage_serve_s": _int(0, 86_400)},
     "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000),
                 "max_workers": _int(0, 4096), "guild_share": _share,
                 "guild_budget_s": _int(0, 3600)},

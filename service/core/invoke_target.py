@@ -3,8 +3,9 @@
 `TargetCache` serves repeated lookups from memory (SQLite: `PRAGMA
 data_version`; PostgreSQL: the change feed) without ever serving a stale one,
 runs PostgreSQL's queries off the event loop, and answers from memory what it
-can while PostgreSQL is unreachable (see its docstring; `connection_lost`
-tells "unreachable" from an error the server reported).
+can, for at most `outage_serve_s`, while PostgreSQL is unreachable (see its
+docstring; `connection_lost` tells "unreachable" from an error the server
+reported).
 
 `load_target(guild_id, script_id, plans)` joins script (unique index on the
 public ID), guild (primary key) and endpoint (unique index on the script) and
@@ -21,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from peewee import Database, InterfaceError, OperationalError, SqliteDatabase
 
@@ -41,12 +42,15 @@ log = logging.getLogger("logic.targets")
 PROBE_GAP_S = 0.1
 #: Lookups waiting for a query thread; past it a lookup is refused (TargetsUnavailable).
 MAX_PENDING = 256
+#: How long remembered answers are served once the change feed's connection
+#: broke (`database.outage_serve_s`); 0: never (fail closed).
+OUTAGE_SERVE_S = 30.0
 
 
 class TargetsUnavailable(Exception):
     """The endpoint cannot be looked up now: the database is unreachable and no
-    answer the change feed vouched for is remembered, the database refused the
-    lookup, or too many lookups wait."""
+    answer the change feed vouched for is remembered (or it is older than
+    `outage_serve_s`), the database refused the lookup, or too many lookups wait."""
 
 
 class NeedsQuery:
@@ -151,26 +155,34 @@ class TargetCache:
     the query on one of two threads (at most `MAX_PENDING` waiting).
 
     PostgreSQL unreachable (a query fails with a connection error,
-    `connection_lost`): the
-    answers read under the generation that was current when the feed's
-    connection broke (`ChangeFeed.vouched_until`) are served as they are —
-    no change can commit on a server that is down, and every change whose
-    notification reached this process before the break was already applied.
-    Anything else raises `TargetsUnavailable`. One query at a time probes the
-    server, `PROBE_GAP_S` after the previous one ended; the first that
-    succeeds ends the outage, and the feed's reconnect starts a new
-    generation, so nothing served during the outage survives it. An error the
-    server reports (too many clients, a cancelled query) is no outage: that
-    lookup raises `TargetsUnavailable` and nothing is served from memory.
-    docs/architecture.md states the exact guarantee and its two limits (a
-    notification lost with the server, a partition that isolates only this node).
+    `connection_lost`): the answers read under the generation that was
+    current when the feed's connection broke (`ChangeFeed.vouched_until`) are
+    served as they are, for at most `outage_serve_s` after the feed noticed
+    the break (`ChangeFeed.lost_at`; 0: never) — no change can commit on a
+    server that is down, and every change whose notification reached this
+    process before the break was already applied; the bound limits what a
+    partition that cuts off only this node can serve stale. Anything else
+    raises `TargetsUnavailable`. One query at a time probes the server,
+    `PROBE_GAP_S` after the previous one ended; the first that reaches the
+    server ends the outage, and the feed's reconnect starts a new generation,
+    so nothing served during the outage survives it. An error the server
+    reports (too many clients, a cancelled query) is no outage: that lookup
+    raises `TargetsUnavailable` and nothing is served from memory.
+    docs/architecture.md states the exact guarantee and its limits.
+
+    `clock` is `time.monotonic` (the feed's `lost_at` uses it); tests shift it.
     """
 
     def __init__(self, plans: Mapping[str, Plan] = DEFAULT_PLANS, max_entries: int = 10_000,
-                 feed: ChangeFeed | None = None) -> None:
+                 feed: ChangeFeed | None = None, *, outage_serve_s: float = OUTAGE_SERVE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._plans = plans
         self._max = max_entries
         self._feed = feed
+        self._serve_s = outage_serve_s
+        self._clock = clock
+        self._refusing = False
+        self._expired_logged: float | None = None
         self._entries: dict[tuple[str, str], InvokeTarget | None] = {}
         self._version: object = None
         self._conn: object = None
@@ -179,7 +191,6 @@ class TargetCache:
         self._down_since: float | None = None
         self._retry_at = 0.0
         self._probing = False
-        self._refusing = False
 
     @property
     def database_down(self) -> bool:
@@ -249,7 +260,7 @@ class TargetCache:
         if version is not None:
             found = self._adopt(version, feed).get(key, _MISSING)
             return NEEDS_QUERY if found is _MISSING else found  # type: ignore[return-value]
-        if self._down_since is not None and (self._probing or time.monotonic() < self._retry_at):
+        if self._down_since is not None and (self._probing or self._clock() < self._retry_at):
             return self._outage_answer(key)
         return NEEDS_QUERY
 
@@ -266,7 +277,7 @@ class TargetCache:
         if probe:
             # Still no feed: one lookup at a time probes, the others do not wait.
             # (A feed listening again means the server is back: query at once.)
-            if self._probing or time.monotonic() < self._retry_at:
+            if self._probing or self._clock() < self._retry_at:
                 return self._outage_answer(key)
             self._probing = True
         if self._executor is None:
@@ -281,19 +292,33 @@ class TargetCache:
             self._pending -= 1
             if probe:
                 self._probing = False
-                self._retry_at = time.monotonic() + PROBE_GAP_S
+                self._retry_at = self._clock() + PROBE_GAP_S
         self._reachable()
         if version is not None and version == self._version and self._conn is feed:
             self._store(key, found)
         return found
 
-    def _outage_answer(self, key: tuple[str, str]) -> InvokeTarget | None:
+    def _serving_until(self) -> float | None:
+        """Until when (clock) remembered answers may be served, or None: none may."""
         feed = self._feed
-        vouched = feed.vouched_until if feed is not None else None
-        if vouched is not None and vouched == self._version and self._conn is feed:
-            found = self._entries.get(key, _MISSING)
-            if found is not _MISSING:
-                return found  # type: ignore[return-value]
+        if feed is None or self._serve_s <= 0:
+            return None
+        vouched, lost_at = feed.vouched_until, feed.lost_at
+        if vouched is None or lost_at is None or vouched != self._version or self._conn is not feed:
+            return None
+        return lost_at + self._serve_s
+
+    def _outage_answer(self, key: tuple[str, str]) -> InvokeTarget | None:
+        until = self._serving_until()
+        if until is not None:
+            if self._clock() < until:
+                found = self._entries.get(key, _MISSING)
+                if found is not _MISSING:
+                    return found  # type: ignore[return-value]
+            elif self._expired_logged != until:
+                self._expired_logged = until
+                log.warning("the database has been unreachable for %g s (database.outage_serve_s):"
+                            " remembered endpoint answers are no longer served", self._serve_s)
         raise TargetsUnavailable("the database is unreachable")
 
     def _failed(self, err: BaseException, key: tuple[str, str]) -> InvokeTarget | None:
@@ -313,17 +338,17 @@ class TargetCache:
         raise TargetsUnavailable("the database refused the lookup")
 
     def _unreachable(self, err: BaseException, key: tuple[str, str]) -> InvokeTarget | None:
-        now = time.monotonic()
+        now = self._clock()
         self._retry_at = max(self._retry_at, now + PROBE_GAP_S)
         if self._down_since is None:
             self._down_since = now
-            feed = self._feed
-            usable = (feed is not None and feed.vouched_until is not None
-                      and feed.vouched_until == self._version and self._conn is feed)
+            until = self._serving_until()
             # The error's kind only: its text may carry the server's address.
             log.warning("the database is unreachable (%s): endpoint lookups are answered from "
-                        "%d remembered answers, others get 503 busy, until it is back",
-                        type(err).__name__, len(self._entries) if usable else 0)
+                        "%d remembered answers for %.0f s more at most, others get 503 busy, "
+                        "until it is back", type(err).__name__,
+                        len(self._entries) if until is not None else 0,
+                        max(0.0, until - now) if until is not None else 0.0)
         return self._outage_answer(key)
 
     def _reachable(self) -> None:
@@ -334,7 +359,7 @@ class TargetCache:
     def _end_outage(self) -> None:
         if self._down_since is not None:
             log.warning("the database is reachable again after %.1f s: endpoint lookups query "
-                        "it again", time.monotonic() - self._down_since)
+                        "it again", self._clock() - self._down_since)
             self._down_since = None
 
     def close(self) -> None:

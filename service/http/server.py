@@ -164,7 +164,8 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                                 per_endpoint=settings.ratelimit.auth_queue_per_endpoint,
                                 upgrade=upgrade_secret_hash),
         records=records,
-        load_target=TargetCache(settings.plans, feed=feed),
+        load_target=TargetCache(settings.plans, feed=feed,
+                                outage_serve_s=settings.database.outage_serve_s),
         change_feed=feed,
         db_ping=db_ping,
     )

@@ -23,6 +23,7 @@ def test_defaults_match_the_design():
     assert s.sandbox.workers is None and s.sandbox.worker_count == (os.cpu_count() or 1)
     assert s.sandbox.queue_timeout_ms == 2000 and s.ratelimit.storage == "memory://"
     assert s.ratelimit.on_storage_error == "open" and s.ratelimit.storage_timeout_ms == 1000
+    assert s.database.outage_serve_s == 30
     assert dict(s.plans) == dict(DEFAULT_PLANS)
     assert (FREE.endpoints, PLUS.endpoints, PRO.endpoints) == (0, 3, 9)
     assert (PLUS.body_bytes, PRO.body_bytes, PLUS.history, PRO.history) == (131072, 1048576, 20, 200)
@@ -70,6 +71,12 @@ time_limit_ms = 1000
                                   "LOGIC_RATELIMIT_STORAGE_TIMEOUT_MS": "250"}, {})
     assert outage.ratelimit.on_storage_error == "closed"
     assert outage.ratelimit.storage_timeout_ms == 250
+    # How long a node cut off from PostgreSQL serves what it remembers: file, env, 0 = never.
+    served = tmp_path / "served.toml"
+    served.write_text("[database]\nurl = 'postgresql://u@db/logic'\noutage_serve_s = 5\n")
+    assert load_settings(str(served), {}, {}).database.outage_serve_s == 5
+    assert load_settings(str(served), {"LOGIC_DATABASE_OUTAGE_SERVE_S": "0"},
+                         {}).database.outage_serve_s == 0
     # LOGIC_CONFIG names the file when no --config is given.
     assert load_settings(None, {"LOGIC_CONFIG": path}, {}).server.port == 9000
 
@@ -81,6 +88,10 @@ time_limit_ms = 1000
     ("[server]\nport = 70000\n", {}, "config: bad value for server.port: expected 0..65535"),
     ("[server]\ntrusted_proxies = ['10.0.0.1/8']\n", {}, "config: bad value for server.trusted_proxies"),
     ("[database]\nurl = 'mysql://x'\n", {}, "config: bad value for database.url"),
+    ("[database]\noutage_serve_s = -1\n", {},
+     "config: bad value for database.outage_serve_s: expected 0..86400"),
+    ("", {"LOGIC_DATABASE_OUTAGE_SERVE_S": "30s"},
+     "env: bad value for LOGIC_DATABASE_OUTAGE_SERVE_S: expected an integer"),
     ("[plans.plus]\nendpoint = 3\n", {}, "config: unknown key plans.plus.endpoint"),
     ("[plans.plus]\nerror_logs = 'yes'\n", {}, "config: bad value for plans.plus.error_logs"),
     ("[plans.gold]\nendpoints = 3\n", {}, "config: plans.gold is new and misses memory_kb"),

@@ -1,5 +1,6 @@
-"""`TargetCache` while PostgreSQL is down: what the feed vouched for, and
-nothing stale; an error the server reports while up is no outage.
+"""`TargetCache` while PostgreSQL is down: what the feed vouched for, for
+`outage_serve_s` at most, and nothing stale; an error the server reports while
+up is no outage.
 
 Runs against a PRIVATE PostgreSQL cluster (initdb + pg_ctl on a free port,
 `tests/service/http/private_servers.py`) that the test stops and starts, locks
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -136,6 +138,51 @@ def _enabled_endpoint() -> tuple[str, str]:
     return gid, sid
 
 
+def test_remembered_answers_are_served_for_outage_serve_s_after_the_feed_broke_and_no_longer(
+        private_db: tuple[PrivatePostgres, Any]) -> None:
+    from models.change_feed import ChangeFeed
+
+    pg, db = private_db
+    gid, sid = _enabled_endpoint()
+    skew = [0.0]
+
+    def clock() -> float:   # the cache's clock, moved ahead by the test
+        return time.monotonic() + skew[0]
+
+    feed = ChangeFeed.for_database(db, retry_s=0.1).start()
+    try:
+        assert feed.healthy
+        cache = TargetCache(feed=feed, outage_serve_s=3600, clock=clock)
+        closed = TargetCache(feed=feed, outage_serve_s=0, clock=clock)
+        assert poll(lambda: all(_answer(c, gid, sid) is c.lookup(gid, sid)
+                                for c in (cache, closed)))
+        remembered = cache.lookup(gid, sid)
+        assert remembered.enabled  # type: ignore[union-attr]
+
+        db.close()
+        pg.stop("fast")
+        assert poll(lambda: feed.lost_at is not None)
+        # 0 fails closed: never a remembered answer, from the first lookup on.
+        with pytest.raises(TargetsUnavailable):
+            _answer(closed, gid, sid)
+        # Counted from the feed's break, not from this cache's first failed
+        # lookup (which comes 3000 s later here): served within the bound...
+        skew[0] = 3000.0
+        assert _answer(cache, gid, sid) is remembered
+        assert _answer(cache, gid, sid) is remembered
+        # ... and refused once it passed, however often asked.
+        skew[0] = 3600.0
+        for _ in range(3):
+            with pytest.raises(TargetsUnavailable):
+                _answer(cache, gid, sid)
+
+        pg.start()
+        assert poll(lambda: feed.healthy, 30)
+        assert poll(lambda: _try(cache, gid, sid) is True, 30)
+    finally:
+        feed.stop()
+
+
 def _lost_feed_with_a_stale_answer(db: Any) -> tuple[TargetCache, str, str]:
     """A cache that remembers an enabled endpoint, a feed lost while the server
     stays up, and the endpoint disabled since (this node heard nothing of it).
@@ -147,12 +194,12 @@ def _lost_feed_with_a_stale_answer(db: Any) -> tuple[TargetCache, str, str]:
     feed = ChangeFeed.for_database(db, retry_s=0.1).start()
     try:
         assert feed.healthy
-        cache = TargetCache(feed=feed)
+        cache = TargetCache(feed=feed, outage_serve_s=3600)
         assert poll(lambda: cache(gid, sid) is cache.lookup(gid, sid))
         assert cache.lookup(gid, sid).enabled  # type: ignore[union-attr]
     finally:
         feed.stop()
-    assert feed.vouched_until is not None
+    assert feed.vouched_until is not None and feed.lost_at is not None
     core.disable_endpoint(OWNER, gid, sid)
     return cache, gid, sid
 

@@ -7,8 +7,9 @@ the PostgreSQL server binaries are missing.
 
 While the server is stopped (about ten seconds, under load):
 - requests for endpoints the node has looked up are answered (the change
-  feed vouched for those answers up to the moment its connection broke);
-  an endpoint never looked up gets 503 `busy`;
+  feed vouched for those answers up to the moment its connection broke,
+  and `database.outage_serve_s` allows it); an endpoint never looked up gets
+  503 `busy`; with `database.outage_serve_s = 0` even a remembered one does;
 - `/readyz` answers 503 and names the database as down, with records waiting;
 Once it is back: every answered request's statistics are written exactly
 once (the counts equal the answers given), and `/readyz` is 200 again.
@@ -99,7 +100,10 @@ def test_postgresql_stopped_under_load(private_pg: PrivatePostgres, tmp_path: Pa
     subprocess.run([LOGIC, "--database-url", url, "db", "upgrade"], check=True,
                    capture_output=True)
     config = tmp_path / "logic.toml"
-    config.write_text(f'[records]\njournal = "{tmp_path / "journal"}"\n' + CONFIG)
+    # Remembered answers served for 600 s (default 30): the outage and the
+    # restart below stay within it however slow this machine is.
+    config.write_text(f'[records]\njournal = "{tmp_path / "journal"}"\n'
+                      '[database]\noutage_serve_s = 600\n' + CONFIG)
     eps = _make_endpoints(url, config, 0, 2)
     cold_guild, cold_script, cold_secret, _ = _make_endpoints(url, config, 2, 1)[0]
     srv = Server(url, str(config)).start()
@@ -172,6 +176,34 @@ def test_postgresql_stopped_under_load(private_pg: PrivatePostgres, tmp_path: Pa
         assert srv.request("/readyz", method="GET").json["dependencies"]["records"]["dropped"] == 0
         assert poll(lambda: dependency_down(srv, "database") == 0
                     and dependency_down(srv, "change_feed") == 0)
+    finally:
+        srv.stop()
+
+
+def test_outage_serve_s_0_refuses_a_remembered_endpoint_as_soon_as_the_feed_is_lost(
+        private_pg: PrivatePostgres, tmp_path: Path) -> None:
+    url = private_pg.url
+    subprocess.run([LOGIC, "--database-url", url, "db", "upgrade"], check=True,
+                   capture_output=True)
+    config = tmp_path / "logic.toml"
+    config.write_text(f'[records]\njournal = "{tmp_path / "journal"}"\n'
+                      '[database]\noutage_serve_s = 0\n' + CONFIG)
+    guild_id, script_id, secret, _ = _make_endpoints(url, config, 20, 1)[0]
+    path = f"/endpoints/{guild_id}/{script_id}"
+    srv = Server(url, str(config)).start()
+    try:
+        assert poll(lambda: srv.request("/readyz", method="GET").json
+                    ["dependencies"]["database"].get("changeFeed") == "listening", 30)
+        # Looked up and remembered (the default would answer it during the outage).
+        assert [srv.request(path, secret=secret, json_body={}).status
+                for _ in range(3)] == [200] * 3
+        private_pg.stop("fast")
+        assert poll(lambda: srv.request("/readyz", method="GET").json
+                    ["dependencies"]["database"].get("changeFeed") == "lost", 30)
+        for _ in range(3):
+            resp = srv.request(path, secret=secret, json_body={})
+            assert resp.status == 503 and resp.code == "busy"
+            assert resp.headers.get("retry-after") == "1"
     finally:
         srv.stop()
 
