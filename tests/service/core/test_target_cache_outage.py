@@ -253,10 +253,13 @@ def test_a_connection_the_server_refuses_is_refused_never_answered_from_memory(
         else:
             pytest.fail(f"the private server accepted more than {SLOTS} connections")
         assert fillers and full is not None and not connection_lost(full)
-        # `localhost` may be tried as ::1 first (refused: nothing listens
-        # there), then 127.0.0.1 (full): the server's refusal still wins.
+        # libpq tries every address (a name with ::1 and 127.0.0.1, or a host
+        # list) and joins their failures: nothing listening at the first, the
+        # full server at the second. The server's refusal wins.
         with pytest.raises(psycopg2.OperationalError) as joined:
-            psycopg2.connect(**{**params, "host": "localhost"})
+            psycopg2.connect(**{**params, "host": "127.0.0.1,127.0.0.1",
+                                "port": f"{free_port()},{pg.port}"})
+        assert "refused" in str(joined.value) and "too many clients" in str(joined.value)
         assert not connection_lost(joined.value)
 
         with pytest.raises(TargetsUnavailable):
