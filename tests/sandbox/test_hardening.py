@@ -317,6 +317,21 @@ attempt("semget", lambda: libc.semget(KEY, 1, IPC_CREAT | 0o600),
         lambda i: libc.semctl(i, 0, IPC_RMID))
 attempt("mq_open", lambda: mq_open(b"/logic-ipc-probe", os.O_CREAT | os.O_RDWR, 0o600, None),
         lambda i: (os.close(i), mq_unlink(b"/logic-ipc-probe")))
+# Calls on IPC objects (no object exists: the kernel would say EINVAL, EBADF or
+# ENOENT; the filter says EPERM before it looks).
+buf = ctypes.create_string_buffer(64)
+calls = {}
+for name, args in (("shmat", (-1, None, 0)), ("shmdt", (None,)), ("shmctl", (-1, 2, buf)),
+                   ("msgsnd", (-1, buf, 0, 0o4000)), ("msgrcv", (-1, buf, 0, 0, 0o4000)),
+                   ("msgctl", (-1, 2, buf)), ("semop", (-1, buf, 1)),
+                   ("semtimedop", (-1, buf, 1, None)), ("semctl", (-1, 0, 2)),
+                   ("mq_unlink", (b"/logic-no-such-queue",)),
+                   ("mq_timedsend", (-1, buf, 0, 0, None)),
+                   ("mq_timedreceive", (-1, buf, 64, None, None)), ("mq_notify", (-1, None)),
+                   ("mq_getattr", (-1, buf))):
+    ctypes.set_errno(0)
+    calls[name] = getattr(libc, name)(*args) == -1 and ctypes.get_errno()
+res["calls"] = calls
 res["ipc_ns"] = os.stat("/proc/self/ns/ipc").st_ino
 result = res
 '''
@@ -345,6 +360,9 @@ def test_a_hardened_worker_cannot_create_ipc_objects() -> None:
     res = run_with_pool(scenario, size=1, _unsafe_test_hooks=True)
     assert {name: res[name] for name in ("shmget", "msgget", "semget", "mq_open")} == \
         dict.fromkeys(("shmget", "msgget", "semget", "mq_open"), errno.EPERM), res
+    # (glibc's mq_unlink reports EPERM as EACCES; without the filter it is ENOENT.)
+    assert res["calls"] == {**dict.fromkeys(res["calls"], errno.EPERM),
+                            "mq_unlink": errno.EACCES} and len(res["calls"]) == 14, res
     if ROOT:
         assert res["ipc_ns"] != _ipcns(os.getpid())
 
