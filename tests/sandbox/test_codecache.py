@@ -264,6 +264,7 @@ def test_a_guilds_long_compile_does_not_hold_another_guilds_new_version() -> Non
         assert codes is not None
         await wait_for(lambda: key in codes, timeout=30.0)
         assert pool.counters["compiles"] == 2
+        assert pool._compiler is not compiler and not compiler.alive   # not A's compile worker
 
     run_with_pool(scenario, size=2, max_workers=6)
 
