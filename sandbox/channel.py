@@ -98,7 +98,8 @@ class WorkerHandle:
 
     def job_frame(self, req: RequestState, codes: "CodeCache | None" = None) -> bytes:
         """Encode ``req`` for this worker; the script goes along only if it lacks it:
-        as marshalled code from ``codes`` (checked there) when it has it, else as
+        as marshalled code from ``codes`` (checked there) when it has code compiled
+        for ``req``'s guild, else as
         source for the worker to compile (``req.ships_source``).
 
         Raises ProtocolError when the frame would pass the job cap.
@@ -110,7 +111,8 @@ class WorkerHandle:
         key = (ref.key, ref.version, req.dig)
         known = self.known
         have = key in known
-        entry = None if have or codes is None else codes.get(key)
+        # The code cache's key names the guild (never another guild's code).
+        entry = None if have or codes is None else codes.get((req.guild, *key))
         req.ships_source = not have and entry is None
         frame = protocol.encode(
             {"t": "job", "id": req.id, "key": ref.key, "ver": ref.version, "dig": req.dig,

@@ -2,17 +2,19 @@
 
 A worker loads a script version from marshalled code in microseconds instead
 of compiling it (``compile_restricted``, ~0.3-1 ms, more for big sources).
-The code is compiled once per (script key, version, SHA-256 of the source)
-by the pool's *compile worker*: a hardened worker that never runs a script
-(``Pool._compile``). The bytes it returns are kept here, in the service
-process, in an LRU bounded by bytes, and shipped to every worker that lacks
-them.
+The code is compiled once per (guild, script key, version, SHA-256 of the
+source) by the pool's *compile worker*: a hardened worker that never runs a
+script and compiles the sources of one guild only (``sandbox.compiling``).
+The bytes it returns are kept here, in the service process, in an LRU bounded
+by bytes, and shipped to the workers of that guild that lack them, never to
+another guild's.
 
 A code object bypasses RestrictedPython's checks, so what is kept here must
 only ever be what the compile worker produced for exactly this source:
 
-* the key of an entry is (script key, version, source digest), and the
-  digest is always computed here from the source about to run
+* the key of an entry is (guild, script key, version, source digest): the
+  guild whose compile worker produced it and whose workers alone load it;
+  the digest is always computed here from the source about to run
   (:func:`source_digest`), never taken from a caller;
 * every entry carries an HMAC-SHA256 over that key and its bytes, under a key
   drawn at random when the process starts and never stored or sent; an entry
@@ -90,11 +92,13 @@ def source_digest(key: str, version: int, source: str) -> bytes:
     return digest
 
 
-CodeKey = tuple[str, int, bytes]
+#: (guild, script key, version, source digest)
+CodeKey = tuple[str, str, int, bytes]
 
 
 class CodeCache:
-    """An LRU of :class:`CompiledCode` by (key, version, source digest), bounded by bytes."""
+    """An LRU of :class:`CompiledCode` by (guild, key, version, source digest), bounded
+    by bytes."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -120,7 +124,8 @@ class CodeCache:
              has_endpoint: bool, has_generators: bool,
              error: tuple[int | None, str] | None) -> bytes:
         mac = hmac.new(self._key, digestmod=hashlib.sha256)
-        for part in (key[0].encode("utf-8", "surrogatepass"), str(key[1]).encode(), key[2],
+        for part in (key[0].encode("utf-8", "surrogatepass"),
+                     key[1].encode("utf-8", "surrogatepass"), str(key[2]).encode(), key[3],
                      code or b"", "\x00".join(events).encode("utf-8", "surrogatepass"),
                      bytes((has_endpoint, has_generators, code is None)),
                      repr(error).encode("utf-8", "surrogatepass")):

@@ -18,16 +18,27 @@ worker to compile later, for the cache (a bounded queue nobody waits for);
 only requests for the version being compiled right now wait for it.
 
 The compile worker is a spare taken out of the spare list (hardened like any
-worker, and it never ran a script) that is never bound to a guild and never
-runs a script: it only answers ``compile`` messages, one at a time, each within
-``limits.COMPILE_BUDGET_MS`` (the deadline ticker kills it past that, as a
-worker past its time limit) and under the compile memory cap.  It is retired
-like a worker (memory growth, job count) and replaced by the next spare.
+worker, and it never ran a script) that never runs a script: it only answers
+``compile`` messages, one at a time, each within ``limits.COMPILE_BUDGET_MS``
+(the deadline ticker kills it past that, as a worker past its time limit) and
+under the compile memory cap.  It is retired like a worker (memory growth, job
+count) and replaced by the next spare.
+
+Code compiled for a guild is only ever loaded by that guild's workers: the
+guild is part of every cache key (``(guild, script key, version, digest)``),
+and a compile worker compiles the sources of one guild only.  It is bound to
+the guild of the first source it is sent; before a source of another guild is
+compiled it is killed and a fresh spare takes its place (sources of the bound
+guild that wait are sent first, so a switch costs one spare per run of guilds,
+not one per source).  A guild that took over the compile worker through a
+bug in CPython's parser or compiler can therefore plant bytecode only in its
+own workers, which run its code anyway.
 
 When no compile worker can be had at once (no spare ready, or the fork
 server is gone) or a compile fails to come back, the request goes without
 code and its worker compiles the source itself, as before this cache existed:
-slower, never wrong.
+slower, never wrong.  The source stays queued for the cache until a spare is
+ready (the queue is emptied only when the fork server is gone).
 """
 from __future__ import annotations
 
@@ -58,7 +69,10 @@ class Compiling:
 
     kill_grace: float
     _codes: CodeCache | None
+    _workers: dict[int, WorkerHandle | None]
     _compiler: WorkerHandle | None
+    #: The guild whose sources the compile worker compiles (None: none sent yet).
+    _compiler_guild: str | None
     _compiles: dict[CodeKey, "asyncio.Future[Any]"]
     _compile_q: deque[tuple[CodeKey, str, "asyncio.Future[Any]"]]
     _compiling_now: CodeKey | None
@@ -79,6 +93,8 @@ class Compiling:
 
         def _worker_lost(self, w: WorkerHandle) -> None: ...
 
+        def _kill(self, w: WorkerHandle) -> None: ...
+
         def _dispatch(self, w: WorkerHandle, req: RequestState) -> None: ...
 
         def _seat(self, req: RequestState) -> None: ...
@@ -93,6 +109,7 @@ class Compiling:
         """The code cache (None with ``code_cache_mb`` 0: workers compile, as before)."""
         self._codes = CodeCache(code_cache_mb << 20) if code_cache_mb > 0 else None
         self._compiler = None
+        self._compiler_guild = None
         self._compiles = {}
         self._compile_q = deque()
         self._compiling_now = None
@@ -103,9 +120,11 @@ class Compiling:
         the run slot wait for it, as they waited for a compile in ``w`` before);
         ``_dispatch`` is called again when the compile answered."""
         ref = req.ref
-        key = (ref.key, ref.version, req.dig)
+        # The cache's key names the guild: code compiled for one guild is never
+        # shipped to another guild's worker.
+        key = (req.guild, ref.key, ref.version, req.dig)
         codes = self._codes
-        if codes is None or req.code_waited or key in w.known or key in codes:
+        if codes is None or req.code_waited or key[1:] in w.known or key in codes:
             return False
         compiling = self._compiles.get(key)
         if compiling is not None and key != self._compiling_now:
@@ -157,33 +176,69 @@ class Compiling:
             return
         self._dispatch(w, req)
 
-    def _compile_worker(self) -> WorkerHandle | None:
-        """The compile worker, taking a spare for it if there is none; None without a spare."""
+    def _compile_worker(self, guild: str | None = None) -> WorkerHandle | None:
+        """The compile worker for ``guild``'s sources (None: any, without retiring one).
+
+        The current one while it is busy (its answer comes first) or bound to
+        ``guild`` or to no guild yet; one bound to another guild is killed and a
+        spare takes its place.  None when no spare is ready (then the current one
+        stays, bound to its guild) or the fork server is gone.
+        """
         w = self._compiler
-        if w is not None and w.alive:
+        if w is not None and w.alive and (guild is None or w.req is not None
+                                          or self._compiler_guild in (None, guild)):
             return w
-        self._compiler = None
         if not self._idle or not self._zygote_alive:
             return None   # the last spare stays a spare when no new one can be forked
+        if w is not None and w.alive:
+            # It compiled another guild's sources: that guild may have taken it
+            # over (a parser or compiler bug); it never compiles for anyone else.
+            self._compiler = None
+            self._kill(w)
+            self._workers.pop(w.slot, None)
         w = self._idle.pop()
         w.guild = COMPILER
         self._compiler = w
+        self._compiler_guild = None
         self._top_up()
         return w
 
     def _next_compile(self) -> None:
-        """Send the next waiting compile to the compile worker, if it is free."""
+        """Send the next waiting compile to the compile worker, if it is free.
+
+        Sources of the guild the compile worker is bound to go first (no spare
+        spent on a switch while they wait)."""
         q = self._compile_q
         while q:
-            w = self._compile_worker()
+            bound = self._compiler
+            if (bound is not None and bound.alive and bound.req is None
+                    and self._compiler_guild is not None and q[0][0][0] != self._compiler_guild):
+                for i, item in enumerate(q):
+                    if item[0][0] == self._compiler_guild:
+                        del q[i]
+                        q.appendleft(item)
+                        break
+            key, source, waiting = q[0]
+            if waiting.get_loop() is not self._loop:
+                # Queued on an event loop the pool has left (``Pool.attach``): dropped.
+                q.popleft()
+                self._compiles.pop(key, None)
+                continue
+            w = self._compile_worker(key[0])
             if w is None:
-                # No spare now: those requests go on without code (their workers compile).
-                while q:
-                    self._compile_done(q.popleft(), None)
+                if not self._zygote_alive:
+                    # No spare can come: those requests go on without code.
+                    while q:
+                        self._compile_done(q.popleft(), None)
+                    return
+                # No compile worker for this guild now: whoever waits goes on
+                # without code (its worker compiles); the source stays queued for
+                # the cache until a spare is ready (``_on_message``: ready).
+                if not waiting.done():
+                    waiting.set_result(None)
                 return
             if w.req is not None:
                 return   # busy: its answer sends the next one
-            key, source, _ = q[0]
             assert self._loop is not None
             self._next_id += 1
             req = RequestState(self._loop.create_future(), "compile", None, {},
@@ -194,6 +249,7 @@ class Compiling:
             req.worker = w
             item = q.popleft()
             self._compiling_now = key
+            self._compiler_guild = key[0]
             req.future.add_done_callback(functools.partial(self._compile_answered, item))
             w.req = req
             self._busy += 1
@@ -208,6 +264,7 @@ class Compiling:
     def _compile_answered(self, item: tuple[CodeKey, str, "asyncio.Future[Any]"],
                           answer: "asyncio.Future[Any]") -> None:
         self._compile_done(item, None if answer.cancelled() else answer.result())
+        self._next_compile()
 
     def _compile_done(self, item: tuple[CodeKey, str, "asyncio.Future[Any]"], msg: Any) -> None:
         """A compile came back (``msg``: the ``code`` message) or failed (anything else)."""
@@ -225,7 +282,6 @@ class Compiling:
             self._c["compile_failures"] += 1
         if not future.done():
             future.set_result(None)
-        self._next_compile()
 
     def _on_code(self, w: WorkerHandle, req: RequestState, msg: dict[str, Any]) -> bool:
         """The compile worker answered; True when it should be replaced."""

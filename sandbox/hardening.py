@@ -5,7 +5,8 @@ Order matters and is fixed (see :func:`harden`):
 1. close every inherited descriptor but the channel (a child could otherwise
    use the service's listening socket, database connections or log files);
 2. rlimits: address space, CPU, open files, file size 0, no core dumps;
-3. a new, empty network namespace (needs CAP_SYS_ADMIN, so before the drop);
+3. a new, empty network namespace and a new IPC namespace (need
+   CAP_SYS_ADMIN, so before the drop);
 4. drop to an unprivileged user, then RLIMIT_NPROC=0 (a process limit only
    binds a non-root user);
 5. ``PR_SET_NO_NEW_PRIVS`` (also required for an unprivileged seccomp load);
@@ -13,8 +14,12 @@ Order matters and is fixed (see :func:`harden`):
    system calls it needs.
 
 Each step reports whether it took effect; the pool logs and exposes that as
-``pool.hardening``; nothing is skipped silently.  Every function here changes
-the calling process and must only run in a worker.
+``pool.hardening``; nothing is skipped silently.  One failure is fatal: a
+worker forked into the namespace the fork server shares between all workers
+exits (``EXIT_NO_SECCOMP``) when its seccomp filter does not load, because
+only the filter keeps workers of different guilds from meeting there.
+Every function here changes the calling process and must only run in a
+worker.
 """
 from __future__ import annotations
 
@@ -28,7 +33,11 @@ from typing import Any
 from sandbox import limits
 
 CHANNEL_FD = 3
+#: Exit status of a worker in the shared namespaces whose seccomp filter did not
+#: load: it never serves (see :func:`harden`).
+EXIT_NO_SECCOMP = 67
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWIPC = 0x08000000
 _CLONE_THREAD = 0x00010000
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
@@ -94,24 +103,29 @@ def close_inherited_fds(channel_fd: int) -> int:
 
 
 def enter_network_namespace() -> tuple[bool, str]:
-    """unshare(CLONE_NEWNET): the worker sees only a down loopback interface."""
-    if _libc.unshare(_CLONE_NEWNET) == 0:
+    """unshare(CLONE_NEWNET | CLONE_NEWIPC): the worker sees only a down loopback
+    interface, and no System V IPC object or POSIX message queue of the host
+    (what is created in the namespace goes with it when its last process exits)."""
+    if _libc.unshare(_CLONE_NEWNET | _CLONE_NEWIPC) == 0:
         return True, ""
     return False, os.strerror(ctypes.get_errno())
 
 
 def share_network_namespace(cfg: HardeningConfig,
                             seccomp_filter: Any) -> tuple[bool, str] | None:
-    """In the fork server: enter the workers' empty network namespace once.
+    """In the fork server: enter the workers' empty network and IPC namespaces once.
 
-    Every worker forked afterwards starts in it, so a spare does not pay for
-    its own ``unshare`` (~0.6 ms).  Workers then share one namespace, which
-    holds nothing (a down ``lo``, no abstract Unix sockets of the host) and in
-    which a worker cannot create a socket (seccomp refuses ``socket`` and
-    ``socketpair``).  Without the seccomp filter that last part does not
-    hold (two workers could meet through an abstract Unix socket), so then
-    each worker keeps its own namespace: returns None and the worker unshares
-    itself.
+    Every worker forked afterwards starts in them, so a spare does not pay for
+    its own ``unshare`` (~0.6 ms).  Workers then share one network and one IPC
+    namespace, which hold nothing (a down ``lo``, no abstract Unix sockets, no
+    IPC objects of the host) and in which a worker can create neither a socket
+    nor an IPC object (seccomp refuses ``socket``, ``socketpair``, ``shmget``,
+    ``msgget``, ``semget``, ``mq_open``, ...).  Without the seccomp filter that
+    last part does not hold (two workers could meet through an abstract Unix
+    socket or a shared memory segment), so then each worker keeps its own
+    namespaces: returns None and the worker unshares itself.  A worker forked
+    into the shared namespaces whose filter fails to load exits
+    (:func:`harden`).
     """
     if not cfg.network_namespace or not cfg.seccomp or seccomp_filter is None:
         return None
@@ -228,6 +242,13 @@ _EPERM_ALWAYS = (
     "fanotify_init", "acct", "swapon", "swapoff", "sethostname", "setdomainname",
     "syslog", "vhangup", "quotactl", "settimeofday", "clock_settime", "clock_adjtime",
     "adjtimex", "iopl", "ioperm", "kexec_file_load", "uselib", "lookup_dcookie",
+    # System V IPC and POSIX message queues (security review V5): segments and
+    # queues outlive the worker (memory outside its RLIMIT_AS and memory cap)
+    # and would be a channel between workers of different guilds in the IPC
+    # namespace the fork server shares. The runtime needs none of them.
+    "shmget", "shmat", "shmdt", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl",
+    "semget", "semop", "semtimedop", "semctl", "ipc",
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
 )
 # Namespace flags: refused for clone() even together with CLONE_THREAD (a
 # worker that kept capabilities could otherwise enter new namespaces).
@@ -320,10 +341,13 @@ def harden(channel_fd: int, cfg: HardeningConfig, seccomp_filter: Any,
            shared_netns: tuple[bool, str] | None = None) -> tuple[int, HardeningReport]:
     """Apply every layer in order; returns the channel's new fd and the report.
 
-    ``shared_netns``: the fork server already entered an empty network
-    namespace (``enter_network_namespace`` once, before it forked this
+    ``shared_netns``: the fork server already entered an empty network and
+    IPC namespace (``enter_network_namespace`` once, before it forked this
     worker; see :func:`share_network_namespace`): its result is the layer's,
-    and the worker does not unshare again.
+    and the worker does not unshare again.  Such a worker shares those
+    namespaces with every other guild's workers, which only the seccomp filter
+    makes safe: when the filter does not load it exits (``EXIT_NO_SECCOMP``)
+    before it reports ready, so it never serves.
     """
     report = HardeningReport()
     fd = close_inherited_fds(channel_fd)
@@ -369,6 +393,8 @@ def harden(channel_fd: int, cfg: HardeningConfig, seccomp_filter: Any,
     if cfg.seccomp:
         ok, why = load_seccomp(seccomp_filter)
         report.set("seccomp", ok, why)
+        if not ok and cfg.network_namespace and shared_netns is not None and shared_netns[0]:
+            os._exit(EXIT_NO_SECCOMP)   # never serve in the shared namespaces unfiltered
     else:
         report.set("seccomp", False, "disabled by configuration")
     return fd, report

@@ -65,6 +65,8 @@ class Inbox(Compiling, Supervisor):
             if self._loop is not None:
                 self._loop.call_later(1.0, self._clear_failures, w)
             self._on_spare(w)
+            if self._compile_q and self._loop is not None:
+                self._next_compile()   # a source may wait for a compile worker of its guild
             return
         if req is None or msg["id"] != req.id:
             raise ProtocolError(f"unexpected {t!r} message")

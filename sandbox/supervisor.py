@@ -23,6 +23,7 @@ import msgpack  # type: ignore[import-untyped]
 
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import PoolBusyError, SandboxError
+from sandbox.hardening import EXIT_NO_SECCOMP
 from sandbox.limits import MEMGUARD_AVAILABLE
 from sandbox.outcome import Outcome, failure
 from sandbox.scheduler import Scheduler
@@ -133,6 +134,12 @@ class Supervisor:
                 log.error("sandbox fork server could not fork: %s", error.message)
                 self._spawning.pop(slot, None)
                 self._schedule_spawn(slot, backoff=True)
+            elif t == "exit" and msg.get("code") == EXIT_NO_SECCOMP:
+                log.error("sandbox worker %s exited before it was ready: its seccomp filter "
+                          "did not load, and without it a worker must not run in the "
+                          "network and IPC namespace all workers share", pid)
+                if self._state == "starting":
+                    self._state = "failed"   # every worker would: start() gives up now
             elif t == "exit":
                 log.debug("sandbox worker %s exited (code %s, signal %s)",
                           pid, msg.get("code"), msg.get("signal"))

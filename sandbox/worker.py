@@ -6,7 +6,8 @@ receive a job, load the script version if it is not in the LRU cache (from
 the marshalled code the service ships, ``sandbox.codecache``; compiling the
 source only when none came), run ``run_endpoint`` with the memory accountant armed, reply.  It never
 decides about time: the supervisor SIGKILLs it past the deadline.  The
-pool's compile worker gets ``compile`` messages instead and never runs a script.
+pool's compile worker gets ``compile`` messages instead and never runs a script
+(the pool sends it the sources of one guild only, ``sandbox.compiling``).
 
 A worker exits (and the pool replaces it) after any job that broke the memory
 cap or failed inside the runtime itself, and after any job that left its
@@ -128,8 +129,9 @@ class _Runner:
                                             tuple(src.split("\n")), meta["gen"]), ())
 
     def compile_only(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """A ``compile`` message (this worker is the pool's compile worker and never
-        runs a script): the marshalled code, or the first compile error."""
+        """A ``compile`` message (this worker is the pool's compile worker: it never
+        runs a script, and the pool sends it one guild's sources only, killing it
+        before another guild's): the marshalled code, or the first compile error."""
         self._cpu.before_job(limits.COMPILE_BUDGET_MS)
         compiled = self._compile_guarded(msg["src"])
         script = compiled.script

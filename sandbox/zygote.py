@@ -6,8 +6,9 @@ and forking a multi-threaded process copies locks held by other threads.  So
 thread exists; it imports and warms everything a worker needs (after the uid
 drop a worker may not be able to read the interpreter's files), freezes the
 heap (``gc.freeze()``: forked pages stay shared), builds the seccomp filter
-once, enters the workers' empty network namespace once (every fork starts in
-it; ``hardening.share_network_namespace``), and then only forks on request.  It never runs user code.
+once, enters the workers' empty network and IPC namespaces once (every fork
+starts in them; ``hardening.share_network_namespace``), and then only forks on
+request.  It never runs user code.
 
 Control socket (SOCK_SEQPACKET, one msgpack message per packet, so passed
 descriptors stay attached to their message):

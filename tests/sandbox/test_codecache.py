@@ -1,14 +1,17 @@
 """Compiled code shipped to workers (sandbox.codecache, sandbox.compiling), with real workers.
 
-A version is compiled once, by the compile worker; workers load its marshalled
-code. Cached code is bound to (script key, version, source digest) and to a
-MAC: a changed entry or a changed source is never run.
+A version is compiled once per guild, by a compile worker bound to that guild;
+the guild's workers load its marshalled code. Cached code is bound to (guild,
+script key, version, source digest) and to a MAC: a changed entry, a changed
+source or another guild's code is never run.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import marshal
+import os
+import signal
 
 import pytest
 
@@ -16,7 +19,7 @@ from sandbox.codecache import CodeCache, source_digest
 from sandbox.compiler import compile_script
 from sandbox.pool import Pool
 
-from tests.sandbox.poolkit import LIMITS, event, ref, run_with_pool
+from tests.sandbox.poolkit import LIMITS, alive, event, ref, run_with_pool, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -31,20 +34,22 @@ def _body(out: object) -> bytes:
     return out.body  # type: ignore[attr-defined, no-any-return]
 
 
-def test_a_version_compiles_once_and_every_worker_loads_it() -> None:
-    src = REPLY % "one"
+def test_a_version_compiles_once_per_guild_and_every_worker_of_it_loads_it() -> None:
+    src = SLOW % "one"
 
     async def scenario(pool: Pool) -> None:
-        outs = await asyncio.gather(*(pool.run(ref(src, "logic_once"), event(), LIMITS, f"g{i}")
-                                      for i in range(4)))
-        assert [_body(o) for o in outs] == [b'{"v":"one"}'] * 4
-        assert pool.counters["compiles"] == 1
-        assert pool.counters["guilds"] == 4
+        outs = await asyncio.gather(*(pool.run(ref(src, "logic_once"), event(), LIMITS, "g")
+                                      for _ in range(2)))
+        assert [_body(o) for o in outs] == [b'{"v":"one"}'] * 2
+        assert len(pool._guild_idle["g"]) == 2   # two workers ran it ...
+        assert pool.counters["compiles"] == 1    # ... from one compile
         # A version that does not compile is remembered too: its error, once.
         broken = "on endpoint(event):\n    event.reply(\n"
-        for i in range(3):
-            out = await pool.run(ref(broken, "logic_broken"), event(), LIMITS, f"b{i}")
+        outs = await asyncio.gather(*(pool.run(ref(broken, "logic_broken"), event(), LIMITS, "g")
+                                      for _ in range(2)))
+        for out in outs:
             assert out.error_kind == "script_error" and out.error_line == 2, out
+        assert len(pool._guild_idle["g"]) == 2
         assert pool.counters["compiles"] == 2
 
     run_with_pool(scenario, size=2, max_workers=12)
@@ -60,17 +65,74 @@ def test_a_tampered_cached_code_object_is_never_run() -> None:
             b'{"v":"genuine"}'
         codes = pool._codes
         assert codes is not None
-        key = ("logic_t", 1, source_digest("logic_t", 1, src))
+        key = ("a", "logic_t", 1, source_digest("logic_t", 1, src))
         entry = codes.entries()[key]
         # Someone changes the cached bytes (the MAC stays the genuine one).
         codes.replace_entry(key, dataclasses.replace(entry, code=marshal.dumps(evil.code)))
-        # A new guild's worker lacks the version: the entry must not be shipped.
-        assert _body(await pool.run(ref(src, "logic_t"), event(), LIMITS, "b")) == \
+        # The guild's worker goes; its next worker lacks the version: the entry must
+        # not be shipped.
+        (worker,) = pool._guild_idle["a"]
+        os.kill(worker.pid, signal.SIGKILL)
+        await wait_for(lambda: not worker.alive)
+        assert _body(await pool.run(ref(src, "logic_t"), event(), LIMITS, "a")) == \
             b'{"v":"genuine"}'
         assert pool.counters["code_rejected"] == 1
         assert key not in codes
 
     run_with_pool(scenario, size=1, max_workers=6)
+
+
+def test_code_compiled_for_one_guild_is_never_loaded_by_another() -> None:
+    """Security review V1: a guild that took over the compile worker (a bug in
+    CPython's parser or compiler) answers with crafted bytecode. Whatever the
+    compile worker returned for guild A, with a valid MAC, must never run in
+    guild B's workers, even for the same script key, version and source."""
+    src = REPLY % "genuine"
+    crafted = compile_script(REPLY % "crafted by guild a").script
+    assert crafted is not None
+
+    async def scenario(pool: Pool) -> None:
+        assert _body(await pool.run(ref(src, "logic_x"), event(), LIMITS, "a")) == \
+            b'{"v":"genuine"}'
+        codes = pool._codes
+        assert codes is not None and len(codes) == 1
+        # Every entry now holds what the taken-over compile worker sent back.
+        for key, entry in codes.entries().items():
+            codes.put(key, marshal.dumps(crafted.code), entry.events, entry.has_endpoint,
+                      entry.has_generators, entry.error)
+        for guild in ("b", "c"):
+            assert _body(await pool.run(ref(src, "logic_x"), event(), LIMITS, guild)) == \
+                b'{"v":"genuine"}'
+        assert pool.counters["code_rejected"] == 0   # not rejected: never looked up
+
+    run_with_pool(scenario, size=1, max_workers=6)
+
+
+def test_a_compile_worker_compiles_one_guilds_sources_then_is_replaced() -> None:
+    """Security review V1: the compile worker that compiled guild A's source is
+    killed before a source of guild B is compiled, and B's comes from another one."""
+    async def scenario(pool: Pool) -> None:
+        assert _body(await pool.run(ref(REPLY % 1, "logic_a1"), event(), LIMITS, "a")) == \
+            b'{"v":1}'
+        first = pool._compiler
+        assert first is not None and first.alive and pool.counters["compiles"] == 1
+        # Same guild: the same compile worker (no spare spent).
+        assert _body(await pool.run(ref(REPLY % 2, "logic_a2"), event(), LIMITS, "a")) == \
+            b'{"v":2}'
+        assert pool._compiler is first and pool.counters["compiles"] == 2
+        # Both spares ready, so B's request and B's compile worker each get one.
+        await wait_for(lambda: len(pool._idle) >= 2, timeout=30.0)
+        assert _body(await pool.run(ref(REPLY % 3, "logic_b1"), event(), LIMITS, "b")) == \
+            b'{"v":3}'
+        second = pool._compiler
+        assert second is not None and second is not first and second.pid != first.pid
+        assert pool.counters["compiles"] == 3   # B's source: compiled by the new one
+        await wait_for(lambda: not alive(first.pid), timeout=30.0)
+        codes = pool._codes
+        assert codes is not None
+        assert sorted(k[0] for k in codes.entries()) == ["a", "a", "b"]
+
+    run_with_pool(scenario, size=2, max_workers=8)
 
 
 def test_a_stale_entry_for_the_same_version_is_never_run() -> None:
@@ -121,22 +183,20 @@ def test_without_the_code_cache_workers_compile_as_before() -> None:
 def test_code_cache_is_bounded_by_bytes_and_checks_its_mac() -> None:
     cache = CodeCache(max_bytes=4096)
     for i in range(20):
-        cache.put(("k", i, b"d" * 32), b"x" * 1000, ("endpoint",), True, False, None)
+        cache.put(("g", "k", i, b"d" * 32), b"x" * 1000, ("endpoint",), True, False, None)
     assert cache.size_bytes <= 4096 and 0 < len(cache) < 20
-    last = ("k", 19, b"d" * 32)
+    last = ("g", "k", 19, b"d" * 32)
     entry = cache.get(last)
     assert entry is not None and entry.code == b"x" * 1000
-    # Bound to its key: the same bytes under another version do not verify.
-    cache.replace_entry(("k", 99, b"d" * 32), entry)
-    assert cache.get(("k", 99, b"d" * 32)) is None and cache.rejected == 1
+    # Bound to its key: the same bytes under another version do not verify ...
+    cache.replace_entry(("g", "k", 99, b"d" * 32), entry)
+    assert cache.get(("g", "k", 99, b"d" * 32)) is None and cache.rejected == 1
+    # ... nor under another guild.
+    cache.replace_entry(("h", "k", 19, b"d" * 32), entry)
+    assert cache.get(("h", "k", 19, b"d" * 32)) is None and cache.rejected == 2
 
 
 def test_a_dead_compile_worker_is_replaced_and_requests_still_answered() -> None:
-    import os
-    import signal
-
-    from tests.sandbox.poolkit import alive, wait_for
-
     async def scenario(pool: Pool) -> None:
         assert _body(await pool.run(ref(REPLY % 1, "logic_d1"), event(), LIMITS, "g")) == \
             b'{"v":1}'
@@ -158,8 +218,11 @@ def test_a_dead_compile_worker_is_replaced_and_requests_still_answered() -> None
             assert _body(out) == b'{"v":%d}' % version
         else:
             raise AssertionError(f"no new compile worker: {pool.counters}")
+        # Versions compiled by their workers meanwhile are compiled for the cache too.
+        await wait_for(lambda: not pool._compile_q and pool._compiler is not None
+                       and pool._compiler.req is None, timeout=30.0)
         before = pool.counters["compiles"]
-        out = await pool.run(ref(REPLY % 99, "logic_d2"), event(), LIMITS, "h")
+        out = await pool.run(ref(REPLY % 99, "logic_d2"), event(), LIMITS, "g")
         assert _body(out) == b'{"v":99}'
         assert pool.counters["compiles"] == before + 1
 
@@ -193,14 +256,15 @@ def test_a_guilds_long_compile_does_not_hold_another_guilds_new_version() -> Non
         assert compiler.req is busy_with and not big.done()
         await big
         assert order == ["small", "big"]
-        # B's version was then compiled for the cache, off the request path.
-        from tests.sandbox.poolkit import wait_for
+        # B's version was then compiled for the cache, off the request path (by
+        # a compile worker of B's: A's is replaced first).
         small = REPLY % "b"
-        key = ("logic_small", 1, source_digest("logic_small", 1, small))
+        key = ("b", "logic_small", 1, source_digest("logic_small", 1, small))
         codes = pool._codes
         assert codes is not None
-        await wait_for(lambda: key in codes)
+        await wait_for(lambda: key in codes, timeout=30.0)
         assert pool.counters["compiles"] == 2
+        assert pool._compiler is not compiler and not compiler.alive   # not A's compile worker
 
     run_with_pool(scenario, size=2, max_workers=6)
 

@@ -249,3 +249,151 @@ def test_without_seccomp_each_worker_keeps_its_own_network_namespace() -> None:
         assert pool.hardening["network_namespace"]
 
     run_with_pool(scenario, size=2, seccomp=False)
+
+
+@pytest.mark.skipif(not ROOT, reason="the shared network namespace needs root")
+def test_a_worker_in_the_shared_namespace_whose_seccomp_fails_never_serves(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Security review V4: workers share the fork server's namespaces only because
+    seccomp refuses sockets and IPC there; a worker whose filter did not load must
+    exit before it is ready, so the pool never serves (it does not start)."""
+    from sandbox import hardening
+    from sandbox.errors import SpawnError
+    caplog.set_level("ERROR", logger="sandbox.pool")
+    monkeypatch.setattr(hardening, "load_seccomp",
+                        lambda flt: (False, "refused by the test"))
+    # fresh_interpreter=False: the fork server (and so every worker) is a fork of
+    # this process and keeps the patch.
+    pool = Pool(size=1, spawn_timeout_s=30.0, fresh_interpreter=False, code_cache_mb=0)
+    with pytest.raises(SpawnError):
+        pool.start()   # at the first such exit, not after the spawn timeout
+    assert any("seccomp filter did not load" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.skipif(not ROOT, reason="a network namespace needs root")
+def test_a_worker_in_its_own_namespace_without_a_filter_serves_and_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other side of V4: with no filter to load (libseccomp missing) each worker
+    has namespaces of its own, so it serves, with the seccomp layer reported inactive."""
+    from sandbox import hardening
+    monkeypatch.setattr(hardening, "build_seccomp_filter", lambda: None)
+
+    async def scenario(pool: Pool) -> None:
+        assert pool.hardening["seccomp"] is False and pool.hardening["network_namespace"]
+        pids = pool.worker_pids
+        assert len({_netns(pid) for pid in pids}) == len(pids)
+        out = await pool.run(ref("on endpoint(event):\n    event.reply(1)\n"), event(),
+                             __import__("sandbox.pool").pool.Limits(1000, 512))
+        assert out.body == b"1"
+
+    run_with_pool(scenario, size=2, fresh_interpreter=False, code_cache_mb=0)
+
+
+IPC_PROBE = '''
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+try:
+    mq_open = libc.mq_open
+    mq_unlink = libc.mq_unlink
+except AttributeError:
+    rt = ctypes.CDLL("librt.so.1", use_errno=True)
+    mq_open, mq_unlink = rt.mq_open, rt.mq_unlink
+IPC_CREAT, IPC_RMID, KEY = 0o1000, 0, IPC_KEY
+res = {}
+def attempt(name, fn, cleanup):
+    ctypes.set_errno(0)
+    value = fn()
+    if value == -1:
+        res[name] = ctypes.get_errno()
+    else:
+        res[name] = "allowed"
+        cleanup(value)
+attempt("shmget", lambda: libc.shmget(KEY, 8 << 20, IPC_CREAT | 0o600),
+        lambda i: res.update(shmid=i) if KEEP_SHM else libc.shmctl(i, IPC_RMID, None))
+attempt("msgget", lambda: libc.msgget(KEY, IPC_CREAT | 0o600),
+        lambda i: libc.msgctl(i, IPC_RMID, None))
+attempt("semget", lambda: libc.semget(KEY, 1, IPC_CREAT | 0o600),
+        lambda i: libc.semctl(i, 0, IPC_RMID))
+attempt("mq_open", lambda: mq_open(b"/logic-ipc-probe", os.O_CREAT | os.O_RDWR, 0o600, None),
+        lambda i: (os.close(i), mq_unlink(b"/logic-ipc-probe")))
+# Calls on IPC objects (no object exists: the kernel would say EINVAL, EBADF or
+# ENOENT; the filter says EPERM before it looks).
+buf = ctypes.create_string_buffer(64)
+calls = {}
+for name, args in (("shmat", (-1, None, 0)), ("shmdt", (None,)), ("shmctl", (-1, 2, buf)),
+                   ("msgsnd", (-1, buf, 0, 0o4000)), ("msgrcv", (-1, buf, 0, 0, 0o4000)),
+                   ("msgctl", (-1, 2, buf)), ("semop", (-1, buf, 1)),
+                   ("semtimedop", (-1, buf, 1, None)), ("semctl", (-1, 0, 2)),
+                   ("mq_unlink", (b"/logic-no-such-queue",)),
+                   ("mq_timedsend", (-1, buf, 0, 0, None)),
+                   ("mq_timedreceive", (-1, buf, 64, None, None)), ("mq_notify", (-1, None)),
+                   ("mq_getattr", (-1, buf))):
+    ctypes.set_errno(0)
+    calls[name] = getattr(libc, name)(*args) == -1 and ctypes.get_errno()
+res["calls"] = calls
+res["ipc_ns"] = os.stat("/proc/self/ns/ipc").st_ino
+result = res
+'''
+
+
+def _ipcns(pid: int) -> int:
+    return os.stat(f"/proc/{pid}/ns/ipc").st_ino
+
+
+def _host_shm_keys() -> set[int]:
+    with open("/proc/sysvipc/shm") as f:
+        return {int(line.split()[0]) for line in f.readlines()[1:] if line.strip()}
+
+
+def test_a_hardened_worker_cannot_create_ipc_objects() -> None:
+    """Security review V5: System V shared memory, message queues, semaphores and
+    POSIX message queues are refused (EPERM), and the worker's IPC namespace is
+    not the host's."""
+    async def scenario(pool: Pool) -> dict[str, Any]:
+        ok, res = await pool._test_exec(IPC_PROBE.replace("IPC_KEY", "0x10C1C5")
+                                        .replace("KEEP_SHM", "False"))
+        assert ok, res
+        assert isinstance(res, dict)
+        return res
+
+    res = run_with_pool(scenario, size=1, _unsafe_test_hooks=True)
+    assert {name: res[name] for name in ("shmget", "msgget", "semget", "mq_open")} == \
+        dict.fromkeys(("shmget", "msgget", "semget", "mq_open"), errno.EPERM), res
+    # (glibc's mq_unlink reports EPERM as EACCES; without the filter it is ENOENT.)
+    assert res["calls"] == {**dict.fromkeys(res["calls"], errno.EPERM),
+                            "mq_unlink": errno.EACCES} and len(res["calls"]) == 14, res
+    if ROOT:
+        assert res["ipc_ns"] != _ipcns(os.getpid())
+
+
+@pytest.mark.skipif(not ROOT, reason="an IPC namespace needs root")
+def test_without_seccomp_ipc_objects_stay_in_the_workers_own_namespace() -> None:
+    """Security review V5: without the filter a worker can create a segment, but in
+    an IPC namespace of its own (none shared with a sibling or the host): the host
+    never sees it, and it goes with the worker."""
+    import random
+    key = random.randrange(1 << 20, 1 << 30)
+
+    async def scenario(pool: Pool) -> dict[str, Any]:
+        pids = pool.worker_pids
+        spaces = {_ipcns(pid) for pid in pids}
+        assert len(spaces) == len(pids) >= 2 and _ipcns(os.getpid()) not in spaces
+        ok, res = await pool._test_exec(IPC_PROBE.replace("IPC_KEY", str(key))
+                                        .replace("KEEP_SHM", "True"))
+        assert ok, res
+        assert isinstance(res, dict)
+        return res
+
+    try:
+        res = run_with_pool(scenario, size=2, seccomp=False, _unsafe_test_hooks=True)
+        assert res["shmget"] == "allowed", res   # no filter: the call itself works
+        assert key not in _host_shm_keys()
+    finally:
+        # Had it reached the host's namespace, do not leave 8 MiB behind.
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+        shmid = libc.shmget(key, 0, 0)
+        if shmid != -1:
+            libc.shmctl(shmid, 0, None)
