@@ -68,7 +68,7 @@ class WorkerHandle:
 
     __slots__ = ("slot", "pid", "pidfd", "sock", "fd", "reader", "known", "cache_size", "jobs",
                  "max_jobs", "spawned_at", "ready", "req", "alive", "outbuf", "_proc", "guild",
-                 "idle_since", "asked_at", "fork_ms")
+                 "idle_since", "asked_at", "fork_ms", "rss_first", "rss_last")
 
     def __init__(self, slot: int, pid: int, channel_fd: int, pidfd: int, *, cache_size: int,
                  max_jobs: int, now: float) -> None:
@@ -95,6 +95,11 @@ class WorkerHandle:
         self.idle_since = now
         self.asked_at = 0.0   # time.monotonic() of the spawn request (start-up cost)
         self.fork_ms = 0.0    # the fork server's fork() call
+        # Resident bytes the worker reported after its first and its last job
+        # (0: none yet); what it grew between them counts against the pool's
+        # memory budget (sandbox.placement).
+        self.rss_first = 0
+        self.rss_last = 0
 
     def job_frame(self, req: RequestState, codes: "CodeCache | None" = None) -> bytes:
         """Encode ``req`` for this worker; the script goes along only if it lacks it:

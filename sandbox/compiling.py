@@ -70,6 +70,7 @@ class Compiling:
     kill_grace: float
     _codes: CodeCache | None
     _workers: dict[int, WorkerHandle | None]
+    _watched: dict[WorkerHandle, None]
     _compiler: WorkerHandle | None
     #: The guild whose sources the compile worker compiles (None: none sent yet).
     _compiler_guild: str | None
@@ -252,6 +253,7 @@ class Compiling:
             self._compiler_guild = key[0]
             req.future.add_done_callback(functools.partial(self._compile_answered, item))
             w.req = req
+            self._watched[w] = None
             self._busy += 1
             self._ensure_tick()
             if w.send(w.compile_frame(req.id, source), self._loop, self._on_writable):

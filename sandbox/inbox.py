@@ -119,6 +119,11 @@ class Inbox(Compiling, Supervisor):
             return
         if msg["over"]:
             self._c["memory_kills"] += 1
+        rss = msg.get("rss")
+        if rss:
+            w.rss_last = rss
+            if not w.rss_first:
+                w.rss_first = rss
         req.resolve(from_result(msg["r"], msg["dur"], msg["peak"], req.waited,
                                 req.deprioritised))
         if msg["exit"] or msg["over"] or w.jobs >= w.max_jobs:

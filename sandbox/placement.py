@@ -15,7 +15,10 @@ worker of its guild, else a spare; with neither it waits for the next spare
 (``_homeless``).  Spares are replenished by forking while there is room under
 ``max_workers``, else by retiring the least recently used idle bound worker
 (LRU retirement).  A bound worker idle for ``idle_retire_s`` is retired too,
-so the pool shrinks when guilds go quiet.
+so the pool shrinks when guilds go quiet.  Memory: each worker is charged
+``WORKER_BYTES`` plus what it reported it grew since its first job; no spare
+is forked past ``memory_budget``, and housekeeping retires least recently
+used idle workers while the estimate is over it.
 
 Quarantine: a script version that crashed its worker ``crash_limit`` times
 within ``crash_window_s`` (per guild) is answered ``crash`` without a worker
@@ -27,6 +30,7 @@ import asyncio
 import logging
 import os
 import pwd
+import resource
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
@@ -48,21 +52,57 @@ def sandbox_user(name: str) -> tuple[int, int]:
         return 65534, 65534
 
 
-def derived_max_workers(size: int) -> int:
-    """Default ``max_workers``: a quarter of the machine's memory at ~24 MiB a
-    worker (mostly pages shared with the fork server), at least ``2 * size``,
-    at most 1024."""
+#: What one idle worker costs beyond the pages it shares with the fork server:
+#: ~4 MiB of private memory measured after its first jobs (USS), plus page
+#: tables and kernel structures.  Growth it reports after a job comes on top.
+WORKER_BYTES = 5 << 20
+#: Descriptors the service holds per worker (its channel and its pidfd).
+WORKER_FDS = 2
+
+
+def physical_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its cgroup's limit if lower."""
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         memory = 4 << 30
-    return max(2 * size, min(1024, memory // 4 // (24 << 20)))
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = int(f.read().strip())
+        except (OSError, ValueError):   # absent, or "max"
+            continue
+        if 0 < limit < memory:
+            memory = limit
+    return memory
+
+
+def derived_memory_budget() -> int:
+    """Default ``memory_budget``: half of :func:`physical_memory`."""
+    return physical_memory() // 2
+
+
+def derived_max_workers(size: int, memory_budget: int | None = None) -> int:
+    """Default ``max_workers``: as many workers as the memory budget holds at
+    ``WORKER_BYTES`` each, at least ``2 * size``, at most 4096 and at most what
+    a quarter of the descriptor limit allows."""
+    budget = memory_budget or derived_memory_budget()
+    try:
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    except (ValueError, OSError):
+        nofile = 1024
+    if nofile == resource.RLIM_INFINITY:
+        nofile = 1 << 20
+    by_fds = nofile // 4 // WORKER_FDS
+    return max(2 * size, min(4096, budget // WORKER_BYTES, by_fds))
 
 
 class Placement:
     """Worker placement state and methods shared with ``Pool`` (which initialises them)."""
 
     max_workers: int
+    memory_budget: int
+    _memory_estimate: int
     spares: int
     idle_retire_s: float
     crash_limit: int
@@ -71,6 +111,7 @@ class Placement:
     _loop: asyncio.AbstractEventLoop | None
     _state: str
     _workers: dict[int, WorkerHandle | None]
+    _watched: dict[WorkerHandle, None]
     _spawning: dict[int, float]
     _idle: deque[WorkerHandle]
     _guild_idle: dict[str, list[WorkerHandle]]
@@ -207,10 +248,12 @@ class Placement:
         compiler = self._compiler
         extra = 1 if compiler is not None and self._workers.get(compiler.slot) is compiler else 0
         while want > 0 and self._state in ("starting", "running"):
-            if len(self._workers) - extra < self.max_workers:
+            if (len(self._workers) - extra < self.max_workers
+                    and self._memory_estimate + WORKER_BYTES <= self.memory_budget):
                 slot = self._next_slot
                 self._next_slot += 1
                 self._workers[slot] = None
+                self._memory_estimate += WORKER_BYTES   # exact again at housekeeping
                 self._request_spawn(slot)
             elif self._lru:
                 w = next(iter(self._lru))
@@ -222,15 +265,20 @@ class Placement:
             want -= 1
 
     def _retire_idle(self, now: float) -> None:
-        """Housekeeping: retire bound workers idle for ``idle_retire_s`` (oldest first)."""
+        """Housekeeping: retire bound workers idle for ``idle_retire_s`` (oldest first),
+        then least recently used idle ones while the memory estimate is over budget."""
         lru = self._lru
         while lru:
             w = next(iter(lru))
             if now - w.idle_since < self.idle_retire_s:
                 break
-            self._c["retired"] += 1
-            self._kill(w)
-            self._workers.pop(w.slot, None)
+            self._retire(w)
+        used = self.memory_estimate()
+        while lru and used > self.memory_budget:
+            w = next(iter(lru))
+            used -= WORKER_BYTES + max(0, w.rss_last - w.rss_first)
+            self._retire(w)
+        self._memory_estimate = used
         self._sched.sweep()
         for guild in [g for g, idle in self._guild_idle.items() if not idle]:
             del self._guild_idle[guild]
@@ -240,6 +288,19 @@ class Placement:
             del self._crashes[k]
         for k in [k for k, q in self._quarantine.items() if q[0] <= now]:
             del self._quarantine[k]
+
+    def _retire(self, w: WorkerHandle) -> None:
+        """Retire an idle bound worker and free its slot."""
+        self._c["retired"] += 1
+        self._kill(w)
+        self._workers.pop(w.slot, None)
+
+    def memory_estimate(self) -> int:
+        """Bytes the pool's workers hold beyond the fork server's shared pages:
+        ``WORKER_BYTES`` each plus what each grew since its first job (as it
+        reported after its last one)."""
+        return sum(WORKER_BYTES + max(0, w.rss_last - w.rss_first) if w is not None
+                   else WORKER_BYTES for w in self._workers.values())
 
     # --- quarantine --------------------------------------------------------------
     def _quarantined(self, req: RequestState, now: float) -> Outcome | None:

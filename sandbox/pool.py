@@ -43,7 +43,8 @@ from sandbox.hardening import HardeningConfig
 from sandbox.limits import COMPILE_BUDGET_MS, Limits, current_address_space
 from sandbox.outcome import Outcome, failure
 from sandbox.inbox import Inbox
-from sandbox.placement import Placement, QuarantineKey, derived_max_workers, sandbox_user
+from sandbox.placement import (Placement, QuarantineKey, derived_max_workers,
+                               derived_memory_budget, sandbox_user)
 from sandbox.scheduler import Scheduler
 from sandbox.shutdown import Shutdown
 from sandbox.supervisor import HOUSEKEEPING_S, TICK_S, Supervisor
@@ -81,7 +82,8 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
                  prefer_memguard: bool = True, worker_spin_us: int = 0,
                  fresh_interpreter: bool = True, max_workers: int | None = None,
                  spares: int | None = None, guild_share: float = 0.5,
-                 guild_budget_s: float = 60.0, idle_retire_s: float = 60.0,
+                 guild_budget_s: float = 60.0, idle_retire_s: float = 600.0,
+                 memory_budget_mb: int | None = None,
                  crash_limit: int = 3, crash_window_s: float = 60.0, quarantine_s: float = 60.0,
                  guild_workers: bool = True, code_cache_mb: int = 64,
                  _unsafe_test_hooks: bool = False) -> None:
@@ -91,8 +93,14 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
         if queue_timeout_ms < 0 or max_jobs < 1 or max_jobs_jitter < 0:
             raise ValueError("queue_timeout_ms, max_jobs and max_jobs_jitter must be positive")
         self.size = size or os.cpu_count() or 1
+        #: Memory the workers may hold together (an estimate, see Placement.memory_estimate);
+        #: 0/None: half of the machine's (or the cgroup's) memory.
+        self.memory_budget = (memory_budget_mb << 20 if memory_budget_mb
+                              else derived_memory_budget())
+        self._memory_estimate = 0
         #: Worker processes at most (spares and bound workers); 0/None: derived.
-        self.max_workers = max(self.size, max_workers or derived_max_workers(self.size))
+        self.max_workers = max(self.size, max_workers
+                               or derived_max_workers(self.size, self.memory_budget))
         self.spares = spares if spares is not None else self.size
         self.spares = max(1, min(self.spares, self.max_workers))
         self.idle_retire_s = idle_retire_s
@@ -120,6 +128,9 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
         # The zygote execs a new interpreter: no service memory in workers (R9).
         self._fresh_interpreter = fresh_interpreter
         self._workers: dict[int, WorkerHandle | None] = {}
+        #: workers the deadline ticker looks at: with a job, or not ready yet
+        self._watched: dict[WorkerHandle, None] = {}
+        self._rss_turn = 0   # where the next round of RSS checks starts
         self._idle: deque[WorkerHandle] = deque()           # spares
         self._guild_idle: dict[str, list[WorkerHandle]] = {}
         self._lru: OrderedDict[WorkerHandle, None] = OrderedDict()
@@ -354,6 +365,7 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
         req.deadline = now + budget_ms / 1000.0 + self.kill_grace
         req.worker = w
         w.req = req
+        self._watched[w] = None
         self._busy += 1
         if req.kind == "job":
             self._c["invocations"] += 1

@@ -32,6 +32,7 @@ log = logging.getLogger("sandbox.pool")
 
 TICK_S = 0.005           # deadline ticker period while work is in flight
 HOUSEKEEPING_S = 1.0     # RSS checks and spawn retries
+RSS_CHECKS_PER_ROUND = 64  # idle workers whose /proc size one housekeeping round reads
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 10.0
 
@@ -47,6 +48,8 @@ class Supervisor:
     _compile_cache: int
     _test_hooks: bool
     _workers: dict[int, WorkerHandle | None]
+    _watched: dict[WorkerHandle, None]
+    _rss_turn: int
     _idle: deque[WorkerHandle]
     _timeouts: deque[RequestState]
     _homeless: deque[RequestState]
@@ -166,6 +169,7 @@ class Supervisor:
             return
         self._workers[slot] = w
         self._unready += 1
+        self._watched[w] = None   # the ticker watches its spawn timeout
         if self._loop is not None:
             self._loop.add_reader(w.fd, self._on_readable, w)
             self._ensure_tick()  # watches the spawn timeout
@@ -304,16 +308,19 @@ class Supervisor:
         assert self._loop is not None
         now = self._loop.time()
         pending = False
-        for w in list(self._workers.values()):
-            if w is None:
-                continue
+        # Only workers with a job or not ready yet (O(in flight), not O(workers):
+        # a pool may keep thousands of idle guild workers).
+        watched = self._watched
+        for w in list(watched):
             req = w.req
-            if req is not None:
+            if not w.alive or (req is None and w.ready):
+                del watched[w]
+            elif req is not None:
                 if now >= req.deadline:
                     self._timeout(w, req, now)
                 else:
                     pending = True
-            elif not w.ready:
+            else:
                 if now - w.spawned_at > self.spawn_timeout:
                     log.error("sandbox worker %d did not become ready; killing it", w.pid)
                     self._replace(w, None, backoff=True)
@@ -351,10 +358,18 @@ class Supervisor:
     def _housekeeping(self) -> None:
         assert self._loop is not None
         self._house_handle = self._loop.call_later(HOUSEKEEPING_S, self._housekeeping)
-        for w in [*self._idle, *self._lru]:
-            if w.rss() > self.max_rss:
-                log.info("sandbox worker %d passed %d MiB RSS; recycled", w.pid, self.max_rss >> 20)
-                self._replace(w, None, backoff=False)
+        # The resident-size backstop reads /proc for a bounded number of idle
+        # workers per round, in turn (a worker also reports its size after
+        # every job and retires past its growth bound by itself).
+        idle = [*self._idle, *self._lru]
+        if idle:
+            start = self._rss_turn % len(idle)
+            for w in (idle[start:] + idle[:start])[:RSS_CHECKS_PER_ROUND]:
+                if w.alive and w.rss() > self.max_rss:
+                    log.info("sandbox worker %d passed %d MiB RSS; recycled", w.pid,
+                             self.max_rss >> 20)
+                    self._replace(w, None, backoff=False)
+            self._rss_turn = start + RSS_CHECKS_PER_ROUND
         self._retire_idle(self._loop.time())
         now = time.monotonic()
         for slot, held in self._workers.items():

@@ -66,6 +66,8 @@ class SandboxSettings:
     workers: int | None = None          # None: one per CPU
     queue_timeout_ms: int = 2000
     max_workers: int = 0                # worker processes (one guild each); 0: from memory
+    memory_budget_mb: int = 0           # the workers' memory together; 0: half of the machine's
+    idle_retire_s: int = 600            # a guild's worker idle this long is retired
     guild_share: float = 0.5            # of the workers, one guild at most while others wait
     guild_budget_s: int = 60            # worker-seconds per minute per guild; 0: off
 
@@ -281,7 +283,8 @@ _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
                "write_buffer_bytes": _int(4096, 1 << 30), "processes": _processes},
     "database": {"url": _db_url, "outage_serve_s": _int(0, 86_400)},
     "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000),
-                "max_workers": _int(0, 4096), "guild_share": _share,
+                "max_workers": _int(0, 4096), "memory_budget_mb": _int(0, 1 << 24),
+                "idle_retire_s": _int(1, 86_400), "guild_share": _share,
                 "guild_budget_s": _int(0, 3600)},
     "ratelimit": {"storage": _storage, "ipv6_prefix": _int(8, 128),
                   "auth_queue": _int(1, 1_000_000), "auth_queue_per_endpoint": _int(1, 1_000_000),

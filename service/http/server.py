@@ -26,6 +26,7 @@ from tornado.netutil import bind_sockets
 from models.change_feed import CHANNEL, TOKENS_CHANNEL, ChangeFeed
 from models.db import is_postgres
 from sandbox.hardening import make_undumpable
+from sandbox.placement import WORKER_FDS
 from sandbox.pool import Pool
 from service.http.app import make_app
 from service.http.auth import SecretVerifier
@@ -113,7 +114,8 @@ def run_front(settings: Settings, database: Database, sockets: list[socket.socke
     box = settings.sandbox
     pool = Pool(size=box.workers, queue_timeout_ms=box.queue_timeout_ms,
                 max_workers=box.max_workers or None, guild_share=box.guild_share,
-                guild_budget_s=box.guild_budget_s)
+                guild_budget_s=box.guild_budget_s, memory_budget_mb=box.memory_budget_mb or None,
+                idle_retire_s=box.idle_retire_s)
     pool.start()  # forks; logs every isolation layer this host cannot provide
     try:
         _event_loop_runner()(_run(settings, pool, database, sockets, drain_seconds, journal,
@@ -180,7 +182,8 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                          max_connections_per_ip=settings.server.max_connections_per_ip,
                          # Descriptors kept free for the pool (a worker's pipes
                          # and socket on respawn), the database and the log.
-                         fd_reserve=FD_RESERVE + 8 * settings.sandbox.worker_count,
+                         fd_reserve=(FD_RESERVE + 8 * settings.sandbox.worker_count
+                                     + WORKER_FDS * (pool.max_workers + 1)),
                          cap_exempt=settings.server.trusted_proxies)
     await server.add_sockets(sockets)
     port = sockets[0].getsockname()[1]
