@@ -47,7 +47,8 @@ def test_patch_replaces_every_placeholder_and_changes_nothing_else() -> None:
         assert new == (old[:3] + (4242,) if old[3] == PLACEHOLDER_PID else old)
     assert seccomp_bpf.placeholder_offsets(bytes(patched), PLACEHOLDER_PID, 0) == ()
     # The highest pid Linux can give; nothing outside (0, 2**22) is a pid.
-    assert INSN.unpack_from(seccomp_bpf.patch(SAMPLE, offsets, (1 << 22) - 1), 8)[3] == (1 << 22) - 1
+    highest = seccomp_bpf.PID_LIMIT - 1
+    assert INSN.unpack_from(seccomp_bpf.patch(SAMPLE, offsets, highest), 8)[3] == highest
     for not_a_pid in (0, -1, 1 << 22, PLACEHOLDER_PID):
         with pytest.raises(ValueError):
             seccomp_bpf.patch(SAMPLE, offsets, not_a_pid)
