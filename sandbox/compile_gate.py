@@ -146,6 +146,7 @@ def _harden(payload: dict[str, Any]) -> None:
         hardening.drop_privileges(int(payload["uid"]), int(payload["gid"]))
         limits.forbid_new_processes()
     hardening.set_no_new_privs()
+    # One process, one filter: libseccomp builds and loads it (no prebuilt program).
     hardening.load_seccomp(hardening.build_seccomp_filter())
 
 

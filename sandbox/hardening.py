@@ -11,7 +11,8 @@ Order matters and is fixed (see :func:`harden`):
    binds a non-root user);
 5. ``PR_SET_NO_NEW_PRIVS`` (also required for an unprivileged seccomp load);
 6. last, the seccomp filter, so every earlier step could still use the
-   system calls it needs.
+   system calls it needs (the fork server prebuilt its BPF program once, the
+   worker patches its own pid into a copy: ``sandbox.seccomp_bpf``).
 
 Each step reports whether it took effect; the pool logs and exposes that as
 ``pool.hardening``; nothing is skipped silently.  One failure is fatal: a
@@ -30,7 +31,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox import limits
+from sandbox import limits, seccomp_bpf
 
 CHANNEL_FD = 3
 #: Exit status of a worker in the shared namespaces whose seccomp filter did not
@@ -72,7 +73,8 @@ class HardeningConfig:
 
 @dataclass
 class HardeningReport:
-    """Which layers took effect, plus one human note per layer that did not."""
+    """Which layers took effect, plus one human note per layer that did not, and
+    ``seccomp_load``: how the seccomp filter was installed."""
 
     layers: dict[str, bool] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -262,7 +264,7 @@ _CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x1000
 _DENIED_IOCTLS = (0x5412, 0x541C)  # TIOCSTI, TIOCLINUX
 _IOCTL_CMD_MASK = 0xFFFFFFFF
 # Signals (kill, tkill, tgkill, rt_*sigqueueinfo) are allowed only towards the
-# worker itself; see load_seccomp.
+# worker itself; see load_seccomp and seccomp_bpf.
 # Answered "not implemented" so callers take their fallback path: glibc falls
 # back from clone3 to clone (which the filter can inspect), Python from
 # openat2 to openat.
@@ -276,7 +278,8 @@ def build_seccomp_filter() -> Any:
     Default allow; EPERM for the calls above, for ``clone`` without
     CLONE_THREAD (a new process) and for ``open``/``openat`` with any of
     O_WRONLY, O_RDWR, O_CREAT, O_TRUNC.  Signal calls get their per-pid
-    rules in :func:`load_seccomp`.
+    rules in :func:`load_seccomp` (the fork server prebuilds the program with
+    a placeholder pid once, ``seccomp_bpf.prepare``).
     Syscalls of a foreign architecture (32-bit x86 on x86_64) are killed by
     libseccomp's default bad-arch action.
     """
@@ -310,12 +313,11 @@ def build_seccomp_filter() -> Any:
     return flt
 
 
-_SIGNAL_CALLS = (("kill", 0), ("tkill", 0), ("tgkill", 0), ("rt_sigqueueinfo", 0),
-                 ("rt_tgsigqueueinfo", 0))
-
-
 def load_seccomp(flt: Any) -> tuple[bool, str]:
-    """Add the per-process rules to the prebuilt filter and install it (irreversible).
+    """Install this process's filter (irreversible) from what the fork server
+    prepared (``seccomp_bpf.prepare``: the prebuilt program, patched with this
+    pid) or from a plain filter of :func:`build_seccomp_filter`, to which
+    libseccomp adds this process's rules (``seccomp_bpf.add_process_rules``).
 
     Signals may only be sent to this process itself (its pid is known only
     after fork, hence here): a compromised worker cannot kill a sibling that
@@ -323,18 +325,7 @@ def load_seccomp(flt: Any) -> tuple[bool, str]:
     """
     if flt is None:
         return False, "pyseccomp/libseccomp not available"
-    sc = _seccomp
-    eperm = sc.ERRNO(errno.EPERM)
-    try:
-        me = os.getpid()
-        for name, argno in _SIGNAL_CALLS:
-            flt.add_rule(eperm, name, sc.Arg(argno, sc.NE, me))
-        for name in ("pidfd_send_signal", "pidfd_open"):
-            flt.add_rule(eperm, name)
-        flt.load()
-    except OSError as exc:
-        return False, exc.strerror or str(exc)
-    return True, ""
+    return seccomp_bpf.load(flt)
 
 
 def harden(channel_fd: int, cfg: HardeningConfig, seccomp_filter: Any,
@@ -393,6 +384,8 @@ def harden(channel_fd: int, cfg: HardeningConfig, seccomp_filter: Any,
     if cfg.seccomp:
         ok, why = load_seccomp(seccomp_filter)
         report.set("seccomp", ok, why)
+        if ok:  # not a layer: which path installed it (the prebuilt program or libseccomp)
+            report.notes.append("seccomp_load: " + seccomp_bpf.describe(seccomp_filter))
         if not ok and cfg.network_namespace and shared_netns is not None and shared_netns[0]:
             os._exit(EXIT_NO_SECCOMP)   # never serve in the shared namespaces unfiltered
     else:

@@ -188,7 +188,7 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
 
     @property
     def hardening_notes(self) -> dict[str, str]:
-        """Why each inactive layer is inactive."""
+        """Why each inactive layer is inactive; ``seccomp_load``: how the filter was installed."""
         return dict(self._notes)
 
     @property

@@ -298,6 +298,10 @@ class Supervisor:
             if not on:
                 log.warning("sandbox layer %s is NOT active: %s", layer,
                             self._notes.get(layer, "unknown reason"))
+        how = self._notes.get("seccomp_load", "")
+        if how:   # which path installed the filter; the fallback costs ~2 ms per worker
+            (log.info if how.startswith("prebuilt") else log.warning)(
+                "sandbox seccomp filter: %s", how)
         if not MEMGUARD_AVAILABLE:
             log.warning("sandbox: _memguard extension missing; memory is measured with "
                         "tracemalloc after each run and enforced only by RLIMIT_AS")

@@ -5,10 +5,11 @@ and forking a multi-threaded process copies locks held by other threads.  So
 ``Pool.start()`` forks this single-threaded process once, before any loop or
 thread exists; it imports and warms everything a worker needs (after the uid
 drop a worker may not be able to read the interpreter's files), freezes the
-heap (``gc.freeze()``: forked pages stay shared), builds the seccomp filter
-once, enters the workers' empty network and IPC namespaces once (every fork
-starts in them; ``hardening.share_network_namespace``), and then only forks on
-request.  It never runs user code.
+heap (``gc.freeze()``: forked pages stay shared), builds and verifies the
+seccomp program once (``sandbox.seccomp_bpf``: a worker only patches its pid
+into a copy), enters the workers' empty network and IPC namespaces once
+(every fork starts in them; ``hardening.share_network_namespace``), and then
+only forks on request.  It never runs user code.
 
 Control socket (SOCK_SEQPACKET, one msgpack message per packet, so passed
 descriptors stay attached to their message):
@@ -38,7 +39,7 @@ from typing import Any, NoReturn
 
 import msgpack  # type: ignore[import-untyped]
 
-from sandbox import hardening, limits, worker
+from sandbox import hardening, limits, seccomp_bpf, worker
 from sandbox.errors import SpawnError
 
 WARM_MODULES = (
@@ -186,7 +187,10 @@ class _Zygote:
         self.children: set[int] = set()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
-        self.filter = hardening.build_seccomp_filter() if cfg.hardening.seccomp else None
+        # The seccomp program, built and verified once: each worker only writes
+        # its pid into it (seccomp_bpf); libseccomp per worker if it cannot be.
+        self.filter = (seccomp_bpf.prepare(hardening.build_seccomp_filter)
+                       if cfg.hardening.seccomp else None)
         # Once, for every worker forked from now on (see hardening.share_network_namespace).
         self.netns = hardening.share_network_namespace(cfg.hardening, self.filter)
 
