@@ -287,6 +287,13 @@ def build_seccomp_filter() -> Any:
         return None
     sc = _seccomp
     flt = sc.SyscallFilter(sc.ALLOW)
+    try:
+        # A binary tree by syscall number instead of one long list of
+        # compares: the same decisions, fewer instructions per system call
+        # (and a cheaper install for each worker).
+        flt.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
+    except (AttributeError, OSError, ValueError):
+        pass   # an older libseccomp: the list
     eperm = sc.ERRNO(errno.EPERM)
     for name in _EPERM_ALWAYS:
         try:
