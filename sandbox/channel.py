@@ -28,7 +28,7 @@ class RequestState:
     """One ``pool.run`` call: its future, what to run and its deadline."""
 
     __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker",
-                 "ships_source", "asked_source", "guild", "queued", "deprioritised", "waited",
+                 "ships_source", "self_compiled", "asked_source", "guild", "queued", "deprioritised", "waited",
                  "seated", "excess", "where", "dig", "code_waited")
 
     def __init__(self, future: "asyncio.Future[Any]", kind: str, ref: Any,
@@ -51,6 +51,7 @@ class RequestState:
         self.deadline = 0.0
         self.worker: WorkerHandle | None = None
         self.ships_source = False  # the worker compiles first: see limits.COMPILE_BUDGET_MS
+        self.self_compiled = False  # ... and it said "compiled" (its reply may offer the code)
         # A worker may ask for the source ("need") once per request: each ask
         # resets the deadline to a fresh compile budget (redteam finding R10).
         self.asked_source = False

@@ -37,8 +37,12 @@ own workers, which run its code anyway.
 When no compile worker can be had at once (no spare ready, or the fork
 server is gone) or a compile fails to come back, the request goes without
 code and its worker compiles the source itself, as before this cache existed:
-slower, never wrong.  The source stays queued for the cache until a spare is
-ready (the queue is emptied only when the fork server is gone).
+slower, never wrong.  That worker is bound to the request's guild for life,
+as a compile worker is to the guild it compiles for, so its reply offers the
+marshalled code and the cache keeps it under that guild (``_worker_compiled``;
+the same MAC, the same key); a compile of that version queued for the compile
+worker is then dropped.  Otherwise the source stays queued for the cache until
+a spare is ready (the queue is emptied only when the fork server is gone).
 """
 from __future__ import annotations
 
@@ -268,8 +272,10 @@ class Compiling:
         self._compile_done(item, None if answer.cancelled() else answer.result())
         self._next_compile()
 
-    def _compile_done(self, item: tuple[CodeKey, str, "asyncio.Future[Any]"], msg: Any) -> None:
-        """A compile came back (``msg``: the ``code`` message) or failed (anything else)."""
+    def _compile_done(self, item: tuple[CodeKey, str, "asyncio.Future[Any]"], msg: Any,
+                      counted: bool = True) -> None:
+        """A compile came back (``msg``: the ``code`` message) or failed (anything else;
+        not ``counted``: dropped, a worker compiled it)."""
         key, _, future = item
         self._compiles.pop(key, None)
         if self._compiling_now == key:
@@ -280,10 +286,29 @@ class Compiling:
             self._codes.put(key, msg["code"], tuple(meta["events"]), meta["endpoint"],
                             meta["gen"], (err[0], err[1]) if err is not None else None)
             self._c["compiles"] += 1
-        else:
+        elif counted:
             self._c["compile_failures"] += 1
         if not future.done():
             future.set_result(None)
+
+    def _worker_compiled(self, req: RequestState, code: bytes, meta: dict[str, Any]) -> None:
+        """A worker compiled the request's source itself and offers the code: it goes
+        into the cache under the request's guild (the worker is bound to it, as a
+        compile worker is to the guild it compiles for), and a compile of the same
+        version queued for the compile worker is dropped."""
+        codes = self._codes
+        if codes is None:
+            return
+        key = (req.guild, req.ref.key, req.ref.version, req.dig)
+        if key not in codes:
+            codes.put(key, code, tuple(meta["events"]), meta["endpoint"], meta["gen"], None)
+            self._c["worker_compiles"] += 1
+        if key in self._compiles and key != self._compiling_now:
+            for i, item in enumerate(self._compile_q):
+                if item[0] == key:
+                    del self._compile_q[i]
+                    self._compile_done(item, None, counted=False)
+                    break
 
     def _on_code(self, w: WorkerHandle, req: RequestState, msg: dict[str, Any]) -> bool:
         """The compile worker answered; True when it should be replaced."""

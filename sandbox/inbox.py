@@ -80,6 +80,7 @@ class Inbox(Compiling, Supervisor):
             if req.kind != "job" or not req.ships_source:
                 raise ProtocolError("worker compiled a source it was not sent")
             req.ships_source = False
+            req.self_compiled = True
             assert self._loop is not None
             req.deadline = self._loop.time() + req.limits.time_ms / 1000.0 + self.kill_grace
             return
@@ -106,6 +107,8 @@ class Inbox(Compiling, Supervisor):
             return
         if (t == "res") != (req.kind == "job"):
             raise ProtocolError(f"{t!r} answers a {req.kind!r} request")
+        if "code" in msg and not req.self_compiled:
+            raise ProtocolError("worker offered code for a source it did not compile")
         w.req = None
         self._busy -= 1
         w.jobs += 1
@@ -126,6 +129,8 @@ class Inbox(Compiling, Supervisor):
                 w.rss_first = rss
         req.resolve(from_result(msg["r"], msg["dur"], msg["peak"], req.waited,
                                 req.deprioritised))
+        if "code" in msg:
+            self._worker_compiled(req, msg["code"], msg["meta"])
         if msg["exit"] or msg["over"] or w.jobs >= w.max_jobs:
             self._replace(w, None, backoff=False)
         else:

@@ -158,7 +158,8 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
         self._steps = dict.fromkeys(("n", "fork_call", "fork", "harden", "init", "total"), 0.0)
         self._c = dict.fromkeys(("invocations", "timeouts", "memory_kills", "crashes",
                                  "restarts", "busy_rejections", "queued", "deprioritised",
-                                 "quarantined", "retired", "compiles", "compile_failures"),
+                                 "quarantined", "retired", "compiles", "compile_failures",
+                                 "worker_compiles"),
                                 0)
         self._init_compiling(code_cache_mb)
 
@@ -166,7 +167,8 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
     @property
     def counters(self) -> dict[str, int]:
         """invocations, timeouts, memory_kills, crashes, restarts, busy_rejections, queued,
-        deprioritised, quarantined, retired, compiles, compile_failures; queue_depth,
+        deprioritised, quarantined, retired, compiles, compile_failures, worker_compiles
+        (versions a worker compiled for a job and offered to the code cache); queue_depth,
         code_rejected (cached code whose MAC failed), workers (processes, not counting the
         compile worker), guilds (with a bound worker)."""
         return {**self._c, "queue_depth": self._sched.waiting,

@@ -23,7 +23,9 @@ worker -> parent
     ``{"t": "where", "id", "line", "tb"}``  (the script's time ran out: where it was; the
     supervisor's kill still ends it)
     ``{"t": "res", "id", "r": run_endpoint result, "peak", "over", "dur", "exit",
-    "rss"}`` (``rss``: the worker's resident bytes after the job)
+    "rss"}`` (``rss``: the worker's resident bytes after the job; a job whose worker
+    compiled its source adds ``"code"``, ``"meta"``: the marshalled code, offered to
+    the code cache of the job's guild)
     ``{"t": "xres", "id", "ok", "value"}``
     ``{"t": "code", "id", "code": marshalled code | None, "meta", "exit"}`` (a compile's
     result)
@@ -43,6 +45,9 @@ from sandbox.event import MAX_BODY_BYTES, MAX_HEADERS, header_problem
 # body, each up to the largest plan's 1 MiB) plus a source of up to 256 KiB.
 MAX_JOB_BYTES = 5 * 1024 * 1024
 MAX_REPLY_BYTES = 4 * 1024 * 1024
+#: Marshalled code a worker offers with its reply (larger code is not offered:
+#: the job's other workers compile it themselves, or the compile worker does).
+MAX_SHIPPED_CODE = 1024 * 1024
 HEADER_BYTES = 4
 
 ERROR_KINDS = frozenset(
@@ -266,7 +271,11 @@ def check_reply(msg: Any) -> dict[str, Any]:
     if t == "res":
         ok = (_is_int(msg.get("id")) and check_result(msg.get("r")) and _check_measures(msg)
               and type(msg.get("over")) is bool and type(msg.get("exit")) is bool
-              and (msg.get("rss") is None or _is_int(msg.get("rss"))))
+              and (msg.get("rss") is None or _is_int(msg.get("rss")))
+              and (("code" not in msg and "meta" not in msg)
+                   or (type(msg.get("code")) is bytes
+                       and 0 < len(msg["code"]) <= MAX_SHIPPED_CODE
+                       and check_meta(msg.get("meta")) and msg["meta"]["err"] is None)))
     elif t == "code":
         ok = (_is_int(msg.get("id")) and _opt(msg.get("code"), bytes)
               and check_meta(msg.get("meta")) and type(msg.get("exit")) is bool

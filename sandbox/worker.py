@@ -90,6 +90,8 @@ class _Runner:
         self._rss_at_start = self._mem.resident
         self._max_rss_growth = cfg.max_rss_growth or limits.MAX_RSS_GROWTH_BYTES
         self._compile_over = False
+        #: (marshalled code, meta) of a version this job compiled, for the reply
+        self._fresh: tuple[bytes, dict[str, Any]] | None = None
 
     def release_limits(self) -> None:
         """Back to the worker's own address-space limit (before a test hook)."""
@@ -174,6 +176,10 @@ class _Runner:
                 compiled = self._compile_guarded(src)
                 if self.on_compiled is not None:
                     self.on_compiled(msg["id"])
+                if compiled.ok and compiled.script is not None:
+                    # Offered to the service's code cache for this guild's other
+                    # workers (it is bound to the job's guild, as this worker is).
+                    self._fresh = _shippable(compiled.script)
             self._cache[key] = compiled
             if len(self._cache) > self._cfg.compile_cache:
                 self._cache.popitem(last=False)
@@ -259,8 +265,21 @@ class _Runner:
         rss = self._mem.resident
         if rss - self._rss_at_start > self._max_rss_growth or self._compile_over:
             exit_after = True
-        return {"t": "res", "id": job_id, "r": result, "peak": peak, "over": over,
-                "dur": dur, "exit": exit_after, "rss": rss}
+        reply = {"t": "res", "id": job_id, "r": result, "peak": peak, "over": over,
+                 "dur": dur, "exit": exit_after, "rss": rss}
+        if self._fresh is not None:
+            reply["code"], reply["meta"] = self._fresh
+            self._fresh = None
+        return reply
+
+
+def _shippable(script: Any) -> tuple[bytes, dict[str, Any]] | None:
+    """A compiled script as the reply carries it (None past ``MAX_SHIPPED_CODE``)."""
+    code = marshal.dumps(script.code)
+    if len(code) > protocol.MAX_SHIPPED_CODE:
+        return None
+    return code, {"events": list(script.events), "endpoint": script.has_endpoint,
+                  "gen": script.has_generators, "err": None}
 
 
 def _test_exec(code: str) -> tuple[bool, Any]:
@@ -285,6 +304,8 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any]:
     except ProtocolError:
         if message.get("t") != "res":
             raise
+        if "code" in message:   # the offered code made it too large: the reply without it
+            return _send(sock, {k: v for k, v in message.items() if k not in ("code", "meta")})
         # Too large or not encodable: the script's reply was invalid.
         message = {**message, "exit": True,
                    "r": _error_result("invalid_reply", "script reply is too large to return")}

@@ -232,7 +232,8 @@ def test_start_reports_hardening_and_workers() -> None:
         assert set(pool.counters) == {"invocations", "timeouts", "memory_kills", "crashes",
                                       "restarts", "queue_depth", "busy_rejections", "queued",
                                       "deprioritised", "quarantined", "retired", "workers",
-                                      "guilds", "compiles", "compile_failures", "code_rejected"}
+                                      "guilds", "compiles", "compile_failures", "worker_compiles",
+                                      "code_rejected"}
 
     run_with_pool(scenario)
 
