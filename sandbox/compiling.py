@@ -10,12 +10,15 @@ worker that lacks the version receives the code with the job and loads it
 (``marshal.loads``, microseconds) instead of compiling it. Requests for a
 version already being compiled share that compile.
 
-A request never waits behind another version's compile: when the compile
-worker is busy with another source, the request goes on without code and its
-own worker compiles it (so one guild's large sources cannot hold other
-guilds' requests and run slots), and the version is queued for the compile
-worker to compile later, for the cache (a bounded queue nobody waits for);
-only requests for the version being compiled right now wait for it.
+A request never waits behind another version's compile, nor for a compile
+worker of its own guild: when the compile worker is busy with another source
+or bound to another guild, the request goes on without code and its own
+worker compiles it (so one guild's large sources cannot hold other guilds'
+requests and run slots, and no spare is spent on switching the compile
+worker); that worker offers the code to the cache (below). Only sources too
+long to be offered are queued for the compile worker to compile later, for
+the cache (a bounded queue nobody waits for); only requests for the version
+being compiled right now wait for it.
 
 The compile worker is a spare taken out of the spare list (hardened like any
 worker, and it never ran a script) that never runs a script: it only answers
@@ -66,6 +69,10 @@ COMPILER = "\x00compile"
 #: for them): at most this many sources, this many characters in all.
 BACKGROUND_COMPILES = 256
 BACKGROUND_CHARS = 16 << 20
+#: Sources at most this long are left to the worker that compiles them for a job,
+#: which offers the code (under protocol.MAX_SHIPPED_CODE: marshalled code is a
+#: few times the source at most); longer ones are queued for the compile worker.
+OFFERED_SOURCE_CHARS = 128 * 1024
 
 
 class Compiling:
@@ -139,8 +146,18 @@ class Compiling:
             if self._compile_q or (busy is not None and busy.alive and busy.req is not None):
                 # Never queue behind another compile (another guild's big source would
                 # hold this request and its run slot): this worker compiles it, as
-                # before, and the compile worker compiles it later for the cache.
-                self._compile_later(key, ref.source)
+                # before, and offers the code (``_worker_compiled``); only code too
+                # large to offer is compiled later for the cache.
+                if len(ref.source) > OFFERED_SOURCE_CHARS:
+                    self._compile_later(key, ref.source)
+                return False
+            if (busy is not None and busy.alive and self._compiler_guild is not None
+                    and self._compiler_guild != req.guild):
+                # The compile worker is bound to another guild: switching would
+                # cost a spare that new guilds' requests wait for; this worker is
+                # bound to the request's guild and compiles it (and offers the code).
+                if len(ref.source) > OFFERED_SOURCE_CHARS:
+                    self._compile_later(key, ref.source)
                 return False
             assert self._loop is not None
             compiling = self._loop.create_future()

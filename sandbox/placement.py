@@ -102,7 +102,8 @@ class Placement:
 
     max_workers: int
     memory_budget: int
-    _memory_estimate: int
+    #: What the workers grew in all (as of the last housekeeping round).
+    _grown: int
     spares: int
     idle_retire_s: float
     crash_limit: int
@@ -249,11 +250,11 @@ class Placement:
         extra = 1 if compiler is not None and self._workers.get(compiler.slot) is compiler else 0
         while want > 0 and self._state in ("starting", "running"):
             if (len(self._workers) - extra < self.max_workers
-                    and self._memory_estimate + WORKER_BYTES <= self.memory_budget):
+                    and (len(self._workers) + 1) * WORKER_BYTES + self._grown
+                    <= self.memory_budget):
                 slot = self._next_slot
                 self._next_slot += 1
                 self._workers[slot] = None
-                self._memory_estimate += WORKER_BYTES   # exact again at housekeeping
                 self._request_spawn(slot)
             elif self._lru:
                 w = next(iter(self._lru))
@@ -278,7 +279,7 @@ class Placement:
             w = next(iter(lru))
             used -= WORKER_BYTES + max(0, w.rss_last - w.rss_first)
             self._retire(w)
-        self._memory_estimate = used
+        self._grown = used - len(self._workers) * WORKER_BYTES
         self._sched.sweep()
         for guild in [g for g, idle in self._guild_idle.items() if not idle]:
             del self._guild_idle[guild]

@@ -97,7 +97,7 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
         #: 0/None: half of the machine's (or the cgroup's) memory.
         self.memory_budget = (memory_budget_mb << 20 if memory_budget_mb
                               else derived_memory_budget())
-        self._memory_estimate = 0
+        self._grown = 0
         #: Worker processes at most (spares and bound workers); 0/None: derived.
         self.max_workers = max(self.size, max_workers
                                or derived_max_workers(self.size, self.memory_budget))

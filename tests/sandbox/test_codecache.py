@@ -17,6 +17,7 @@ import pytest
 
 from sandbox.codecache import CodeCache, source_digest
 from sandbox.compiler import compile_script
+from sandbox.compiling import OFFERED_SOURCE_CHARS
 from sandbox.pool import Pool
 
 from tests.sandbox.poolkit import LIMITS, alive, event, ref, run_with_pool, wait_for
@@ -112,8 +113,9 @@ def test_code_compiled_for_one_guild_is_never_loaded_by_another() -> None:
 
 
 def test_a_compile_worker_compiles_one_guilds_sources_then_is_replaced() -> None:
-    """Security review V1: the compile worker that compiled guild A's source is
-    killed before a source of guild B is compiled, and B's comes from another one."""
+    """Security review V1: the compile worker that compiled guild A's source never
+    compiles guild B's: B's request is compiled by B's own worker, and a compile
+    for B's cache is done by another compile worker, A's being killed first."""
     async def scenario(pool: Pool) -> None:
         assert _body(await pool.run(ref(REPLY % 1, "logic_a1"), event(), LIMITS, "a")) == \
             b'{"v":1}'
@@ -123,17 +125,25 @@ def test_a_compile_worker_compiles_one_guilds_sources_then_is_replaced() -> None
         assert _body(await pool.run(ref(REPLY % 2, "logic_a2"), event(), LIMITS, "a")) == \
             b'{"v":2}'
         assert pool._compiler is first and pool.counters["compiles"] == 2
-        # Both spares ready, so B's request and B's compile worker each get one.
         await wait_for(lambda: len(pool._idle) >= 2, timeout=30.0)
+        # B's source never goes to A's compile worker: B's worker compiles it.
         assert _body(await pool.run(ref(REPLY % 3, "logic_b1"), event(), LIMITS, "b")) == \
             b'{"v":3}'
-        second = pool._compiler
-        assert second is not None and second is not first and second.pid != first.pid
-        assert pool.counters["compiles"] == 3   # B's source: compiled by the new one
-        await wait_for(lambda: not alive(first.pid), timeout=30.0)
+        assert pool._compiler is first and pool._compiler_guild == "a"
+        assert pool.counters["worker_compiles"] == 1 and pool.counters["compiles"] == 2
+        # A compile for B's cache (how a source too long to be offered gets there):
+        # A's compile worker is killed and a fresh one compiles it.
+        assert len(BIG) > OFFERED_SOURCE_CHARS
+        key = ("b", "logic_b2", 1, source_digest("logic_b2", 1, BIG))
+        pool._compile_later(key, BIG)
         codes = pool._codes
         assert codes is not None
-        assert sorted(k[0] for k in codes.entries()) == ["a", "a", "b"]
+        await wait_for(lambda: key in codes, timeout=30.0)
+        second = pool._compiler
+        assert second is not None and second is not first and second.pid != first.pid
+        assert pool.counters["compiles"] == 3
+        await wait_for(lambda: not alive(first.pid), timeout=30.0)
+        assert sorted(k[0] for k in codes.entries()) == ["a", "a", "b", "b"]
 
     run_with_pool(scenario, size=2, max_workers=8)
 
