@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sandbox.channel import WorkerHandle
 from sandbox.compiling import Compiling
 from sandbox.errors import ProtocolError
-from sandbox.limits import COMPILE_BUDGET_MS
+from sandbox.limits import COMPILE_BUDGET_MS, MAX_RSS_GROWTH_BYTES
 from sandbox.outcome import from_result
 from sandbox.supervisor import Supervisor
 
@@ -124,14 +124,19 @@ class Inbox(Compiling, Supervisor):
             self._c["memory_kills"] += 1
         rss = msg.get("rss")
         if rss:
-            w.rss_last = rss
             if not w.rss_first:
                 w.rss_first = rss
+            w.rss_last = rss
+        # A worker retires itself past MAX_RSS_GROWTH_BYTES above its start-up
+        # size (below its first report): one that reports more growth and stays
+        # is lying or broken, and is replaced, so its charge against the memory
+        # budget (what it may make the pool retire) stays bounded.
+        grown_past = w.rss_last - w.rss_first > MAX_RSS_GROWTH_BYTES
         req.resolve(from_result(msg["r"], msg["dur"], msg["peak"], req.waited,
                                 req.deprioritised))
         if "code" in msg:
             self._worker_compiled(req, msg["code"], msg["meta"])
-        if msg["exit"] or msg["over"] or w.jobs >= w.max_jobs:
+        if msg["exit"] or msg["over"] or grown_past or w.jobs >= w.max_jobs:
             self._replace(w, None, backoff=False)
         else:
             self._park(w, now)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from typing import Any
 
 import pytest
 
@@ -90,3 +91,75 @@ def test_offered_code_must_be_well_formed() -> None:
                 _res(code=b"x", meta={**meta, "extra": 1})):
         with pytest.raises(ProtocolError):
             check_reply(bad)
+
+
+# --- a compromised worker's reports (the message handling driven directly, as R10) ---------
+
+def _driven_pool(child_pid: int) -> tuple[Pool, Any, Any, Any]:
+    import socket
+
+    from sandbox.channel import RequestState, WorkerHandle
+
+    pool = Pool(size=1)  # never started: only the message handling is driven
+    loop = asyncio.new_event_loop()
+    pool._loop = loop
+    pool._state = "stopping"   # nothing is respawned
+    ours, theirs = socket.socketpair()
+    # A real process of ours stands for the worker, so a kill hits nobody else.
+    w = WorkerHandle(0, child_pid, ours.detach(), -1, cache_size=4, max_jobs=100, now=0.0)
+    w.ready = True
+    pool._workers[0] = w
+    req = RequestState(loop.create_future(), "job", ref(REPLY % 1), event(), LIMITS)
+    req.id = 7
+    req.seated = False
+    w.req = req
+    pool._busy = 1
+    return pool, loop, w, theirs
+
+
+def test_code_offered_for_a_job_the_worker_did_not_compile_is_a_protocol_error() -> None:
+    import subprocess
+    child = subprocess.Popen(["sleep", "30"])
+    pool, loop, w, theirs = _driven_pool(child.pid)
+    try:
+        meta = {"events": ["endpoint"], "endpoint": True, "gen": False, "err": None}
+        with pytest.raises(ProtocolError):   # the job went with code: nothing was compiled
+            pool._on_message(w, {**_res(code=b"\xe3" * 10, meta=meta), "id": 7})
+        assert pool._codes is not None and len(pool._codes) == 0
+    finally:
+        child.kill()
+        child.wait()
+        w.sock.close()
+        theirs.close()
+        loop.close()
+
+
+def test_a_worker_reporting_growth_past_its_own_bound_is_replaced() -> None:
+    """A worker retires itself past MAX_RSS_GROWTH_BYTES; one that reports more and
+    stays is replaced, so what it is charged against the memory budget (and so what
+    it can make the pool retire of other guilds' workers) stays bounded."""
+    import subprocess
+
+    from sandbox.channel import RequestState
+    from sandbox.limits import MAX_RSS_GROWTH_BYTES
+    from sandbox.placement import WORKER_BYTES
+
+    child = subprocess.Popen(["sleep", "30"])
+    pool, loop, w, theirs = _driven_pool(child.pid)
+    try:
+        pool._on_message(w, {**_res(rss=20 << 20), "id": 7})      # honest: stays
+        assert w.alive and pool.memory_estimate() == WORKER_BYTES
+        req = RequestState(loop.create_future(), "job", ref(REPLY % 1), event(), LIMITS)
+        req.id = 8
+        w.req = req
+        pool._busy = 1
+        pool._on_message(w, {**_res(rss=(20 << 20) + MAX_RSS_GROWTH_BYTES + 4096), "id": 8})
+        assert not w.alive                    # replaced, its charge gone with it
+        assert child.wait(timeout=5) == -9
+        assert pool.memory_estimate() <= WORKER_BYTES
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        theirs.close()
+        loop.close()
