@@ -28,7 +28,7 @@ class RequestState:
     """One ``pool.run`` call: its future, what to run and its deadline."""
 
     __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker",
-                 "ships_source", "self_compiled", "asked_source", "guild", "queued", "deprioritised", "waited",
+                 "ships_source", "compiled", "asked_source", "guild", "queued", "deprioritised", "waited",
                  "seated", "excess", "where", "dig", "code_waited")
 
     def __init__(self, future: "asyncio.Future[Any]", kind: str, ref: Any,
@@ -51,7 +51,7 @@ class RequestState:
         self.deadline = 0.0
         self.worker: WorkerHandle | None = None
         self.ships_source = False  # the worker compiles first: see limits.COMPILE_BUDGET_MS
-        self.self_compiled = False  # ... and it said "compiled" (its reply may offer the code)
+        self.compiled = False      # it said "compiled": the script may have run since
         # A worker may ask for the source ("need") once per request: each ask
         # resets the deadline to a fresh compile budget (redteam finding R10).
         self.asked_source = False
@@ -69,7 +69,7 @@ class WorkerHandle:
 
     __slots__ = ("slot", "pid", "pidfd", "sock", "fd", "reader", "known", "cache_size", "jobs",
                  "max_jobs", "spawned_at", "ready", "req", "alive", "outbuf", "_proc", "guild",
-                 "idle_since", "asked_at", "fork_ms", "rss_first", "rss_last")
+                 "idle_since", "asked_at", "fork_ms", "rss_first", "rss_last", "offered")
 
     def __init__(self, slot: int, pid: int, channel_fd: int, pidfd: int, *, cache_size: int,
                  max_jobs: int, now: float) -> None:
@@ -101,6 +101,7 @@ class WorkerHandle:
         # memory budget (sandbox.placement).
         self.rss_first = 0
         self.rss_last = 0
+        self.offered = False   # it offered compiled code (once at most, sandbox.compiling)
 
     def job_frame(self, req: RequestState, codes: "CodeCache | None" = None) -> bytes:
         """Encode ``req`` for this worker; the script goes along only if it lacks it:

@@ -15,9 +15,9 @@ worker of its own guild: when the compile worker is busy with another source
 or bound to another guild, the request goes on without code and its own
 worker compiles it (so one guild's large sources cannot hold other guilds'
 requests and run slots, and no spare is spent on switching the compile
-worker); that worker offers the code to the cache (below). Only sources too
-long to be offered are queued for the compile worker to compile later, for
-the cache (a bounded queue nobody waits for); only requests for the version
+worker); a fresh worker offers the code to the cache (below). Sources that
+are not offered are queued for the compile worker to compile later, for the
+cache (a bounded queue nobody waits for); only requests for the version
 being compiled right now wait for it.
 
 The compile worker is a spare taken out of the spare list (hardened like any
@@ -40,12 +40,16 @@ own workers, which run its code anyway.
 When no compile worker can be had at once (no spare ready, or the fork
 server is gone) or a compile fails to come back, the request goes without
 code and its worker compiles the source itself, as before this cache existed:
-slower, never wrong.  That worker is bound to the request's guild for life,
-as a compile worker is to the guild it compiles for, so its reply offers the
-marshalled code and the cache keeps it under that guild (``_worker_compiled``;
-the same MAC, the same key); a compile of that version queued for the compile
-worker is then dropped.  Otherwise the source stays queued for the cache until
-a spare is ready (the queue is emptied only when the fork server is gone).
+slower, never wrong.  A worker that has never run a script offers the
+marshalled code with its ``compiled`` message, sent before the script runs:
+until then it has seen nothing but compiler input, and it is bound to the
+request's guild for life, exactly as a compile worker bound to that guild;
+the cache keeps the code under that guild (``_worker_compiled``; the same MAC,
+the same key) and a compile of that version queued for the compile worker is
+dropped.  A worker that has run a script never offers code (the service
+refuses it: a script may have taken the process over), so its compiles are
+queued for the cache; the source stays queued until a spare is ready (the
+queue is emptied only when the fork server is gone).
 """
 from __future__ import annotations
 
@@ -73,6 +77,9 @@ BACKGROUND_CHARS = 16 << 20
 #: which offers the code (under protocol.MAX_SHIPPED_CODE: marshalled code is a
 #: few times the source at most); longer ones are queued for the compile worker.
 OFFERED_SOURCE_CHARS = 128 * 1024
+#: Offered code larger than this many bytes per source character (plus 64 KiB)
+#: is not kept: a crafted offer could otherwise flush the shared cache.
+OFFER_PER_SOURCE_CHAR = 16
 
 
 class Compiling:
@@ -146,17 +153,18 @@ class Compiling:
             if self._compile_q or (busy is not None and busy.alive and busy.req is not None):
                 # Never queue behind another compile (another guild's big source would
                 # hold this request and its run slot): this worker compiles it, as
-                # before, and offers the code (``_worker_compiled``); only code too
-                # large to offer is compiled later for the cache.
-                if len(ref.source) > OFFERED_SOURCE_CHARS:
+                # before; a worker that never ran a script offers the code
+                # (``_worker_compiled``), else it is compiled later for the cache.
+                if w.jobs or len(ref.source) > OFFERED_SOURCE_CHARS:
                     self._compile_later(key, ref.source)
                 return False
             if (busy is not None and busy.alive and self._compiler_guild is not None
                     and self._compiler_guild != req.guild):
                 # The compile worker is bound to another guild: switching would
                 # cost a spare that new guilds' requests wait for; this worker is
-                # bound to the request's guild and compiles it (and offers the code).
-                if len(ref.source) > OFFERED_SOURCE_CHARS:
+                # bound to the request's guild and compiles it (and offers the code
+                # if it never ran a script; else it is compiled later for the cache).
+                if w.jobs or len(ref.source) > OFFERED_SOURCE_CHARS:
                     self._compile_later(key, ref.source)
                 return False
             assert self._loop is not None
@@ -314,8 +322,8 @@ class Compiling:
         compile worker is to the guild it compiles for), and a compile of the same
         version queued for the compile worker is dropped."""
         codes = self._codes
-        if codes is None:
-            return
+        if codes is None or len(code) > OFFER_PER_SOURCE_CHAR * len(req.ref.source) + (64 << 10):
+            return   # far more code than its source makes: not kept (the cache is shared)
         key = (req.guild, req.ref.key, req.ref.version, req.dig)
         if key not in codes:
             codes.put(key, code, tuple(meta["events"]), meta["endpoint"], meta["gen"], None)

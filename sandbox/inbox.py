@@ -80,7 +80,17 @@ class Inbox(Compiling, Supervisor):
             if req.kind != "job" or not req.ships_source:
                 raise ProtocolError("worker compiled a source it was not sent")
             req.ships_source = False
-            req.self_compiled = True
+            req.compiled = True
+            if "code" in msg:
+                # Offered only by a worker that never ran a script: it has seen
+                # nothing but compiler input, as a compile worker bound to the
+                # job's guild (a worker that ran one could have been taken over).
+                # Once per worker, with the "compiled" of its first job (a "need"
+                # after "compiled" is refused above, so no script ran before it).
+                if w.jobs or w.offered:
+                    raise ProtocolError("worker that may have run a script offered code")
+                w.offered = True
+                self._worker_compiled(req, msg["code"], msg["meta"])
             assert self._loop is not None
             req.deadline = self._loop.time() + req.limits.time_ms / 1000.0 + self.kill_grace
             return
@@ -89,7 +99,7 @@ class Inbox(Compiling, Supervisor):
             # a compromised worker answering "need" again and again (or after
             # "compiled") would reset its deadline to a new compile budget
             # each time and hold the request and the slot for ever (R10).
-            if req.kind != "job" or req.ships_source or req.asked_source:
+            if req.kind != "job" or req.ships_source or req.asked_source or req.compiled:
                 raise ProtocolError("worker asked again for a source it was sent")
             req.asked_source = True
             w.known.pop((req.ref.key, req.ref.version, req.dig), None)
@@ -107,8 +117,6 @@ class Inbox(Compiling, Supervisor):
             return
         if (t == "res") != (req.kind == "job"):
             raise ProtocolError(f"{t!r} answers a {req.kind!r} request")
-        if "code" in msg and not req.self_compiled:
-            raise ProtocolError("worker offered code for a source it did not compile")
         w.req = None
         self._busy -= 1
         w.jobs += 1
@@ -134,8 +142,6 @@ class Inbox(Compiling, Supervisor):
         grown_past = w.rss_last - w.rss_first > MAX_RSS_GROWTH_BYTES
         req.resolve(from_result(msg["r"], msg["dur"], msg["peak"], req.waited,
                                 req.deprioritised))
-        if "code" in msg:
-            self._worker_compiled(req, msg["code"], msg["meta"])
         if msg["exit"] or msg["over"] or grown_past or w.jobs >= w.max_jobs:
             self._replace(w, None, backoff=False)
         else:

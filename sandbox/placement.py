@@ -275,6 +275,17 @@ class Placement:
                 break
             self._retire(w)
         used = self.memory_estimate()
+        if used > self.memory_budget and lru:
+            # Idle workers that grew go first, the largest first: what they keep
+            # put the pool over, so one guild's growth does not retire other
+            # guilds' lean workers before its own; then the least recently used.
+            growers = sorted((w for w in lru if w.rss_last > w.rss_first),
+                             key=lambda w: w.rss_first - w.rss_last)
+            for w in growers:
+                if used <= self.memory_budget:
+                    break
+                used -= WORKER_BYTES + (w.rss_last - w.rss_first)
+                self._retire(w)
         while lru and used > self.memory_budget:
             w = next(iter(lru))
             used -= WORKER_BYTES + max(0, w.rss_last - w.rss_first)

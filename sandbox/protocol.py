@@ -19,13 +19,13 @@ worker -> parent
     ``{"t": "ready", "pid", "hard": {layer: bool}, "notes": [str], "ms": {step: float}}``
     (``ms``: what the worker's start-up steps cost; optional)
     ``{"t": "need", "id"}``  (worker lacks the source for that script version)
-    ``{"t": "compiled", "id"}``  (worker compiled the source it was sent; the run starts)
+    ``{"t": "compiled", "id"}``  (worker compiled the source it was sent; the run starts;
+    a worker that has never run a script adds ``"code"``, ``"meta"``: the marshalled
+    code, offered to the code cache of the job's guild)
     ``{"t": "where", "id", "line", "tb"}``  (the script's time ran out: where it was; the
     supervisor's kill still ends it)
     ``{"t": "res", "id", "r": run_endpoint result, "peak", "over", "dur", "exit",
-    "rss"}`` (``rss``: the worker's resident bytes after the job; a job whose worker
-    compiled its source adds ``"code"``, ``"meta"``: the marshalled code, offered to
-    the code cache of the job's guild)
+    "rss"}`` (``rss``: the worker's resident bytes after the job)
     ``{"t": "xres", "id", "ok", "value"}``
     ``{"t": "code", "id", "code": marshalled code | None, "meta", "exit"}`` (a compile's
     result)
@@ -271,17 +271,19 @@ def check_reply(msg: Any) -> dict[str, Any]:
     if t == "res":
         ok = (_is_int(msg.get("id")) and check_result(msg.get("r")) and _check_measures(msg)
               and type(msg.get("over")) is bool and type(msg.get("exit")) is bool
-              and (msg.get("rss") is None or _is_int(msg.get("rss")))
-              and (("code" not in msg and "meta" not in msg)
-                   or (type(msg.get("code")) is bytes
-                       and 0 < len(msg["code"]) <= MAX_SHIPPED_CODE
-                       and check_meta(msg.get("meta")) and msg["meta"]["err"] is None)))
+              and (msg.get("rss") is None or _is_int(msg.get("rss"))))
     elif t == "code":
         ok = (_is_int(msg.get("id")) and _opt(msg.get("code"), bytes)
               and check_meta(msg.get("meta")) and type(msg.get("exit")) is bool
               and (msg["code"] is None) == (msg["meta"]["err"] is not None))
-    elif t in ("need", "compiled"):
+    elif t == "need":
         ok = _is_int(msg.get("id"))
+    elif t == "compiled":
+        ok = (_is_int(msg.get("id"))
+              and (("code" not in msg and "meta" not in msg)
+                   or (type(msg.get("code")) is bytes
+                       and 0 < len(msg["code"]) <= MAX_SHIPPED_CODE
+                       and check_meta(msg.get("meta")) and msg["meta"]["err"] is None)))
     elif t == "where":
         tb = msg.get("tb")
         ok = (_is_int(msg.get("id")) and (msg.get("line") is None or _is_int(msg.get("line")))

@@ -66,7 +66,9 @@ class _Runner:
     """Compile cache plus one job; kept apart from the loop so tests can drive it."""
 
     #: Tells the supervisor a compile finished, so the script's clock starts now.
-    on_compiled: Callable[[int], object] | None = None
+    #: ``(job id, offered code or None)``: the offer is the marshalled code and its
+    #: meta, made only while this worker has never run a script (see ``handle``).
+    on_compiled: Callable[[int, tuple[bytes, dict[str, Any]] | None], object] | None = None
     #: Tells the supervisor where a script was when its time ran out (SIGALRM).
     send_where: Callable[[dict[str, Any]], object] | None = None
     #: (job id, compiled script) while a script runs; the timer's handler reads it.
@@ -90,8 +92,11 @@ class _Runner:
         self._rss_at_start = self._mem.resident
         self._max_rss_growth = cfg.max_rss_growth or limits.MAX_RSS_GROWTH_BYTES
         self._compile_over = False
-        #: (marshalled code, meta) of a version this job compiled, for the reply
-        self._fresh: tuple[bytes, dict[str, Any]] | None = None
+        #: Whether a script ever ran here: code this worker compiles is offered to the
+        #: service's code cache only before, when the process has seen nothing but
+        #: compiler input (as a compile worker), never after a script could have
+        #: taken it over.
+        self._ran = False
 
     def release_limits(self) -> None:
         """Back to the worker's own address-space limit (before a test hook)."""
@@ -175,11 +180,10 @@ class _Runner:
                 self._cpu.before_job(msg["ms"] + limits.COMPILE_BUDGET_MS)
                 compiled = self._compile_guarded(src)
                 if self.on_compiled is not None:
-                    self.on_compiled(msg["id"])
-                if compiled.ok and compiled.script is not None:
-                    # Offered to the service's code cache for this guild's other
-                    # workers (it is bound to the job's guild, as this worker is).
-                    self._fresh = _shippable(compiled.script)
+                    offer = None
+                    if not self._ran and compiled.ok and compiled.script is not None:
+                        offer = _shippable(compiled.script)
+                    self.on_compiled(msg["id"], offer)
             self._cache[key] = compiled
             if len(self._cache) > self._cfg.compile_cache:
                 self._cache.popitem(last=False)
@@ -196,6 +200,7 @@ class _Runner:
             return self._reply(msg["id"], result, 0, False, 0.0, exit_after)
 
         cap = msg["mem"]
+        self._ran = True
         t0 = time.perf_counter()
         report = self._report_type()
         self._as.bound(self._mem.mapped, cap)
@@ -265,12 +270,8 @@ class _Runner:
         rss = self._mem.resident
         if rss - self._rss_at_start > self._max_rss_growth or self._compile_over:
             exit_after = True
-        reply = {"t": "res", "id": job_id, "r": result, "peak": peak, "over": over,
-                 "dur": dur, "exit": exit_after, "rss": rss}
-        if self._fresh is not None:
-            reply["code"], reply["meta"] = self._fresh
-            self._fresh = None
-        return reply
+        return {"t": "res", "id": job_id, "r": result, "peak": peak, "over": over,
+                "dur": dur, "exit": exit_after, "rss": rss}
 
 
 def _shippable(script: Any) -> tuple[bytes, dict[str, Any]] | None:
@@ -302,10 +303,11 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any]:
     try:
         frame = protocol.encode(message, protocol.MAX_REPLY_BYTES)
     except ProtocolError:
+        if "code" in message and message.get("t") == "compiled":
+            # The offered code is too large to send: "compiled" without it.
+            return _send(sock, {"t": "compiled", "id": message["id"]})
         if message.get("t") != "res":
             raise
-        if "code" in message:   # the offered code made it too large: the reply without it
-            return _send(sock, {k: v for k, v in message.items() if k not in ("code", "meta")})
         # Too large or not encodable: the script's reply was invalid.
         message = {**message, "exit": True,
                    "r": _error_result("invalid_reply", "script reply is too large to return")}
@@ -351,7 +353,9 @@ def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any,
                    "tracemalloc in use (extension not built or disabled): memory is "
                    "judged after the run; RLIMIT_AS alone stops a growing loop")
         runner = _Runner(cfg, accountant)
-        runner.on_compiled = lambda job_id: _send(sock, {"t": "compiled", "id": job_id})
+        runner.on_compiled = lambda job_id, offer: _send(
+            sock, {"t": "compiled", "id": job_id} if offer is None
+            else {"t": "compiled", "id": job_id, "code": offer[0], "meta": offer[1]})
         runner.send_where = lambda message: _send(sock, message)
         signal.signal(signal.SIGALRM, runner.on_time_limit)
         t_init = time.perf_counter()

@@ -284,11 +284,14 @@ class RecordWriter:
         counted (a batch that can never be written must not stop the writer).
         """
         started = time.monotonic()
-        items = expand(batch)
-        width = len({getattr(item, "endpoint_id", None) for item in items})
-        self._next_wait = self._wide_interval if width > self._wide_endpoints else self._interval
+        items: list[Any] | None = None
         for attempt in range(3):
             try:
+                if items is None:
+                    items = expand(batch)
+                    width = len({getattr(item, "endpoint_id", None) for item in items})
+                    self._next_wait = (self._wide_interval if width > self._wide_endpoints
+                                       else self._interval)
                 self._write_batch(items)
             except (OperationalError, InterfaceError) as err:
                 self._unreachable(err, len(batch))

@@ -54,7 +54,7 @@ BIG = ("on endpoint(event):\n    blob = (\n"
        + "    )\n    event.reply({'n': len(blob) + VERSION})\n")
 
 
-def test_a_worker_that_grew_is_charged_for_it_and_retired_first() -> None:
+def test_a_worker_that_grew_is_charged_for_it_and_retired_before_lean_ones() -> None:
     async def scenario(pool: Pool) -> None:
         for v in range(60):
             src = BIG.replace("VERSION", str(v))
@@ -67,10 +67,15 @@ def test_a_worker_that_grew_is_charged_for_it_and_retired_first() -> None:
         assert grown > 2 * WORKER_BYTES, grown        # it reported what it kept
         fat_pid = fat[0].pid
         assert pool.memory_estimate() >= len(pool._workers) * WORKER_BYTES + grown
-        # Lean guilds arrive; the fat worker is the least recently used: the
-        # estimate passes the budget and housekeeping retires it, not them.
+        # Lean guilds arrive, and the fat guild is used again in between, so it
+        # is not the least recently used: the estimate passes the budget and
+        # housekeeping retires the worker that grew, not the lean ones.
         for g in range(4):
             assert (await pool.run(ref(ECHO), event(), LIMITS, guild=f"lean{g}")).status == 200
+            if g == 1:
+                src = BIG.replace("VERSION", "59")
+                assert (await pool.run(ref(src, key="logic_fat", version=60), event(), LIMITS,
+                                       guild="fat")).status == 200
         await _settle(pool)
         pids = _bound_pids(pool)
         assert "fat" not in pids and fat_pid not in pids.values(), pids

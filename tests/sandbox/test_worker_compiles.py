@@ -2,10 +2,12 @@
 guild only (sandbox.compiling), with real workers.
 
 When no compile worker is at hand, the request's own worker compiles the
-source (it is bound to the request's guild for life, as a compile worker is
-bound to the guild it compiles for) and its reply offers the marshalled code;
-the guild's next workers load it instead of compiling, and no compile worker
-is spent on the version later.
+source. A worker that has never run a script has seen nothing but compiler
+input and is bound to the request's guild for life, as a compile worker bound
+to that guild: its "compiled" message (sent before the script runs) offers the
+marshalled code; the guild's next workers load it instead of compiling, and no
+compile worker is spent on the version later. A worker that has run a script
+never offers code.
 """
 from __future__ import annotations
 
@@ -78,17 +80,21 @@ def _res(**extra: object) -> dict[str, object]:
             "exit": False, "rss": 1 << 20, **extra}
 
 
+def _compiled(**extra: object) -> dict[str, object]:
+    return {"t": "compiled", "id": 1, **extra}
+
+
 def test_offered_code_must_be_well_formed() -> None:
     meta = {"events": ["endpoint"], "endpoint": True, "gen": False, "err": None}
-    check_reply(_res())
-    check_reply(_res(code=b"\xe3" * 10, meta=meta))
-    for bad in (_res(code=b"\xe3"),                                  # no meta
-                _res(meta=meta),                                     # no code
-                _res(code="text", meta=meta),
-                _res(code=b"", meta=meta),
-                _res(code=b"x" * (MAX_SHIPPED_CODE + 1), meta=meta),
-                _res(code=b"x", meta={**meta, "err": [1, "no"]}),  # an error is not code
-                _res(code=b"x", meta={**meta, "extra": 1})):
+    check_reply(_compiled())
+    check_reply(_compiled(code=b"\xe3" * 10, meta=meta))
+    for bad in (_compiled(code=b"\xe3"),                                  # no meta
+                _compiled(meta=meta),                                     # no code
+                _compiled(code="text", meta=meta),
+                _compiled(code=b"", meta=meta),
+                _compiled(code=b"x" * (MAX_SHIPPED_CODE + 1), meta=meta),
+                _compiled(code=b"x", meta={**meta, "err": [1, "no"]}),  # an error is not code
+                _compiled(code=b"x", meta={**meta, "extra": 1})):
         with pytest.raises(ProtocolError):
             check_reply(bad)
 
@@ -117,21 +123,40 @@ def _driven_pool(child_pid: int) -> tuple[Pool, Any, Any, Any]:
     return pool, loop, w, theirs
 
 
-def test_code_offered_for_a_job_the_worker_did_not_compile_is_a_protocol_error() -> None:
+def test_only_a_worker_that_never_ran_a_script_may_offer_code() -> None:
+    """Offered code is accepted only with the "compiled" of a job whose source the
+    worker was sent, and only from a worker that has never run a script (one that
+    ran one may have been taken over by it: its code would outlive it)."""
     import subprocess
-    child = subprocess.Popen(["sleep", "30"])
-    pool, loop, w, theirs = _driven_pool(child.pid)
-    try:
-        meta = {"events": ["endpoint"], "endpoint": True, "gen": False, "err": None}
-        with pytest.raises(ProtocolError):   # the job went with code: nothing was compiled
-            pool._on_message(w, {**_res(code=b"\xe3" * 10, meta=meta), "id": 7})
-        assert pool._codes is not None and len(pool._codes) == 0
-    finally:
-        child.kill()
-        child.wait()
-        w.sock.close()
-        theirs.close()
-        loop.close()
+    meta = {"events": ["endpoint"], "endpoint": True, "gen": False, "err": None}
+    offer = {"t": "compiled", "id": 7, "code": b"\xe3" * 10, "meta": meta}
+    # (jobs done, source sent, asked for it again, offered before, accepted)
+    for jobs_done, source_sent, asked, offered, accepted in (
+            (0, True, False, False, True), (1, True, False, False, False),
+            (0, False, False, False, False), (0, True, True, False, True),
+            (0, True, False, True, False)):
+        child = subprocess.Popen(["sleep", "30"])
+        pool, loop, w, theirs = _driven_pool(child.pid)
+        try:
+            w.jobs = jobs_done
+            w.offered = offered
+            w.req.ships_source = source_sent
+            w.req.asked_source = asked
+            codes = pool._codes
+            assert codes is not None
+            if accepted:
+                pool._on_message(w, dict(offer))
+                assert len(codes) == 1 and pool.counters["worker_compiles"] == 1
+            else:
+                with pytest.raises(ProtocolError):
+                    pool._on_message(w, dict(offer))
+                assert len(codes) == 0
+        finally:
+            child.kill()
+            child.wait()
+            w.sock.close()
+            theirs.close()
+            loop.close()
 
 
 def test_a_worker_reporting_growth_past_its_own_bound_is_replaced() -> None:
@@ -161,5 +186,26 @@ def test_a_worker_reporting_growth_past_its_own_bound_is_replaced() -> None:
         if child.poll() is None:
             child.kill()
             child.wait()
+        theirs.close()
+        loop.close()
+
+
+def test_need_after_compiled_is_a_protocol_error() -> None:
+    """After "compiled" the script may have run: a "need" then would re-ship the
+    source (a second compile budget, a second chance to offer code)."""
+    import subprocess
+    child = subprocess.Popen(["sleep", "30"])
+    pool, loop, w, theirs = _driven_pool(child.pid)
+    try:
+        w.req.ships_source = True
+        pool._on_message(w, {"t": "compiled", "id": 7})
+        deadline = w.req.deadline
+        with pytest.raises(ProtocolError):
+            pool._on_message(w, {"t": "need", "id": 7})
+        assert w.req.deadline == deadline
+    finally:
+        child.kill()
+        child.wait()
+        w.sock.close()
         theirs.close()
         loop.close()
