@@ -15,10 +15,10 @@ worker of its own guild: when the compile worker is busy with another source
 or bound to another guild, the request goes on without code and its own
 worker compiles it (so one guild's large sources cannot hold other guilds'
 requests and run slots, and no spare is spent on switching the compile
-worker); a fresh worker offers the code to the cache (below). Sources that
-are not offered are queued for the compile worker to compile later, for the
-cache (a bounded queue nobody waits for); only requests for the version
-being compiled right now wait for it.
+worker); a fresh worker offers the code to the cache (below). Long sources
+are also queued for the compile worker to compile later, for the cache (a
+bounded queue nobody waits for); only requests for the version being
+compiled right now wait for it.
 
 The compile worker is a spare taken out of the spare list (hardened like any
 worker, and it never ran a script) that never runs a script: it only answers
@@ -47,9 +47,11 @@ request's guild for life, exactly as a compile worker bound to that guild;
 the cache keeps the code under that guild (``_worker_compiled``; the same MAC,
 the same key) and a compile of that version queued for the compile worker is
 dropped.  A worker that has run a script never offers code (the service
-refuses it: a script may have taken the process over), so its compiles are
-queued for the cache; the source stays queued until a spare is ready (the
-queue is emptied only when the fork server is gone).
+refuses it: a script may have taken the process over); what it compiles
+stays in its own cache of loaded versions (256).  Only sources longer than
+``OFFERED_SOURCE_CHARS`` are queued for the compile worker to compile for the
+cache; the source stays queued until a spare is ready (the queue is emptied
+only when the fork server is gone).
 """
 from __future__ import annotations
 
@@ -154,8 +156,10 @@ class Compiling:
                 # Never queue behind another compile (another guild's big source would
                 # hold this request and its run slot): this worker compiles it, as
                 # before; a worker that never ran a script offers the code
-                # (``_worker_compiled``), else it is compiled later for the cache.
-                if w.jobs or len(ref.source) > OFFERED_SOURCE_CHARS:
+                # (``_worker_compiled``). Only long sources are compiled later for
+                # the cache: a short one costs a worker ~1 ms, less than the
+                # spare a compile-worker switch would take from new guilds.
+                if len(ref.source) > OFFERED_SOURCE_CHARS:
                     self._compile_later(key, ref.source)
                 return False
             if (busy is not None and busy.alive and self._compiler_guild is not None
@@ -163,8 +167,8 @@ class Compiling:
                 # The compile worker is bound to another guild: switching would
                 # cost a spare that new guilds' requests wait for; this worker is
                 # bound to the request's guild and compiles it (and offers the code
-                # if it never ran a script; else it is compiled later for the cache).
-                if w.jobs or len(ref.source) > OFFERED_SOURCE_CHARS:
+                # if it never ran a script; long sources are compiled later).
+                if len(ref.source) > OFFERED_SOURCE_CHARS:
                     self._compile_later(key, ref.source)
                 return False
             assert self._loop is not None

@@ -77,7 +77,7 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
     def __init__(self, size: int | None = None, *, queue_timeout_ms: int = 2000,
                  max_queue: int | None = None, max_jobs: int = 10_000, max_jobs_jitter: int = 1000,
                  max_rss_mb: int = 200, kill_grace_ms: int = 15, spawn_timeout_s: float = 10.0,
-                 address_space_mb: int = 768, compile_cache: int = 64, user: str = "nobody",
+                 address_space_mb: int = 768, compile_cache: int = 256, user: str = "nobody",
                  network_namespace: bool = True, drop_user: bool = True, seccomp: bool = True,
                  prefer_memguard: bool = True, worker_spin_us: int = 0,
                  fresh_interpreter: bool = True, max_workers: int | None = None,

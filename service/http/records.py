@@ -3,10 +3,8 @@
 Handlers hand finished requests to `RecordWriter.put()`, which only appends to
 a deque: no database work, no lock and no thread wake-up on the event loop.
 One background thread wakes every `interval` seconds (sooner when `max_batch`
-entries are waiting; after a batch that touched more than `wide_endpoints`
-endpoints, every `wide_interval`: a batch's statistics rows grow with its
-endpoints, so many active endpoints are written in fewer, wider turns), takes
-everything queued and writes it in one transaction through the service layer. `stop()` writes everything still queued, so a
+entries are waiting), takes everything queued and writes it in one transaction
+through the service layer. `stop()` writes everything still queued, so a
 SIGTERM loses no record; with a `Journal` (as `logic serve` runs it) a crash
 of the process loses none either (service.http.journal).
 
@@ -93,8 +91,6 @@ class RecordWriter:
         write_batch: Callable[[Sequence[Any]], None],
         *,
         interval: float = 0.25,
-        wide_interval: float = 1.0,
-        wide_endpoints: int = 256,
         max_batch: int = 20_000,
         max_queued: int = 200_000,
         on_thread_start: Callable[[], object] | None = None,
@@ -105,12 +101,6 @@ class RecordWriter:
         self._journal_errors = 0
         self._write_batch = write_batch
         self._interval = interval
-        # After a batch that touched more than `wide_endpoints` endpoints the
-        # writer waits `wide_interval`: statistics rows grow with the endpoints
-        # of a batch, not with its requests, so a longer turn writes fewer.
-        self._wide_interval = max(interval, wide_interval)
-        self._wide_endpoints = wide_endpoints
-        self._next_wait = interval
         self._max_batch = max_batch
         self._max_queued = max_queued
         self._on_start = on_thread_start
@@ -198,7 +188,7 @@ class RecordWriter:
         try:
             while True:
                 if self._down_since is None:
-                    self._wake.wait(self._next_wait)
+                    self._wake.wait(self._interval)
                 else:  # a full queue must not make the writer hammer a database that is down
                     self._stop_wait.wait(self._retry_s)
                 self._wake.clear()
@@ -284,15 +274,9 @@ class RecordWriter:
         counted (a batch that can never be written must not stop the writer).
         """
         started = time.monotonic()
-        items: list[Any] | None = None
         for attempt in range(3):
             try:
-                if items is None:
-                    items = expand(batch)
-                    width = len({getattr(item, "endpoint_id", None) for item in items})
-                    self._next_wait = (self._wide_interval if width > self._wide_endpoints
-                                       else self._interval)
-                self._write_batch(items)
+                self._write_batch(expand(batch))
             except (OperationalError, InterfaceError) as err:
                 self._unreachable(err, len(batch))
                 return True

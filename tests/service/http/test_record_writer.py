@@ -166,35 +166,6 @@ def test_max_batch_wakes_the_writer_before_the_interval(make_writer):
     assert sink.batches == [list(range(100))]
 
 
-class _Hit:
-    """A plain record item of one endpoint (as the statistics' StatHit)."""
-
-    def __init__(self, endpoint_id: int) -> None:
-        self.endpoint_id = endpoint_id
-
-
-def test_after_a_batch_of_many_endpoints_the_writer_waits_longer(make_writer):
-    """Statistics rows grow with the endpoints of a batch: after a batch wider than
-    wide_endpoints the next turn comes after wide_interval, after a narrow one
-    after interval."""
-    sink = Sink()
-    writer = make_writer(sink, interval=0.05, wide_interval=30.0, wide_endpoints=10)
-    writer.start()
-    for e in range(3):                      # narrow: 3 endpoints
-        writer.put(_Hit(e))
-    assert wait_for(lambda: writer.written == 3, timeout=5.0)
-    writer.put(_Hit(0))                     # the next narrow turn comes soon
-    assert wait_for(lambda: writer.written == 4, timeout=5.0)
-    for e in range(11):                     # wide: 11 endpoints
-        writer.put(_Hit(e))
-    assert wait_for(lambda: writer.written == 15, timeout=5.0)
-    writer.put(_Hit(0))
-    time.sleep(1.0)                         # 20 short intervals: still waiting the long one
-    assert writer.written == 15
-    writer.stop()                           # stop() does not wait for it
-    assert writer.written == 16
-
-
 def test_writer_passes_expanded_records_to_write_batch(make_writer):
     """Recordable entries reach write_batch as their record items, not as entries."""
     sink = Sink()
