@@ -321,10 +321,11 @@ class Compiling:
             future.set_result(None)
 
     def _worker_compiled(self, req: RequestState, code: bytes, meta: dict[str, Any]) -> None:
-        """A worker compiled the request's source itself and offers the code: it goes
-        into the cache under the request's guild (the worker is bound to it, as a
-        compile worker is to the guild it compiles for), and a compile of the same
-        version queued for the compile worker is dropped."""
+        """A worker that has never run a script compiled the request's source and
+        offers the code (``Inbox._on_message`` checks that): it goes into the cache
+        under the request's guild (the worker is bound to it, as a compile worker is
+        to the guild it compiles for), and a compile of the same version queued for
+        the compile worker is dropped."""
         codes = self._codes
         if codes is None or len(code) > OFFER_PER_SOURCE_CHAR * len(req.ref.source) + (64 << 10):
             return   # far more code than its source makes: not kept (the cache is shared)
