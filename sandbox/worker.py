@@ -266,6 +266,7 @@ class _Runner:
                exit_after: bool) -> dict[str, Any]:
         # What the worker keeps after the job: past the bound it retires, so
         # memory left in library caches or fragments never accumulates.
+        self._ran = True   # offers end with the first job, as the service counts them
         self._mem.refresh()
         rss = self._mem.resident
         if rss - self._rss_at_start > self._max_rss_growth or self._compile_over:

@@ -209,3 +209,25 @@ def test_need_after_compiled_is_a_protocol_error() -> None:
         w.sock.close()
         theirs.close()
         loop.close()
+
+
+def test_a_worker_whose_first_job_did_not_compile_offers_nothing_later() -> None:
+    """Offers end with a worker's first job, whatever it was (the service counts
+    jobs, not scripts run): a worker whose first source failed to compile
+    compiles the next one without offering it, and is not taken for a liar."""
+    async def scenario(pool: Pool) -> None:
+        big = asyncio.ensure_future(pool.run(ref(BIG, "logic_big"), event(), LIMITS, "z"))
+        compiler = pool._compiler
+        assert compiler is not None
+        await wait_for(lambda: compiler.req is not None)
+        broken = await pool.run(ref("on endpoint(event):\n    event.reply(\n", "logic_e1"),
+                                event(), LIMITS, "e")
+        assert broken.error_kind == "script_error"
+        (worker,) = pool._guild_idle["e"]
+        good = await pool.run(ref(REPLY % "ok", "logic_e2"), event(), LIMITS, "e")
+        assert good.status == 200 and good.body == b'{"v":"ok"}'
+        assert worker.alive and pool._guild_idle["e"] == [worker]   # not replaced
+        assert pool.counters["crashes"] == 0 and pool.counters["worker_compiles"] == 0
+        await big
+
+    run_with_pool(scenario, size=2, max_workers=8)
