@@ -12,8 +12,10 @@ never offers code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -101,18 +103,23 @@ def test_offered_code_must_be_well_formed() -> None:
 
 # --- a compromised worker's reports (the message handling driven directly, as R10) ---------
 
-def _driven_pool(child_pid: int) -> tuple[Pool, Any, Any, Any]:
+@contextlib.contextmanager
+def _driven_pool() -> Iterator[tuple[Pool, Any, Any]]:
+    """A never-started pool whose message handling the test drives, with one
+    worker handle holding job 7; a real process of ours stands for the worker,
+    so a kill hits nobody else. Yields (pool, loop, worker handle)."""
     import socket
+    import subprocess
 
     from sandbox.channel import RequestState, WorkerHandle
 
-    pool = Pool(size=1)  # never started: only the message handling is driven
+    child = subprocess.Popen(["sleep", "30"])
+    pool = Pool(size=1)
     loop = asyncio.new_event_loop()
     pool._loop = loop
     pool._state = "stopping"   # nothing is respawned
     ours, theirs = socket.socketpair()
-    # A real process of ours stands for the worker, so a kill hits nobody else.
-    w = WorkerHandle(0, child_pid, ours.detach(), -1, cache_size=4, max_jobs=100, now=0.0)
+    w = WorkerHandle(0, child.pid, ours.detach(), -1, cache_size=4, max_jobs=100, now=0.0)
     w.ready = True
     pool._workers[0] = w
     req = RequestState(loop.create_future(), "job", ref(REPLY % 1), event(), LIMITS)
@@ -120,14 +127,21 @@ def _driven_pool(child_pid: int) -> tuple[Pool, Any, Any, Any]:
     req.seated = False
     w.req = req
     pool._busy = 1
-    return pool, loop, w, theirs
+    try:
+        yield pool, loop, w
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+        w.close(None)
+        theirs.close()
+        loop.close()
 
 
 def test_only_a_worker_that_never_ran_a_script_may_offer_code() -> None:
     """Offered code is accepted only with the "compiled" of a job whose source the
     worker was sent, and only from a worker that has never run a script (one that
     ran one may have been taken over by it: its code would outlive it)."""
-    import subprocess
     meta = {"events": ["endpoint"], "endpoint": True, "gen": False, "err": None}
     offer = {"t": "compiled", "id": 7, "code": b"\xe3" * 10, "meta": meta}
     # (jobs done, source sent, asked for it again, offered before, accepted)
@@ -135,9 +149,7 @@ def test_only_a_worker_that_never_ran_a_script_may_offer_code() -> None:
             (0, True, False, False, True), (1, True, False, False, False),
             (0, False, False, False, False), (0, True, True, False, True),
             (0, True, False, True, False)):
-        child = subprocess.Popen(["sleep", "30"])
-        pool, loop, w, theirs = _driven_pool(child.pid)
-        try:
+        with _driven_pool() as (pool, loop, w):
             w.jobs = jobs_done
             w.offered = offered
             w.req.ships_source = source_sent
@@ -151,27 +163,18 @@ def test_only_a_worker_that_never_ran_a_script_may_offer_code() -> None:
                 with pytest.raises(ProtocolError):
                     pool._on_message(w, dict(offer))
                 assert len(codes) == 0
-        finally:
-            child.kill()
-            child.wait()
-            w.sock.close()
-            theirs.close()
-            loop.close()
 
 
 def test_a_worker_reporting_growth_past_its_own_bound_is_replaced() -> None:
     """A worker retires itself past MAX_RSS_GROWTH_BYTES; one that reports more and
     stays is replaced, so what it is charged against the memory budget (and so what
     it can make the pool retire of other guilds' workers) stays bounded."""
-    import subprocess
 
     from sandbox.channel import RequestState
     from sandbox.limits import MAX_RSS_GROWTH_BYTES
     from sandbox.placement import WORKER_BYTES
 
-    child = subprocess.Popen(["sleep", "30"])
-    pool, loop, w, theirs = _driven_pool(child.pid)
-    try:
+    with _driven_pool() as (pool, loop, w):
         pool._on_message(w, {**_res(rss=20 << 20), "id": 7})      # honest: stays
         assert w.alive and pool.memory_estimate() == WORKER_BYTES
         req = RequestState(loop.create_future(), "job", ref(REPLY % 1), event(), LIMITS)
@@ -180,35 +183,20 @@ def test_a_worker_reporting_growth_past_its_own_bound_is_replaced() -> None:
         pool._busy = 1
         pool._on_message(w, {**_res(rss=(20 << 20) + MAX_RSS_GROWTH_BYTES + 4096), "id": 8})
         assert not w.alive                    # replaced, its charge gone with it
-        assert child.wait(timeout=5) == -9
+        assert os.waitpid(w.pid, 0)[1] == signal.SIGKILL
         assert pool.memory_estimate() <= WORKER_BYTES
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        theirs.close()
-        loop.close()
 
 
 def test_need_after_compiled_is_a_protocol_error() -> None:
     """After "compiled" the script may have run: a "need" then would re-ship the
     source (a second compile budget, a second chance to offer code)."""
-    import subprocess
-    child = subprocess.Popen(["sleep", "30"])
-    pool, loop, w, theirs = _driven_pool(child.pid)
-    try:
+    with _driven_pool() as (pool, loop, w):
         w.req.ships_source = True
         pool._on_message(w, {"t": "compiled", "id": 7})
         deadline = w.req.deadline
         with pytest.raises(ProtocolError):
             pool._on_message(w, {"t": "need", "id": 7})
         assert w.req.deadline == deadline
-    finally:
-        child.kill()
-        child.wait()
-        w.sock.close()
-        theirs.close()
-        loop.close()
 
 
 def test_a_worker_whose_first_job_did_not_compile_offers_nothing_later() -> None:
