@@ -24,6 +24,19 @@ if TYPE_CHECKING:
     from sandbox.limits import Limits
 
 
+def readable(fds: list[Any], timeout: float) -> list[Any]:
+    """The objects of ``fds`` (ints or objects with ``fileno()``) readable
+    within ``timeout`` seconds.  poll(), not select(): a pool of thousands of
+    workers holds descriptors past select()'s limit of 1024."""
+    poller = select.poll()
+    by_fd = {}
+    for f in fds:
+        fd = f if isinstance(f, int) else f.fileno()
+        by_fd[fd] = f
+        poller.register(fd, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(max(0, int(timeout * 1000)))]
+
+
 class RequestState:
     """One ``pool.run`` call: its future, what to run and its deadline."""
 
@@ -191,8 +204,7 @@ class WorkerHandle:
         """True once the process is gone (its pidfd turns readable)."""
         if self.pidfd < 0:
             return not psutil.pid_exists(self.pid)
-        readable, _, _ = select.select([self.pidfd], [], [], 0)
-        return bool(readable)
+        return bool(readable([self.pidfd], 0))
 
     def close(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """Drop the channel: a late reply can never be read after this."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import select
 import threading
 import time
 from collections import OrderedDict, deque
@@ -35,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandbox import protocol, zygote
-from sandbox.channel import RequestState, WorkerHandle
+from sandbox.channel import RequestState, WorkerHandle, readable
 from sandbox.codecache import source_digest
 from sandbox.compiling import COMPILER
 from sandbox.errors import PoolBusyError, PoolClosedError, ProtocolError, SpawnError
@@ -239,8 +238,8 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
                 self._abort_start()
                 raise SpawnError("sandbox workers did not start; see the log")
             pending = [w for w in self._workers.values() if w is not None and not w.ready]
-            readable, _, _ = select.select([self._ctl] + [w.sock for w in pending], [], [], left)
-            for sock in readable:
+            ready = readable([self._ctl] + [w.sock for w in pending], left)
+            for sock in ready:
                 if sock is self._ctl:
                     self._on_control()
                 else:

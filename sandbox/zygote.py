@@ -261,9 +261,14 @@ class _Zygote:
                 return
 
     def loop(self) -> NoReturn:
+        # poll(), not select(): the descriptors inherited from a service with
+        # thousands of workers may be numbered past select()'s 1024.
+        poller = select.poll()
+        poller.register(self.ctl.fileno(), select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
         while True:
             try:
-                readable, _, _ = select.select([self.ctl.fileno(), self.wake_r], [], [], 1.0)
+                readable = [fd for fd, _ in poller.poll(1000)]
             except InterruptedError:
                 readable = []
             if self.wake_r in readable:

@@ -91,3 +91,32 @@ def test_the_derived_worker_count_follows_the_memory_budget() -> None:
     assert derived_max_workers(2, 10 * WORKER_BYTES) == 10
     assert derived_max_workers(8, WORKER_BYTES) == 16          # at least twice the run slots
     assert derived_max_workers(2, 1 << 50) <= 4096
+
+
+def test_a_pool_whose_descriptors_pass_1024_starts_serves_and_stops() -> None:
+    """A budget of thousands of workers puts their descriptors past select()'s
+    limit of 1024: starting, serving and stopping must not depend on it."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        import pytest
+        pytest.skip(f"the hard descriptor limit ({hard}) is below 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+
+        async def scenario(pool: Pool) -> None:
+            for g in range(3):
+                out = await pool.run(ref(ECHO), event(), LIMITS, guild=f"g{g}")
+                assert out.error_kind is None, out.error_message
+            assert min(w.sock.fileno() for w in pool._workers.values() if w is not None) > 1024
+
+        run_with_pool(scenario, size=2)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
