@@ -11,10 +11,17 @@ cannot cross tenants).  Processes, at most ``max_workers`` of them:
   and in one least-recently-used order over all guilds (``_lru``).
 
 When a request holds a run slot (``sandbox.scheduler``) it takes an idle
-worker of its guild, else a spare; with neither it waits for the next spare
-(``_homeless``).  Spares are replenished by forking while there is room under
-``max_workers``, else by retiring the least recently used idle bound worker
-(LRU retirement).  A bound worker idle for ``idle_retire_s`` is retired too,
+worker of its guild, else a spare; with neither it gives its run slot back
+and waits, with its guild's other such requests, for a worker of its guild
+(``_homeless``: one spare forked per waiting guild).  A run slot bounds the
+scripts that run, and a request waiting for a process start runs nothing: the
+slot serves guilds with warm workers meanwhile.  When the worker is ready
+the guild's waiting requests go back to the front of its queue, and its
+guild to the front of the round robin (it had its turn), so they run next.  Spares are replenished by forking while there is room under
+``max_workers``, else by retiring an idle bound worker: the least recently
+used of those that served a single job while they are at least an eighth of
+the idle workers, else the least recently used (``_lru_victim``), so guilds
+called once make room for each other before popular guilds lose theirs.  A bound worker idle for ``idle_retire_s`` is retired too,
 so the pool shrinks when guilds go quiet.  Memory: each worker is charged
 ``WORKER_BYTES`` plus what it reported it grew since its first job; no spare
 is forked past ``memory_budget``, and housekeeping retires least recently
@@ -56,6 +63,11 @@ def sandbox_user(name: str) -> tuple[int, int]:
 #: ~4 MiB of private memory measured after its first jobs (USS), plus page
 #: tables and kernel structures.  Growth it reports after a job comes on top.
 WORKER_BYTES = 5 << 20
+#: Retirement protects guilds called more than once: while at least one idle
+#: worker in ``ONCE_SHARE`` served a single job, those go first (least recently
+#: used first).  Under a long-tailed load most new guilds are called once, and
+#: plain LRU would retire popular guilds' workers to make room for them.
+ONCE_SHARE = 8
 #: Descriptors the service holds per worker (its channel and its pidfd).
 WORKER_FDS = 2
 
@@ -117,8 +129,11 @@ class Placement:
     _idle: deque[WorkerHandle]
     _guild_idle: dict[str, list[WorkerHandle]]
     _lru: OrderedDict[WorkerHandle, None]
-    _homeless: deque[RequestState]
+    _once: OrderedDict[WorkerHandle, None]    # the idle workers of _lru that served <= 1 job
+    _homeless: OrderedDict[str, deque[RequestState]]
     _queued: dict[Any, RequestState]
+    _timeouts: deque[tuple[float, RequestState]]
+    queue_timeout: float
     _sched: Scheduler
     _crashes: dict[QuarantineKey, deque[float]]
     _quarantine: dict[QuarantineKey, tuple[float, str, int]]
@@ -178,6 +193,8 @@ class Placement:
         if idle:
             w = idle.pop()   # an emptied list stays (no churn on the hot path)
             del self._lru[w]
+            if self._once:
+                self._once.pop(w, None)
             self._dispatch(w, req)
         elif self._idle:
             w = self._idle.pop()
@@ -185,9 +202,28 @@ class Placement:
             self._dispatch(w, req)
             self._top_up()
         else:
-            self._homeless.append(req)
-            self._top_up()
+            self._end(req, 0.0)     # the slot serves warm guilds while a worker starts
+            waiting = self._homeless.get(guild)
+            if waiting is None:
+                self._homeless[guild] = deque((req,))
+                self._top_up()      # one spare more for this guild
+            else:
+                waiting.append(req)
             self._ensure_tick()
+
+    def _resume(self, waiting: deque[RequestState]) -> None:
+        """A guild's requests that waited for its worker take their place back:
+        the front of its queue, its guild at the front of the round robin."""
+        assert self._loop is not None
+        deadline = self._loop.time() + self.queue_timeout
+        for req in reversed(waiting):
+            if req.future.done():
+                continue
+            req.deadline = deadline
+            self._queued[req.future] = req
+            self._sched.push(req, resume=True)
+            self._timeouts.append((deadline, req))
+        self._ensure_tick()
 
     # --- idle workers -----------------------------------------------------------
     def _park(self, w: WorkerHandle, now: float) -> None:
@@ -201,22 +237,23 @@ class Placement:
         else:
             idle.append(w)
         self._lru[w] = None
+        if w.jobs <= 1:
+            self._once[w] = None
         w.idle_since = now
         if self._homeless:
-            # Requests wait for a worker while every process was busy: the
-            # one of this guild takes it, else it makes room for a spare.
-            for req in self._homeless:
-                if req.guild == w.guild and not req.future.done():
-                    self._homeless.remove(req)
-                    self._unpark(w)
-                    self._dispatch(w, req)
-                    return
-            self._top_up()
+            # Requests wait for a worker while every process was busy: this
+            # guild's take this one (the caller pumps), else it makes room for a spare.
+            waiting = self._homeless.pop(w.guild, None)
+            if waiting is not None:
+                self._resume(waiting)
+            else:
+                self._top_up()
 
     def _unpark(self, w: WorkerHandle) -> None:
         """Take ``w`` out of whichever idle structure holds it."""
         if w in self._lru:
             del self._lru[w]
+            self._once.pop(w, None)
             idle = self._guild_idle.get(w.guild or "")
             if idle is not None and w in idle:
                 idle.remove(w)
@@ -227,22 +264,24 @@ class Placement:
             pass
 
     def _on_spare(self, w: WorkerHandle) -> None:
-        """A new worker is ready: a waiting request's guild gets it, else it is a spare."""
+        """A new worker is ready: the guild that waited longest for one gets it
+        (its requests go back to the queue's front), else it is a spare."""
         homeless = self._homeless
         while homeless:
-            req = homeless.popleft()
-            if req.future.done():
-                self._end(req, 0.0)
+            guild, waiting = homeless.popitem(last=False)
+            if all(req.future.done() for req in waiting):
                 continue
-            w.guild = req.guild
-            self._dispatch(w, req)
+            w.guild = guild
+            self._resume(waiting)   # first: a guild with queued requests keeps its workers
+            assert self._loop is not None
+            self._park(w, self._loop.time())
             break
         else:
             self._idle.append(w)
         self._pump()
 
     def _top_up(self) -> None:
-        """Fork (or make room for) spares: ``spares`` ready plus one per homeless request."""
+        """Fork (or make room for) spares: ``spares`` ready plus one per guild waiting for one."""
         want = (self.spares + len(self._homeless) - len(self._idle) - len(self._spawning)
                 - self._unready)
         # The compile worker (sandbox.compiling) is not one of the max_workers.
@@ -256,14 +295,28 @@ class Placement:
                 self._next_slot += 1
                 self._workers[slot] = None
                 self._request_spawn(slot)
-            elif self._lru:
-                w = next(iter(self._lru))
+            else:
+                w = self._lru_victim()
+                if w is None:
+                    return
                 self._c["retired"] += 1
                 self._kill(w)          # its slot is free: a spare is forked into it
                 self._request_spawn(w.slot)
-            else:
-                return
             want -= 1
+
+    def _lru_victim(self) -> WorkerHandle | None:
+        """The idle worker to retire for a spare: the least recently used of those
+        that served one job while they are at least 1/``ONCE_SHARE`` of the idle
+        workers, else the least recently used of all; never one whose guild has
+        a request queued (it would only start another process for it)."""
+        guilds = self._sched.guilds
+        for order in ((self._once, self._lru) if len(self._once) * ONCE_SHARE >= len(self._lru)
+                      else (self._lru,)):
+            for w in order:
+                g = guilds.get(w.guild or "")
+                if g is None or not g.queue:
+                    return w
+        return None
 
     def _retire_idle(self, now: float) -> None:
         """Housekeeping: retire bound workers idle for ``idle_retire_s`` (oldest first),

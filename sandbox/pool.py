@@ -133,9 +133,12 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
         self._idle: deque[WorkerHandle] = deque()           # spares
         self._guild_idle: dict[str, list[WorkerHandle]] = {}
         self._lru: OrderedDict[WorkerHandle, None] = OrderedDict()
-        self._homeless: deque[RequestState] = deque()
+        self._once: OrderedDict[WorkerHandle, None] = OrderedDict()
+        self._homeless: OrderedDict[str, deque[RequestState]] = OrderedDict()
         self._sched = Scheduler(self.size, guild_share, guild_budget_s)
-        self._timeouts: deque[RequestState] = deque()
+        # (queue deadline, request) in deadline order; an entry whose request
+        # left the queue (or re-entered it with a later deadline) is stale.
+        self._timeouts: deque[tuple[float, RequestState]] = deque()
         self._queued: dict[asyncio.Future[Outcome], RequestState] = {}  # waiting, by future
         self._crashes: dict[QuarantineKey, deque[float]] = {}
         self._quarantine: dict[QuarantineKey, tuple[float, str, int]] = {}
@@ -339,7 +342,7 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
         self._c["queued"] += 1
         if req.deprioritised:
             self._c["deprioritised"] += 1
-        self._timeouts.append(req)
+        self._timeouts.append((req.deadline, req))
         self._ensure_tick()
         return req.future
 

@@ -119,9 +119,14 @@ class Scheduler:
         return fell
 
     # --- the queue -------------------------------------------------------------
-    def push(self, req: Queued) -> bool:
+    def push(self, req: Queued, resume: bool = False) -> bool:
         """Queue ``req`` behind its guild's earlier requests; True when a request
-        of its guild could start at once (fair, with fair room: call ``pop``)."""
+        of its guild could start at once (fair, with fair room: call ``pop``).
+
+        ``resume``: ``req`` had its turn and gave its slot back while it waited
+        for a worker process: it goes before its guild's other requests, and
+        its guild before the other guilds of its class.  Resume a guild's
+        requests in reverse order to keep theirs."""
         g = self.guilds.get(req.guild)
         if g is None:
             g = self.guilds[req.guild] = GuildState(req.guild, self.budget, self.clock())
@@ -131,6 +136,9 @@ class Scheduler:
         self.waiting += 1
         if g.ring < 0:
             self._place(g)
+        if resume:
+            g.queue.move_to_end(req, last=False)
+            self._rings[g.ring].move_to_end(g, last=False)
         return g.ring == READY and self.running - self.excess < self.size
 
     def pop(self) -> Queued | None:

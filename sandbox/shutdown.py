@@ -23,7 +23,7 @@ class Shutdown(Supervisor):
             self._state = "stopped"
             return
         self._state = "stopping"
-        for req in [*self._timeouts, *self._homeless]:
+        for req in [*(r for _, r in self._timeouts), *(r for q in self._homeless.values() for r in q)]:
             self._sched.cancel(req)
             if not req.future.done():
                 req.future.set_exception(PoolClosedError("pool stopped"))

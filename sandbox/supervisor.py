@@ -51,8 +51,8 @@ class Supervisor:
     _watched: dict[WorkerHandle, None]
     _rss_turn: int
     _idle: deque[WorkerHandle]
-    _timeouts: deque[RequestState]
-    _homeless: deque[RequestState]
+    _timeouts: deque[tuple[float, RequestState]]
+    _homeless: OrderedDict[str, deque[RequestState]]
     _queued: dict[Any, RequestState]
     _lru: OrderedDict[WorkerHandle, None]
     _sched: Scheduler
@@ -330,17 +330,20 @@ class Supervisor:
                     self._replace(w, None, backoff=True)
                 pending = True
         waiting = self._timeouts
-        while waiting and (not waiting[0].queued or now >= waiting[0].deadline):
-            req = waiting.popleft()
+        while waiting and (not waiting[0][1].queued or waiting[0][1].deadline != waiting[0][0]
+                           or now >= waiting[0][0]):
+            until, req = waiting.popleft()
+            if until != req.deadline:
+                continue    # stale: the request re-entered the queue later
             if self._sched.cancel(req) and not req.future.done():
                 self._queued.pop(req.future, None)
                 self._c["busy_rejections"] += 1
                 req.future.set_exception(PoolBusyError("no sandbox worker became free in time"))
         if self._homeless and not self._zygote_alive:
             # No spare can come any more (the fork server died; logged as critical).
-            while self._homeless:
-                req = self._homeless.popleft()
-                self._end(req, 0.0)
+            homeless = [req for q in self._homeless.values() for req in q]
+            self._homeless.clear()
+            for req in homeless:
                 if not req.future.done():
                     req.future.set_exception(PoolBusyError("no sandbox worker can be started"))
         if pending or waiting or self._homeless:

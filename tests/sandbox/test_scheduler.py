@@ -108,6 +108,29 @@ def test_round_robin_between_guilds_fifo_within() -> None:
     assert "".join(order) == "ABCABCABC"
 
 
+def test_a_resumed_request_goes_first_in_its_guild_and_its_guild_first_in_turn() -> None:
+    """A request that had its turn and gave its slot back while its worker
+    started (the pool's ``_resume``) is not sent to the end of the line."""
+    s = Scheduler(2, share=0.5, budget_s=0)
+    sim = Sim(s)
+    sim.submit("X")
+    sim.submit("X")                              # both slots busy
+    queued = [Req(g, i) for i in range(2) for g in "ABC"]
+    for r in queued:
+        s.push(r)
+    resumed = [Req("C", 8), Req("C", 9)]
+    for r in reversed(resumed):                  # as the pool resumes a guild's requests
+        s.push(r, resume=True)
+    assert [r.n for r in s.guilds["C"].queue] == [8, 9, 0, 1]
+    order = []
+    for _ in range(8):
+        sim.end()
+        while sim.served:
+            order.append(sim.served.pop(0))
+    assert "".join(order) == "CABCABCC"          # C first, then the turn goes on
+    assert not any(r.queued for r in queued + resumed)
+
+
 def test_a_lone_guild_uses_every_slot_and_gives_the_excess_back() -> None:
     # Stated policy: a guild alone may use every slot (nobody waits). Once
     # another guild has work, the newcomer runs within its share beside the

@@ -1,0 +1,86 @@
+"""Where requests wait for a worker process, and which idle worker is retired
+to make room (sandbox.placement), on real workers."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from sandbox.errors import PoolBusyError
+from sandbox.pool import Limits, Pool
+from tests.sandbox.poolkit import ECHO, LIMITS, event, ref, run_with_pool
+
+
+def _guild_pids(pool: Pool, guild: str) -> set[int]:
+    return {w.pid for w in pool._workers.values() if w is not None and w.guild == guild}
+
+
+async def _spares_ready(pool: Pool, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(pool._idle) < n and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert len(pool._idle) >= n
+
+
+def test_a_request_waiting_for_its_guilds_first_worker_holds_no_run_slot() -> None:
+    """One run slot; guild C needs a process start, made slow here (0.8 s):
+    guild A, whose worker is warm and whose request came after C's, runs meanwhile."""
+    async def scenario(pool: Pool) -> None:
+        loop = asyncio.get_running_loop()
+        assert (await pool.run(ref(ECHO), event(), LIMITS, guild="A")).error_kind is None
+        await _spares_ready(pool, 1)
+        deliver = pool._on_spare
+        pool._on_spare = lambda w: loop.call_later(0.8, deliver, w)  # type: ignore[method-assign]
+        b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")   # takes the spare
+        c = pool.submit(ref(ECHO), event(), LIMITS, guild="C")   # queued: the slot is B's
+        t0 = loop.time()
+        a = await pool.run(ref(ECHO), event(), LIMITS, guild="A")  # queued behind C
+        a_done = loop.time() - t0
+        outs = [await b, await c]
+        c_done = loop.time() - t0
+        assert a.error_kind is None and all(o.error_kind is None for o in outs)
+        assert a_done < 0.5 <= c_done, (a_done, c_done)
+        assert pool._sched.running == 0 and not pool._homeless
+
+    run_with_pool(scenario, size=1, max_workers=8)
+
+
+def test_a_request_that_waited_for_its_worker_still_times_out_busy() -> None:
+    """Back in the queue after its worker started, a request has the queue
+    timeout again: behind a script holding the only slot it is refused busy,
+    not kept until that script's time limit."""
+    spin = "on endpoint(event):\n    while True:\n        pass\n"
+    long = Limits(time_ms=2000, memory_kb=512)
+
+    async def scenario(pool: Pool) -> None:
+        loop = asyncio.get_running_loop()
+        assert (await pool.run(ref(ECHO), event(), LIMITS, guild="H")).error_kind is None
+        await _spares_ready(pool, 1)
+        deliver = pool._on_spare
+        pool._on_spare = lambda w: loop.call_later(0.3, deliver, w)  # type: ignore[method-assign]
+        b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")    # takes the spare and the slot
+        t0 = loop.time()
+        waiting = pool.submit(ref(ECHO), event(), LIMITS, guild="W")  # next: waits for a start
+        hog = pool.submit(ref(spin), event(), long, guild="H")       # then holds the slot 2 s
+        assert (await b).error_kind is None
+        with pytest.raises(PoolBusyError):
+            await waiting
+        assert loop.time() - t0 < 1.5, loop.time() - t0   # 0.3 s start + 0.6 s queue timeout
+        assert (await hog).error_kind == "script_timeout"
+
+    run_with_pool(scenario, size=1, max_workers=8, queue_timeout_ms=600)
+
+
+def test_guilds_called_once_make_room_for_each_other_before_a_popular_guilds_worker_goes() -> None:
+    async def scenario(pool: Pool) -> None:
+        for _ in range(3):
+            assert (await pool.run(ref(ECHO), event(), LIMITS, guild="popular")).error_kind is None
+        popular = _guild_pids(pool, "popular")
+        for i in range(12):
+            out = await pool.run(ref(ECHO), event(), LIMITS, guild=f"once{i}")
+            assert out.error_kind is None, out.error_message
+        assert pool.counters["retired"] >= 8          # room was made again and again ...
+        assert _guild_pids(pool, "popular") == popular  # ... never from the popular guild
+
+    run_with_pool(scenario, size=1, max_workers=4)
