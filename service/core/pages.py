@@ -19,7 +19,6 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
 from peewee import Field
-from peewee import fn as _fn
 
 from models import AuditRecord, ErrorRecord, Guild, GuildManager, RequestRecord, Script
 from models.clock import to_db
@@ -27,15 +26,13 @@ from service.core.access import EDITORS, Actor, get_guild, require_role
 from service.core.audit import audit_view
 from service.core.errors import NotFoundError, QuotaError, ValidationError
 from service.core.guilds import guild_view
-from service.core.reads import _endpoint_and_plan, error_view, record_view
+from service.core.reads import _endpoint_and_plan, error_view, in_history, record_view
 from service.core.record_queries import parse_status
 from service.core.scripts import script_view
 from service.plans import DEFAULT_PLANS, Plan
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
-# peewee's `fn` is untyped in its stubs: one typed alias instead of ignores.
-fn: Any = _fn
 
 
 def encode_cursor(key: int | str) -> str:
@@ -108,11 +105,8 @@ def history_page(actor: Actor, guild_id: str, script_id: str, *, limit: int | No
     endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read history", plans)
     if plan.history <= 0:
         return {"items": [], "nextCursor": None}
-    # Only the plan's newest N are history (older rows wait for the next prune).
-    newest = (RequestRecord.select(RequestRecord.id).where(RequestRecord.endpoint == endpoint.id)
-              .order_by(RequestRecord.id.desc()).limit(1).offset(plan.history - 1))
-    query = RequestRecord.select().where((RequestRecord.endpoint == endpoint.id)
-                                         & (RequestRecord.id >= _floor(newest)))
+    # Only the plan's newest N are history (older rows wait for a later prune).
+    query = RequestRecord.select().where(in_history(endpoint.id, plan.history))
     if span is not None:
         query = query.where(RequestRecord.status.between(*span))
     if when is not None:
@@ -121,19 +115,16 @@ def history_page(actor: Actor, guild_id: str, script_id: str, *, limit: int | No
     return _page(query, RequestRecord.id, n, cursor_text, int, True, record_view, lambda r: r.id)
 
 
-def _floor(newest: Any) -> Any:
-    # COALESCE: fewer rows than the plan keeps means "from the first one".
-    return fn.COALESCE(newest, 0)
-
-
 def history_record(actor: Actor, guild_id: str, script_id: str, request_id: str, *,
                    plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
-    """One request record in full, by its request id.  Raises `NotFoundError`
+    """One request record in full, by its request id: only one of the plan's
+    newest N (what `history_page` lists).  Raises `NotFoundError`
     (`request_not_found`), `PermissionDeniedError`."""
-    endpoint, _ = _endpoint_and_plan(actor, guild_id, script_id, "read history", plans)
-    row = (RequestRecord.select().where((RequestRecord.endpoint == endpoint.id)
+    endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read history", plans)
+    row = (RequestRecord.select().where(in_history(endpoint.id, plan.history)
                                         & (RequestRecord.request_id == str(request_id)[:64]))
-           .order_by(RequestRecord.id.desc()).first())
+           .order_by(RequestRecord.id.desc()).first()
+           if plan.history > 0 else None)
     if row is None:
         raise NotFoundError(f"request {request_id} not found", code="request_not_found")
     return record_view(row)

@@ -33,14 +33,26 @@ def _endpoint_and_plan(actor: Actor, guild_id: str, script_id: str, what: str,
     return Endpoint.get(Endpoint.script == script.id), resolve_plan(plans, guild.plan)
 
 
+def in_history(endpoint_id: int, keep: int) -> Any:
+    """The condition on `RequestRecord` rows that are the endpoint's history:
+    its newest `keep` (`keep` > 0).  Rows past them are invisible everywhere
+    (lists, one record, replays) until a write prunes them: the writer prunes
+    an endpoint only once it may have grown `prune_slack` past its plan, and a
+    downgrade leaves the older rows until the next write."""
+    newest = (RequestRecord.select(RequestRecord.id).where(RequestRecord.endpoint == endpoint_id)
+              .order_by(RequestRecord.id.desc()).limit(1).offset(keep - 1))
+    # COALESCE: fewer rows than the plan keeps means "from the first one".
+    return (RequestRecord.endpoint == endpoint_id) & (RequestRecord.id >= fn.COALESCE(newest, 0))
+
+
 def history(actor: Actor, guild_id: str, script_id: str, *,
             plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
     """`{"records": [...]}` newest first.  Raises `NotFoundError`, `PermissionDeniedError`."""
     endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read history", plans)
     if plan.history <= 0:
         return {"records": []}
-    # Limit as well as prune: after a downgrade the older rows stay until
-    # the next write prunes them, but they are no longer the plan's to show.
+    # Limit as well as prune: rows past the plan's newest N stay until a
+    # write prunes them (after a downgrade, or within the writer's slack).
     rows = (RequestRecord.select().where(RequestRecord.endpoint == endpoint.id)
             .order_by(RequestRecord.id.desc()).limit(plan.history))
     return {"records": [record_view(r) for r in rows]}

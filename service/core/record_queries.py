@@ -16,7 +16,7 @@ from models import Endpoint, ErrorRecord, RequestRecord
 from models.clock import iso, to_db
 from service.core.access import Actor, guild_and_script
 from service.core.errors import NotFoundError, QuotaError, ValidationError
-from service.core.reads import _endpoint_and_plan, error_view, record_view
+from service.core.reads import _endpoint_and_plan, error_view, in_history, record_view
 from service.core.records import ERROR_KEEP
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
 
@@ -50,9 +50,7 @@ def history_page(actor: Actor, guild_id: str, script_id: str, *,
     if plan.history <= 0:
         return {"records": []}
     # The plan's newest N are what history holds; filters narrow those.
-    newest = (RequestRecord.select(RequestRecord.id).where(RequestRecord.endpoint == endpoint.id)
-              .order_by(RequestRecord.id.desc()).limit(plan.history))
-    query = RequestRecord.select().where(RequestRecord.id.in_(newest))
+    query = RequestRecord.select().where(in_history(endpoint.id, plan.history))
     if span is not None:
         query = query.where(RequestRecord.status.between(*span))
     if since is not None:
@@ -65,11 +63,13 @@ def history_page(actor: Actor, guild_id: str, script_id: str, *,
 
 def history_record(actor: Actor, guild_id: str, script_id: str, request_id: str, *,
                    plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
-    """One request record in full, with its error record when there is one.
-    Raises `NotFoundError` (`record_not_found`), `PermissionDeniedError`."""
+    """One request record in full, with its error record when there is one;
+    only one of the plan's newest N (what `history_page` lists).  Raises
+    `NotFoundError` (`record_not_found`), `PermissionDeniedError`."""
     endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read history", plans)
-    row = (RequestRecord.select().where((RequestRecord.endpoint == endpoint.id)
-                                        & (RequestRecord.request_id == request_id)).first()
+    row = (RequestRecord.select().where(in_history(endpoint.id, plan.history)
+                                        & (RequestRecord.request_id == request_id))
+           .order_by(RequestRecord.id.desc()).first()
            if plan.history > 0 else None)
     if row is None:
         raise NotFoundError(f"no request {request_id!r} in the history of script {script_id}",

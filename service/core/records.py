@@ -2,8 +2,10 @@
 
 `write_batch(items)` takes `RequestRecordIn` (history), `ErrorRecordIn` (error
 log) and `StatHit` (statistics) items and, in ONE transaction:
-- appends the request records, then prunes each touched endpoint to the
-  `keep` newest (the plan's history size, carried by the item);
+- appends the request records and prunes an endpoint to the `keep` newest
+  (the plan's history size, carried by the item) once it may have grown past
+  `keep` by its slack (`prune_slack`, below), on its first write since the
+  process started, and when `keep` changed;
 - appends the error records and prunes each endpoint to the last 100;
 - adds every `StatHit` to per-minute (kept 24 h) and per-hour (kept 30 days)
   counters with a latency histogram, to per-minute latency sketches (kept
@@ -24,7 +26,8 @@ import base64
 import bisect
 import json
 import math
-from collections import defaultdict
+import threading
+from collections import Counter, defaultdict
 from dataclasses import KW_ONLY, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Sequence, Union
@@ -47,6 +50,33 @@ SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-service-s
 _CUT = "\n…[truncated]"
 SWEEP_EVERY = timedelta(minutes=1)
 _last_sweep: dict[int, datetime] = {}
+
+# Request history is pruned lazily.  Every reader shows only the plan's newest
+# `keep` rows of an endpoint (service.core.reads, record_queries, pages,
+# testcalls), so rows past `keep` are invisible until pruned, and pruning after
+# every write (one DELETE per endpoint per batch: with many endpoints called in
+# turn, one per request) buys nothing a reader can see.  Instead each process
+# counts the rows it inserted per endpoint since it last pruned that endpoint,
+# and prunes once the count exceeds the slack: an endpoint then holds at most
+# keep + slack rows per writing process.  A quarter of `keep` bounds the
+# extra storage at 25 %, and at one row per write prunes one write in
+# slack + 1 (1 in 51 at keep 200); the floor of 8 keeps small plans from
+# pruning nearly every write (1 in 9 at keep 20) for a few rows more.
+PRUNE_SLACK_MIN = 8
+PRUNE_SLACK_FRACTION = 4
+#: Bound of the memo below; clearing it only costs one prune per endpoint.
+PRUNE_MEMO_MAX = 100_000
+# endpoint id -> (keep, rows this process inserted since it last pruned it).
+# Not in it (first write since start, or after a clear): prune, as rows left by
+# an earlier process or another node are bounded then too.
+_since_prune: dict[int, tuple[int, int]] = {}
+_since_prune_lock = threading.Lock()
+
+
+def prune_slack(keep: int) -> int:
+    """How many rows past `keep` an endpoint may grow (per writing process)
+    before its history is pruned: `max(PRUNE_SLACK_MIN, keep // PRUNE_SLACK_FRACTION)`."""
+    return max(PRUNE_SLACK_MIN, keep // PRUNE_SLACK_FRACTION)
 
 
 @dataclass(frozen=True)
@@ -292,8 +322,48 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
 
 
 def reset_sweeps() -> None:
-    """Forget when endpoints were last swept (tests; after switching databases)."""
+    """Forget when endpoints were last swept and pruned, as a process start
+    does (tests; after switching databases): each endpoint's next write prunes."""
     _last_sweep.clear()
+    with _since_prune_lock:
+        _since_prune.clear()
+
+
+def _due_prunes(keep: dict[int, int], inserted: Counter[int]) -> list[int]:
+    """The endpoints to prune now, counting this batch's rows in the memo.
+
+    Prune when the endpoint is not in the memo, when its `keep` changed (a
+    plan change: at once), when `keep <= 0` (as before: everything goes), or
+    when the rows inserted since its last prune exceed `prune_slack(keep)`.
+    The memo is updated here, under a lock, so that concurrent batches of one
+    process add up (the service writes from one thread: rows of a batch still
+    in flight while another prunes could outlive that prune until the next);
+    a batch that fails makes `write_batch` forget its endpoints."""
+    due: list[int] = []
+    with _since_prune_lock:
+        for endpoint_id, n in sorted(keep.items()):
+            seen = _since_prune.get(endpoint_id)
+            count = (seen[1] if seen is not None else 0) + inserted[endpoint_id]
+            if n <= 0 or seen is None or seen[0] != n or count > prune_slack(n):
+                due.append(endpoint_id)
+                # After a later prune the count starts at 0; after the first
+                # one (or a plan change) at a phase of the endpoint's own, in
+                # 0..slack, so that endpoints first written together (all of
+                # them, at a process start) do not all fall due in the same
+                # later batch.  Counting high only makes a prune come sooner.
+                count = 0 if seen is not None and seen[0] == n else endpoint_id % (prune_slack(n) + 1)
+            _since_prune[endpoint_id] = (n, count)
+        if len(_since_prune) > PRUNE_MEMO_MAX:   # a prune too many is harmless
+            _since_prune.clear()
+    return due
+
+
+def _forget(endpoint_ids: Iterable[int]) -> None:
+    """Drop endpoints from the prune memo (their next write prunes): after a
+    batch that failed, whose counts and prunes were rolled back."""
+    with _since_prune_lock:
+        for endpoint_id in endpoint_ids:
+            _since_prune.pop(endpoint_id, None)
 
 
 def _newest(requests: list[RequestRecordIn], keep: dict[int, int]) -> list[RequestRecordIn]:
@@ -315,33 +385,44 @@ def write_batch(items: Sequence[Item]) -> None:
         return
     now = utcnow()
     wanted = {i.endpoint_id for i in items}
-    with database.atomic():
-        existing = {e.id for e in Endpoint.select(Endpoint.id).where(Endpoint.id.in_(sorted(wanted)))}
-        requests = [i for i in items if isinstance(i, RequestRecordIn) and i.endpoint_id in existing]
-        errors = [i for i in items if isinstance(i, ErrorRecordIn) and i.endpoint_id in existing]
-        hits = [i for i in items if isinstance(i, StatHit) and i.endpoint_id in existing]
-        if requests:
-            keep: dict[int, int] = {}
-            for r in requests:        # the newest item carries the current plan
-                keep[r.endpoint_id] = r.keep
-            # Only each endpoint's newest `keep` of this batch can survive the
-            # prune below: older ones are not even converted (under load a
-            # batch holds far more requests than a plan keeps).
-            requests = _newest(requests, keep)
-            insert_rows(RequestRecord, _REQUEST_COLUMNS, [_request_row(r) for r in requests])
-            for endpoint_id, n in sorted(keep.items()):
-                _prune(RequestRecord, endpoint_id, n)
-        if errors:
-            insert_rows(ErrorRecord, _ERROR_COLUMNS, [
-                (e.endpoint_id, _short(e.request_id, 64), to_db(e.time), _short(e.kind, 32),
-                 cap_text(e.message, TEXT_CAP) or "", e.line, cap_text(e.traceback, OUTPUT_CAP),
-                 e.script_version)
-                for e in errors])
-            for endpoint_id in sorted({e.endpoint_id for e in errors}):
-                _prune(ErrorRecord, endpoint_id, ERROR_KEEP)
-        if hits:
-            _write_stats(hits, now)
+    keep: dict[int, int] = {}     # endpoint -> its plan's history size
+    try:
+        with database.atomic():
+            existing = {e.id for e in Endpoint.select(Endpoint.id)
+                        .where(Endpoint.id.in_(sorted(wanted)))}
+            requests = [i for i in items
+                        if isinstance(i, RequestRecordIn) and i.endpoint_id in existing]
+            errors = [i for i in items if isinstance(i, ErrorRecordIn) and i.endpoint_id in existing]
+            hits = [i for i in items if isinstance(i, StatHit) and i.endpoint_id in existing]
+            if requests:
+                for r in requests:        # the newest item carries the current plan
+                    keep[r.endpoint_id] = r.keep
+                # Only each endpoint's newest `keep` of this batch can survive a
+                # prune: older ones are not even converted (under load a batch
+                # holds far more requests than a plan keeps).
+                requests = _newest(requests, keep)
+                insert_rows(RequestRecord, _REQUEST_COLUMNS, [_request_row(r) for r in requests])
+                for endpoint_id in _due_prunes(keep, Counter(r.endpoint_id for r in requests)):
+                    _prune(RequestRecord, endpoint_id, keep[endpoint_id])
+            if errors:
+                insert_rows(ErrorRecord, _ERROR_COLUMNS, [
+                    (e.endpoint_id, _short(e.request_id, 64), to_db(e.time), _short(e.kind, 32),
+                     cap_text(e.message, TEXT_CAP) or "", e.line, cap_text(e.traceback, OUTPUT_CAP),
+                     e.script_version)
+                    for e in errors])
+                # Pruned on every write: not every error reader caps to
+                # ERROR_KEEP (pages.errors_page pages through all rows).
+                for endpoint_id in sorted({e.endpoint_id for e in errors}):
+                    _prune(ErrorRecord, endpoint_id, ERROR_KEEP)
+            if hits:
+                _write_stats(hits, now)
+    except BaseException:
+        # Rolled back: the prune counts this batch took are void, so its
+        # endpoints are forgotten and their next write prunes.
+        _forget(keep)
+        raise
 
 
 __all__ = ["ErrorRecordIn", "Item", "RequestRecordIn", "StatHit", "write_batch",
-           "redact_headers", "cap_body", "BODY_CAP", "ERROR_KEEP", "SECRET_HEADERS"]
+           "redact_headers", "cap_body", "prune_slack", "reset_sweeps", "BODY_CAP", "ERROR_KEEP",
+           "PRUNE_SLACK_MIN", "SECRET_HEADERS"]

@@ -35,6 +35,7 @@ from models import RequestRecord
 from service.core.access import EDITORS, Actor, guild_and_script
 from service.core.errors import ConflictError, NotFoundError, QuotaError, ValidationError
 from service.core.invoke_target import InvokeTarget, load_target
+from service.core.reads import in_history
 from service.core.records import SECRET_HEADERS
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
 
@@ -112,10 +113,12 @@ def replay_request(actor: Actor, guild_id: str, script_id: str, request_id: str,
     `NotFoundError` (`request_not_found`), `ConflictError` (`body_truncated`),
     and what `test_target` raises."""
     target = test_target(actor, guild_id, script_id, plans=plans)
+    # Only a record the history lists (the plan's newest N) can be replayed.
     row = (RequestRecord.select()
-           .where((RequestRecord.endpoint == target.endpoint_id)
+           .where(in_history(target.endpoint_id, target.plan.history)
                   & (RequestRecord.request_id == str(request_id)[:64]))
-           .order_by(RequestRecord.id.desc()).first())
+           .order_by(RequestRecord.id.desc()).first()
+           if target.plan.history > 0 else None)
     if row is None:
         raise NotFoundError(f"request {request_id} not found in this endpoint's history",
                             code="request_not_found")
