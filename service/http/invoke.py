@@ -171,7 +171,17 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
         self.path = path
         if ctx.draining:
             # Shutting down: requests still arriving on kept-alive connections
-            # go elsewhere; the ones in flight finish.
+            # go elsewhere; the ones in flight finish.  A trusted proxy's
+            # request (its headers were on the way when the drain began) is
+            # dropped unanswered: nothing ran, and the proxy sends a request
+            # that finds its connection closed to another node.
+            conn = self.conn
+            if conn is not None and conn.conn.server.trusted_proxy(self.peer):
+                self.answered = True
+                self.conn = None
+                self._ended()
+                conn.conn.close_now()
+                return None
             raise BusyError("The service is shutting down; retry shortly.",
                             headers={"Retry-After": "1", "Connection": "close"})
         route = _ROUTE.fullmatch(path)

@@ -126,6 +126,10 @@ class HTTP1Server:
             else:
                 self._per_ip.pop(ip, None)
 
+    def trusted_proxy(self, ip: str) -> bool:
+        """Whether `ip` is in `cap_exempt` (the trusted reverse proxies)."""
+        return self._exempt(ip)
+
     def _exempt(self, ip: str) -> bool:
         if not self.cap_exempt:
             return False

@@ -344,6 +344,10 @@ def test_a_draining_node_closes_a_trusted_proxys_connection_instead_of_answering
     held.sendall(f"{head}Content-Length: 2\r\nExpect: 100-continue\r\n\r\n".encode())
     assert held.recv(65536).startswith(b"HTTP/1.1 100 Continue")
     proxy, client = kept_alive("127.0.0.1"), kept_alive("127.0.0.2")
+    # The proxy's next request, its head on the way when the drain begins.
+    midway = kept_alive("127.0.0.1")
+    midway.sendall(f"{head}Content-Length: 2\r\n".encode())
+    time.sleep(0.2)                                     # read by the node: the connection is busy
     try:
         assert srv.proc is not None
         srv.proc.send_signal(15)
@@ -361,6 +365,12 @@ def test_a_draining_node_closes_a_trusted_proxys_connection_instead_of_answering
         except ConnectionResetError:
             got = b""
         assert got == b""
+        midway.sendall(b"\r\n{}")                     # the head completes during the drain
+        try:
+            got = midway.recv(65536)                    # closed unanswered, not 503
+        except ConnectionResetError:
+            got = b""
+        assert got == b""
         client.sendall(f"{head}Content-Length: 2\r\n\r\n{{}}".encode())
         answer = client.recv(65536)                     # the direct client's: 503 busy
         assert answer.startswith(b"HTTP/1.1 503 ") and b'"busy"' in answer
@@ -368,6 +378,6 @@ def test_a_draining_node_closes_a_trusted_proxys_connection_instead_of_answering
         held.sendall(b"{}")                             # the request in flight is answered
         assert held.recv(65536).startswith(b"HTTP/1.1 200 ")
     finally:
-        for sock in (held, proxy, client):
+        for sock in (held, proxy, client, midway):
             sock.close()
     assert srv.proc.wait(30) == 0
