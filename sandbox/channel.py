@@ -42,7 +42,7 @@ class RequestState:
 
     __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker",
                  "ships_source", "compiled", "asked_source", "guild", "queued", "deprioritised", "waited",
-                 "seated", "excess", "where", "dig", "code_waited")
+                 "seated", "excess", "where", "dig", "code_waited", "homeless")
 
     def __init__(self, future: "asyncio.Future[Any]", kind: str, ref: Any,
                  event: dict[str, Any], limits: "Limits", guild: str = "") -> None:
@@ -52,6 +52,7 @@ class RequestState:
         self.waited = False       # was queued at some point
         self.deprioritised = False  # queued while its guild was over its budget
         self.seated = False       # holds one of the scheduler's run slots
+        self.homeless = False     # waits, holding no slot, for its guild's first worker
         self.excess = False       # ... beyond its guild's fair share (sandbox.scheduler)
         #: (line, script traceback) the worker reported when the time limit passed
         self.where: tuple[int | None, str] | None = None

@@ -207,6 +207,7 @@ class Compiling:
             return
         if not w.alive:
             self._seat(req)   # the worker died meanwhile: another one takes the request
+            self._pump()      # (or it waits for one, and gave its slot back)
             return
         self._dispatch(w, req)
 

@@ -12,17 +12,20 @@ cannot cross tenants).  Processes, at most ``max_workers`` of them:
 
 When a request holds a run slot (``sandbox.scheduler``) it takes an idle
 worker of its guild, else a spare; with neither it gives its run slot back
-and waits, with its guild's other such requests, for a worker of its guild
-(``_homeless``: one spare forked per waiting guild).  A run slot bounds the
-scripts that run, and a request waiting for a process start runs nothing: the
-slot serves guilds with warm workers meanwhile.  When the worker is ready
-the guild's waiting requests go back to the front of its queue, and its
-guild to the front of the round robin (it had its turn), so they run next.  Spares are replenished by forking while there is room under
+and waits for a worker of its guild (``_homeless``, one request per guild,
+one spare forked for it) while the scheduler holds the guild's other
+requests in its queue.  A run slot bounds the scripts that run, and a
+request waiting for a process start runs nothing: the slot serves guilds
+with warm workers meanwhile.  When the worker is ready the request goes
+back to the front of its guild's queue, and its guild to the front of the
+round robin (it had its turn), so it runs next.  The wait has the queue
+timeout, and the request can be withdrawn, as in the queue.  Spares are replenished by forking while there is room under
 ``max_workers``, else by retiring an idle bound worker: the least recently
 used of those that served a single job while they are at least an eighth of
 the idle workers, else the least recently used (``_lru_victim``), so guilds
-called once make room for each other before popular guilds lose theirs.  A bound worker idle for ``idle_retire_s`` is retired too,
-so the pool shrinks when guilds go quiet.  Memory: each worker is charged
+called once make room for each other before popular guilds lose theirs.  A
+bound worker idle for ``idle_retire_s`` is retired too, so the pool shrinks
+when guilds go quiet.  Memory: each worker is charged
 ``WORKER_BYTES`` plus what it reported it grew since its first job; no spare
 is forked past ``memory_budget``, and housekeeping retires least recently
 used idle workers while the estimate is over it.
@@ -130,7 +133,7 @@ class Placement:
     _guild_idle: dict[str, list[WorkerHandle]]
     _lru: OrderedDict[WorkerHandle, None]
     _once: OrderedDict[WorkerHandle, None]    # the idle workers of _lru that served <= 1 job
-    _homeless: OrderedDict[str, deque[RequestState]]
+    _homeless: OrderedDict[str, RequestState]
     _queued: dict[Any, RequestState]
     _timeouts: deque[tuple[float, RequestState]]
     queue_timeout: float
@@ -156,7 +159,11 @@ class Placement:
         True if it never reached a worker, and then its future is cancelled.  A
         request already running is left to finish (False)."""
         req = self._queued.pop(future, None)
-        if req is None or not self._sched.cancel(req):
+        if req is None:
+            return False
+        if req.homeless:
+            self._unhome(req)
+        elif not self._sched.cancel(req):
             return False
         future.cancel()
         return True
@@ -202,27 +209,40 @@ class Placement:
             self._dispatch(w, req)
             self._top_up()
         else:
-            self._end(req, 0.0)     # the slot serves warm guilds while a worker starts
-            waiting = self._homeless.get(guild)
-            if waiting is None:
-                self._homeless[guild] = deque((req,))
-                self._top_up()      # one spare more for this guild
-            else:
-                waiting.append(req)
+            # The slot serves warm guilds while a worker starts; the guild's
+            # other requests stay queued (held) meanwhile.
+            self._end(req, 0.0)
+            assert self._loop is not None and guild not in self._homeless
+            self._sched.hold(guild)
+            req.homeless = True
+            req.deadline = deadline = self._loop.time() + self.queue_timeout
+            self._homeless[guild] = req
+            self._queued[req.future] = req
+            self._timeouts.append((deadline, req))
+            self._top_up()          # one spare more for this guild
             self._ensure_tick()
 
-    def _resume(self, waiting: deque[RequestState]) -> None:
-        """A guild's requests that waited for its worker take their place back:
-        the front of its queue, its guild at the front of the round robin."""
+    def _unhome(self, req: RequestState) -> None:
+        """``req`` stops waiting for a worker (withdrawn, timed out): its guild is served again."""
+        req.homeless = False
+        if self._homeless.get(req.guild) is req:
+            del self._homeless[req.guild]
+        self._sched.release(req.guild)
+
+    def _resume(self, req: RequestState) -> None:
+        """A request that waited for its guild's worker takes its place back: the
+        front of its guild's queue, its guild at the front of the round robin."""
+        self._unhome(req)
+        if req.future.done():
+            return
         assert self._loop is not None
-        deadline = self._loop.time() + self.queue_timeout
-        for req in reversed(waiting):
-            if req.future.done():
-                continue
-            req.deadline = deadline
-            self._queued[req.future] = req
-            self._sched.push(req, resume=True)
-            self._timeouts.append((deadline, req))
+        req.deadline = deadline = self._loop.time() + self.queue_timeout
+        self._queued[req.future] = req
+        if not req.waited:
+            req.waited = True
+            self._c["queued"] += 1
+        self._sched.push(req, resume=True)
+        self._timeouts.append((deadline, req))
         self._ensure_tick()
 
     # --- idle workers -----------------------------------------------------------
@@ -231,6 +251,19 @@ class Placement:
         if w.guild is None:
             self._idle.append(w)
             return
+        self._idle_for_guild(w, now)
+        if self._homeless:
+            # A request waits for a worker while every process was busy: this
+            # guild's takes this one (the caller pumps), else it makes room for a spare.
+            waiting = self._homeless.get(w.guild)
+            if waiting is not None:
+                self._resume(waiting)
+            else:
+                self._top_up()
+
+    def _idle_for_guild(self, w: WorkerHandle, now: float) -> None:
+        """Put ``w`` (bound to a guild) among the idle workers."""
+        assert w.guild is not None
         idle = self._guild_idle.get(w.guild)
         if idle is None:
             self._guild_idle[w.guild] = [w]
@@ -240,14 +273,6 @@ class Placement:
         if w.jobs <= 1:
             self._once[w] = None
         w.idle_since = now
-        if self._homeless:
-            # Requests wait for a worker while every process was busy: this
-            # guild's take this one (the caller pumps), else it makes room for a spare.
-            waiting = self._homeless.pop(w.guild, None)
-            if waiting is not None:
-                self._resume(waiting)
-            else:
-                self._top_up()
 
     def _unpark(self, w: WorkerHandle) -> None:
         """Take ``w`` out of whichever idle structure holds it."""
@@ -268,16 +293,19 @@ class Placement:
         (its requests go back to the queue's front), else it is a spare."""
         homeless = self._homeless
         while homeless:
-            guild, waiting = homeless.popitem(last=False)
-            if all(req.future.done() for req in waiting):
+            req = next(iter(homeless.values()))
+            if req.future.done():
+                self._unhome(req)
                 continue
-            w.guild = guild
-            self._resume(waiting)   # first: a guild with queued requests keeps its workers
+            w.guild = req.guild
+            self._resume(req)
             assert self._loop is not None
-            self._park(w, self._loop.time())
-            break
-        else:
-            self._idle.append(w)
+            self._idle_for_guild(w, self._loop.time())
+            self._pump()            # the request takes it before any room is made
+            if homeless:
+                self._top_up()
+            return
+        self._idle.append(w)
         self._pump()
 
     def _top_up(self) -> None:
@@ -307,8 +335,11 @@ class Placement:
     def _lru_victim(self) -> WorkerHandle | None:
         """The idle worker to retire for a spare: the least recently used of those
         that served one job while they are at least 1/``ONCE_SHARE`` of the idle
-        workers, else the least recently used of all; never one whose guild has
-        a request queued (it would only start another process for it)."""
+        workers, else the least recently used of all; preferably not one whose
+        guild has a request queued (it would only start another process for it),
+        but when a request waits for a worker and only such workers are idle, the
+        least recently used of them (else a guild with a backlog would keep
+        every worker while another guild's request waits for ever)."""
         guilds = self._sched.guilds
         for order in ((self._once, self._lru) if len(self._once) * ONCE_SHARE >= len(self._lru)
                       else (self._lru,)):
@@ -316,6 +347,8 @@ class Placement:
                 g = guilds.get(w.guild or "")
                 if g is None or not g.queue:
                     return w
+        if self._homeless and self._lru:
+            return next(iter(self._lru))
         return None
 
     def _retire_idle(self, now: float) -> None:

@@ -45,7 +45,7 @@ class Queued(Protocol):
 class GuildState:
     """One guild's queue, running count and budget."""
 
-    __slots__ = ("guild", "queue", "running", "tokens", "stamp", "ring", "flagged")
+    __slots__ = ("guild", "queue", "running", "tokens", "stamp", "ring", "flagged", "held")
 
     def __init__(self, guild: str, tokens: float, now: float) -> None:
         self.guild = guild
@@ -55,6 +55,7 @@ class GuildState:
         self.stamp = now              # when tokens were last refilled
         self.ring = -1                # READY / OVER / LOW, -1 = in no ring
         self.flagged = False          # already reported as deprioritised
+        self.held = False             # its next request waits for a worker: serve none now
 
 
 class Scheduler:
@@ -85,6 +86,8 @@ class Scheduler:
         g = self.guilds.get(guild)
         if g is None:
             g = self.guilds[guild] = GuildState(guild, self.budget, self.clock())
+        if g.held:
+            return -1
         if g.running < self.cap and g.tokens >= 0:
             if self.running - self.excess >= self.size:
                 return -1
@@ -138,7 +141,8 @@ class Scheduler:
             self._place(g)
         if resume:
             g.queue.move_to_end(req, last=False)
-            self._rings[g.ring].move_to_end(g, last=False)
+            if g.ring >= 0:
+                self._rings[g.ring].move_to_end(g, last=False)
         return g.ring == READY and self.running - self.excess < self.size
 
     def pop(self) -> Queued | None:
@@ -159,12 +163,12 @@ class Scheduler:
         if rings[READY]:
             g = next(iter(rings[READY]))
             excess = False
-        elif self.running < self.size:
+        elif self.running < self.size and (rings[OVER] or low):
             g = next(iter(rings[OVER] or low))
             excess = True
             self.excess += 1
         else:
-            return None  # only excess jobs wait, and no slot is free
+            return None  # only excess jobs (or held guilds' requests) wait, no slot is free
         req, _ = g.queue.popitem(last=False)
         req.queued = False
         req.excess = excess
@@ -173,6 +177,22 @@ class Scheduler:
         self.running += 1
         self._place(g, rotate=True)
         return req
+
+    def hold(self, guild: str) -> None:
+        """Serve none of ``guild``'s requests until ``release``: one of them gave its
+        slot back to wait for a worker process, and the others would only do the same."""
+        g = self.guilds.get(guild)
+        if g is None:
+            g = self.guilds[guild] = GuildState(guild, self.budget, self.clock())
+        g.held = True
+        self._place(g)
+
+    def release(self, guild: str) -> None:
+        """Serve ``guild``'s requests again (its worker is ready, or its wait ended)."""
+        g = self.guilds.get(guild)
+        if g is not None and g.held:
+            g.held = False
+            self._place(g)
 
     def cancel(self, req: Queued) -> bool:
         """Take a queued request out at once (its client left, or it timed out)."""
@@ -197,7 +217,7 @@ class Scheduler:
         """Forget guilds with nothing running, nothing queued and a full budget (O(guilds);
         called from the pool's housekeeping, not per request)."""
         for name, g in list(self.guilds.items()):
-            if not g.running and not g.queue:
+            if not g.running and not g.queue and not g.held:
                 self._refill(g)
                 if g.tokens >= self.budget:
                     del self.guilds[name]
@@ -212,7 +232,7 @@ class Scheduler:
     def _place(self, g: GuildState, rotate: bool = False) -> None:
         """Move ``g`` to the ring its state belongs to (or out of every ring); a
         guild that stays in its ring keeps its turn unless ``rotate``."""
-        if not g.queue:
+        if not g.queue or g.held:
             ring = -1
         elif self.rate and g.tokens < 0:
             ring = LOW

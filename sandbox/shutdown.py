@@ -23,7 +23,11 @@ class Shutdown(Supervisor):
             self._state = "stopped"
             return
         self._state = "stopping"
-        for req in [*(r for _, r in self._timeouts), *(r for q in self._homeless.values() for r in q)]:
+        # Only requests still waiting (stale entries' requests run or ran).
+        waiting = {id(r): r for until, r in self._timeouts
+                   if (r.queued or r.homeless) and r.deadline == until}
+        waiting.update((id(r), r) for r in self._homeless.values())
+        for req in waiting.values():
             self._sched.cancel(req)
             if not req.future.done():
                 req.future.set_exception(PoolClosedError("pool stopped"))

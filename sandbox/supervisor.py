@@ -52,7 +52,7 @@ class Supervisor:
     _rss_turn: int
     _idle: deque[WorkerHandle]
     _timeouts: deque[tuple[float, RequestState]]
-    _homeless: OrderedDict[str, deque[RequestState]]
+    _homeless: OrderedDict[str, RequestState]
     _queued: dict[Any, RequestState]
     _lru: OrderedDict[WorkerHandle, None]
     _sched: Scheduler
@@ -92,6 +92,9 @@ class Supervisor:
         raise NotImplementedError
 
     def _pump(self) -> None:
+        raise NotImplementedError
+
+    def _unhome(self, req: RequestState) -> None:
         raise NotImplementedError
 
     def _note_crash(self, req: RequestState, reason: str, now: float) -> None:
@@ -330,20 +333,26 @@ class Supervisor:
                     self._replace(w, None, backoff=True)
                 pending = True
         waiting = self._timeouts
-        while waiting and (not waiting[0][1].queued or waiting[0][1].deadline != waiting[0][0]
-                           or now >= waiting[0][0]):
+        # (deadline, request): live while the request waits (queued, or for its
+        # guild's worker) with that deadline; other entries are stale.
+        while waiting and (not waiting[0][1].queued and not waiting[0][1].homeless
+                           or waiting[0][1].deadline != waiting[0][0] or now >= waiting[0][0]):
             until, req = waiting.popleft()
             if until != req.deadline:
                 continue    # stale: the request re-entered the queue later
-            if self._sched.cancel(req) and not req.future.done():
-                self._queued.pop(req.future, None)
+            if req.homeless:
+                self._unhome(req)
+            elif not self._sched.cancel(req):
+                continue
+            self._queued.pop(req.future, None)
+            if not req.future.done():
                 self._c["busy_rejections"] += 1
                 req.future.set_exception(PoolBusyError("no sandbox worker became free in time"))
         if self._homeless and not self._zygote_alive:
             # No spare can come any more (the fork server died; logged as critical).
-            homeless = [req for q in self._homeless.values() for req in q]
-            self._homeless.clear()
-            for req in homeless:
+            for req in list(self._homeless.values()):
+                self._unhome(req)
+                self._queued.pop(req.future, None)
                 if not req.future.done():
                     req.future.set_exception(PoolBusyError("no sandbox worker can be started"))
         if pending or waiting or self._homeless:

@@ -84,3 +84,62 @@ def test_guilds_called_once_make_room_for_each_other_before_a_popular_guilds_wor
         assert _guild_pids(pool, "popular") == popular  # ... never from the popular guild
 
     run_with_pool(scenario, size=1, max_workers=4)
+
+
+def test_one_request_a_guild_waits_for_a_worker_and_the_rest_stay_queued() -> None:
+    """The guild's other requests stay in the queue (its limit and timeout
+    apply to them) while one waits for the guild's worker; then all run."""
+    async def scenario(pool: Pool) -> None:
+        loop = asyncio.get_running_loop()
+        assert (await pool.run(ref(ECHO), event(), LIMITS, guild="A")).error_kind is None
+        await _spares_ready(pool, 1)
+        deliver = pool._on_spare
+        pool._on_spare = lambda w: loop.call_later(0.5, deliver, w)  # type: ignore[method-assign]
+        b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")       # takes the spare
+        gs = [pool.submit(ref(ECHO), event(), LIMITS, guild="G") for _ in range(4)]
+        await asyncio.sleep(0.2)                                     # B is done; G waits
+        assert list(pool._homeless) == ["G"]
+        assert pool._sched.waiting == 3 and pool._sched.running == 0
+        outs = [await f for f in (b, *gs)]
+        assert all(o.error_kind is None for o in outs), [o.error_message for o in outs]
+        assert not pool._homeless and pool._sched.waiting == 0
+
+    run_with_pool(scenario, size=1, max_workers=8)
+
+
+def test_a_request_whose_worker_never_comes_is_refused_busy_and_can_be_withdrawn() -> None:
+    async def scenario(pool: Pool) -> None:
+        loop = asyncio.get_running_loop()
+        await _spares_ready(pool, 1)
+        b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")       # takes the spare
+        pool._on_spare = lambda w: None  # type: ignore[method-assign]  # no worker comes
+        t0 = loop.time()
+        stuck = pool.submit(ref(ECHO), event(), LIMITS, guild="G")
+        assert (await b).error_kind is None
+        with pytest.raises(PoolBusyError):
+            await stuck
+        assert loop.time() - t0 < 1.2, loop.time() - t0              # the 0.5 s queue timeout
+        assert not pool._homeless and not pool._sched.guilds["G"].held
+        left = pool.submit(ref(ECHO), event(), LIMITS, guild="H")    # waits for a worker ...
+        await asyncio.sleep(0.05)
+        assert "H" in pool._homeless
+        assert pool.withdraw(left) and left.cancelled()               # ... until its client leaves
+        assert not pool._homeless and pool._sched.running == 0
+
+    run_with_pool(scenario, size=1, max_workers=8, queue_timeout_ms=500)
+
+
+def test_a_guild_with_a_backlog_does_not_keep_the_only_worker_from_a_waiting_guild() -> None:
+    """One process in all: guild A keeps a backlog; G's one request still gets
+    a worker (A's idle one is retired for it) long before A's backlog ends."""
+    async def scenario(pool: Pool) -> None:
+        assert (await pool.run(ref(ECHO), event(), LIMITS, guild="A")).error_kind is None
+        flood = [pool.submit(ref(ECHO), event(), LIMITS, guild="A") for _ in range(40)]
+        g = pool.submit(ref(ECHO), event(), LIMITS, guild="G")
+        out = await g
+        assert out.error_kind is None, out.error_message
+        assert sum(not f.done() for f in flood) > 5     # G did not wait for A's backlog
+        rest = [await f for f in flood]
+        assert all(o.error_kind is None for o in rest), [o.error_message for o in rest]
+
+    run_with_pool(scenario, size=1, max_workers=1, queue_timeout_ms=20000)

@@ -131,6 +131,24 @@ def test_a_resumed_request_goes_first_in_its_guild_and_its_guild_first_in_turn()
     assert not any(r.queued for r in queued + resumed)
 
 
+def test_a_held_guild_is_served_again_only_once_released() -> None:
+    """While one of its requests waits for a worker process, the pool holds a
+    guild: its other requests wait in its queue (not handed slots to give back)."""
+    s = Scheduler(2, share=0.5, budget_s=0)
+    sim = Sim(s)
+    s.hold("G")
+    assert s.start("G") == -1                    # not even a free slot serves it
+    sim.submit("G")
+    sim.submit("G")
+    sim.submit("A")
+    assert sim.served == ["A"] and s.waiting == 2
+    s.release("G")
+    sim.pump()
+    assert sim.served == ["A", "G"] and s.waiting == 1   # one more slot was free
+    s.sweep()
+    assert "G" in s.guilds
+
+
 def test_a_lone_guild_uses_every_slot_and_gives_the_excess_back() -> None:
     # Stated policy: a guild alone may use every slot (nobody waits). Once
     # another guild has work, the newcomer runs within its share beside the
