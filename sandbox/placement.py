@@ -19,8 +19,8 @@ request waiting for a process start runs nothing: the slot serves guilds
 with warm workers meanwhile.  When the worker is ready the request goes
 back to the front of its guild's queue, and its guild to the front of the
 round robin (it had its turn), so it runs next.  The wait has the queue
-timeout, and the request can be withdrawn, as in the queue.  Spares are replenished by forking while there is room under
-``max_workers``, else by retiring an idle bound worker: the least recently
+timeout, and the request can be withdrawn, as in the queue.  Spares are
+replenished by forking while there is room under ``max_workers``, else by retiring an idle bound worker: the least recently
 used of those that served a single job while they are at least an eighth of
 the idle workers, else the least recently used (``_lru_victim``), so guilds
 called once make room for each other before popular guilds lose theirs.  A
@@ -212,7 +212,13 @@ class Placement:
             # The slot serves warm guilds while a worker starts; the guild's
             # other requests stay queued (held) meanwhile.
             self._end(req, 0.0)
-            assert self._loop is not None and guild not in self._homeless
+            assert self._loop is not None
+            if guild in self._homeless:
+                # One of the guild's requests waits for its worker already (this
+                # one was seated before, e.g. while its code was compiled): it
+                # waits in the guild's queue, first.
+                self._requeue(req)
+                return
             self._sched.hold(guild)
             req.homeless = True
             req.deadline = deadline = self._loop.time() + self.queue_timeout
@@ -233,8 +239,12 @@ class Placement:
         """A request that waited for its guild's worker takes its place back: the
         front of its guild's queue, its guild at the front of the round robin."""
         self._unhome(req)
-        if req.future.done():
-            return
+        if not req.future.done():
+            self._requeue(req)
+
+    def _requeue(self, req: RequestState) -> None:
+        """``req`` (which had its turn) waits first in its guild's queue, with a fresh
+        queue timeout."""
         assert self._loop is not None
         req.deadline = deadline = self._loop.time() + self.queue_timeout
         self._queued[req.future] = req

@@ -143,3 +143,34 @@ def test_a_guild_with_a_backlog_does_not_keep_the_only_worker_from_a_waiting_gui
         assert all(o.error_kind is None for o in rest), [o.error_message for o in rest]
 
     run_with_pool(scenario, size=1, max_workers=1, queue_timeout_ms=20000)
+
+
+def test_a_second_seated_request_of_a_waiting_guild_waits_in_its_queue() -> None:
+    """A request of the guild that was seated before (as one whose code was
+    being compiled is) and finds no worker while another of its guild waits
+    for one goes first in the guild's queue; both run once the worker is up."""
+    from sandbox.channel import RequestState
+    from sandbox.codecache import source_digest
+
+    async def scenario(pool: Pool) -> None:
+        loop = asyncio.get_running_loop()
+        await _spares_ready(pool, 1)
+        b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")       # takes the spare
+        deliver = pool._on_spare
+        pool._on_spare = lambda w: loop.call_later(0.4, deliver, w)  # type: ignore[method-assign]
+        first = pool.submit(ref(ECHO), event(), LIMITS, guild="G")
+        assert (await b).error_kind is None
+        await asyncio.sleep(0.05)
+        assert "G" in pool._homeless
+        script = ref(ECHO)
+        second = RequestState(loop.create_future(), "job", script, event(), LIMITS, "G")
+        second.dig = source_digest(script.key, script.version, script.source)
+        second.seated = True
+        pool._sched.running += 1
+        pool._sched.guilds["G"].running += 1
+        pool._seat(second)
+        assert second.queued and not second.seated and pool._sched.running == 0
+        outs = [await first, await second.future]
+        assert all(o.error_kind is None for o in outs), [o.error_message for o in outs]
+
+    run_with_pool(scenario, size=1, max_workers=8)
