@@ -23,6 +23,13 @@ async def _spares_ready(pool: Pool, n: int) -> None:
     assert len(pool._idle) >= n
 
 
+def _slow_spares(pool: Pool, seconds: float) -> None:
+    """From now on the pool learns of each new worker ``seconds`` late (a slow process start)."""
+    loop = asyncio.get_running_loop()
+    deliver = pool._on_spare
+    pool._on_spare = lambda w: loop.call_later(seconds, deliver, w)  # type: ignore[method-assign,assignment]
+
+
 def test_a_request_waiting_for_its_guilds_first_worker_holds_no_run_slot() -> None:
     """One run slot; guild C needs a process start, made slow here (0.8 s):
     guild A, whose worker is warm and whose request came after C's, runs meanwhile."""
@@ -30,8 +37,7 @@ def test_a_request_waiting_for_its_guilds_first_worker_holds_no_run_slot() -> No
         loop = asyncio.get_running_loop()
         assert (await pool.run(ref(ECHO), event(), LIMITS, guild="A")).error_kind is None
         await _spares_ready(pool, 1)
-        deliver = pool._on_spare
-        pool._on_spare = lambda w: loop.call_later(0.8, deliver, w)  # type: ignore[method-assign]
+        _slow_spares(pool, 0.8)
         b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")   # takes the spare
         c = pool.submit(ref(ECHO), event(), LIMITS, guild="C")   # queued: the slot is B's
         t0 = loop.time()
@@ -57,8 +63,7 @@ def test_a_request_that_waited_for_its_worker_still_times_out_busy() -> None:
         loop = asyncio.get_running_loop()
         assert (await pool.run(ref(ECHO), event(), LIMITS, guild="H")).error_kind is None
         await _spares_ready(pool, 1)
-        deliver = pool._on_spare
-        pool._on_spare = lambda w: loop.call_later(0.3, deliver, w)  # type: ignore[method-assign]
+        _slow_spares(pool, 0.3)
         b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")    # takes the spare and the slot
         t0 = loop.time()
         waiting = pool.submit(ref(ECHO), event(), LIMITS, guild="W")  # next: waits for a start
@@ -93,8 +98,7 @@ def test_one_request_a_guild_waits_for_a_worker_and_the_rest_stay_queued() -> No
         loop = asyncio.get_running_loop()
         assert (await pool.run(ref(ECHO), event(), LIMITS, guild="A")).error_kind is None
         await _spares_ready(pool, 1)
-        deliver = pool._on_spare
-        pool._on_spare = lambda w: loop.call_later(0.5, deliver, w)  # type: ignore[method-assign]
+        _slow_spares(pool, 0.5)
         b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")       # takes the spare
         gs = [pool.submit(ref(ECHO), event(), LIMITS, guild="G") for _ in range(4)]
         await asyncio.sleep(0.2)                                     # B is done; G waits
@@ -156,8 +160,7 @@ def test_a_second_seated_request_of_a_waiting_guild_waits_in_its_queue() -> None
         loop = asyncio.get_running_loop()
         await _spares_ready(pool, 1)
         b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")       # takes the spare
-        deliver = pool._on_spare
-        pool._on_spare = lambda w: loop.call_later(0.4, deliver, w)  # type: ignore[method-assign]
+        _slow_spares(pool, 0.4)
         first = pool.submit(ref(ECHO), event(), LIMITS, guild="G")
         assert (await b).error_kind is None
         await asyncio.sleep(0.05)
