@@ -38,12 +38,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import pwd
-import resource
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
+from sandbox.budget import WORKER_BYTES
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.outcome import Outcome, failure
 from sandbox.scheduler import Scheduler
@@ -62,54 +61,11 @@ def sandbox_user(name: str) -> tuple[int, int]:
         return 65534, 65534
 
 
-#: What one idle worker costs beyond the pages it shares with the fork server:
-#: ~4 MiB of private memory measured after its first jobs (USS), plus page
-#: tables and kernel structures.  Growth it reports after a job comes on top.
-WORKER_BYTES = 5 << 20
 #: Retirement protects guilds called more than once: while at least one idle
 #: worker in ``ONCE_SHARE`` served a single job, those go first (least recently
 #: used first).  Under a long-tailed load most new guilds are called once, and
 #: plain LRU would retire popular guilds' workers to make room for them.
 ONCE_SHARE = 8
-#: Descriptors the service holds per worker (its channel and its pidfd).
-WORKER_FDS = 2
-
-
-def physical_memory() -> int:
-    """Bytes of memory this process may use: the machine's, or its cgroup's limit if lower."""
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        memory = 4 << 30
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as f:
-                limit = int(f.read().strip())
-        except (OSError, ValueError):   # absent, or "max"
-            continue
-        if 0 < limit < memory:
-            memory = limit
-    return memory
-
-
-def derived_memory_budget() -> int:
-    """Default ``memory_budget``: half of :func:`physical_memory`."""
-    return physical_memory() // 2
-
-
-def derived_max_workers(size: int, memory_budget: int | None = None) -> int:
-    """Default ``max_workers``: as many workers as the memory budget holds at
-    ``WORKER_BYTES`` each, at least ``2 * size``, at most 4096 and at most what
-    a quarter of the descriptor limit allows."""
-    budget = memory_budget or derived_memory_budget()
-    try:
-        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    except (ValueError, OSError):
-        nofile = 1024
-    if nofile == resource.RLIM_INFINITY:
-        nofile = 1 << 20
-    by_fds = nofile // 4 // WORKER_FDS
-    return max(2 * size, min(4096, budget // WORKER_BYTES, by_fds))
 
 
 class Placement:

@@ -42,8 +42,8 @@ from sandbox.hardening import HardeningConfig
 from sandbox.limits import COMPILE_BUDGET_MS, Limits, current_address_space
 from sandbox.outcome import Outcome, failure
 from sandbox.inbox import Inbox
-from sandbox.placement import (Placement, QuarantineKey, derived_max_workers,
-                               derived_memory_budget, sandbox_user)
+from sandbox.budget import derived_max_workers, derived_memory_budget
+from sandbox.placement import Placement, QuarantineKey, sandbox_user
 from sandbox.scheduler import Scheduler
 from sandbox.shutdown import Shutdown
 from sandbox.supervisor import HOUSEKEEPING_S, TICK_S, Supervisor

@@ -26,7 +26,7 @@ from tornado.netutil import bind_sockets
 from models.change_feed import CHANNEL, TOKENS_CHANNEL, ChangeFeed
 from models.db import is_postgres
 from sandbox.hardening import make_undumpable
-from sandbox.placement import WORKER_FDS
+from sandbox.budget import WORKER_FDS
 from sandbox.pool import Pool
 from service.http.app import make_app
 from service.http.auth import SecretVerifier

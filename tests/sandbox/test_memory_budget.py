@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from sandbox.placement import WORKER_BYTES, derived_max_workers
+from sandbox.budget import WORKER_BYTES, derived_max_workers
 from sandbox.pool import Pool
 from tests.sandbox.poolkit import ECHO, LIMITS, event, ref, run_with_pool
 

@@ -172,7 +172,7 @@ def test_a_worker_reporting_growth_past_its_own_bound_is_replaced() -> None:
 
     from sandbox.channel import RequestState
     from sandbox.limits import MAX_RSS_GROWTH_BYTES
-    from sandbox.placement import WORKER_BYTES
+    from sandbox.budget import WORKER_BYTES
 
     with _driven_pool() as (pool, loop, w):
         pool._on_message(w, {**_res(rss=20 << 20), "id": 7})      # honest: stays
