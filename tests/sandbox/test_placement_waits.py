@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -30,15 +31,22 @@ def _slow_spares(pool: Pool, seconds: float) -> None:
     pool._on_spare = lambda w: loop.call_later(seconds, deliver, w)  # type: ignore[method-assign,assignment]
 
 
+async def _b_takes_the_spare(pool: Pool, start_s: float | None) -> "asyncio.Future[Any]":
+    """Guild B's request takes the ready spare; from then on each process start
+    takes ``start_s`` (None: as fast as it is)."""
+    await _spares_ready(pool, 1)
+    if start_s is not None:
+        _slow_spares(pool, start_s)
+    return pool.submit(ref(ECHO), event(), LIMITS, guild="B")
+
+
 def test_a_request_waiting_for_its_guilds_first_worker_holds_no_run_slot() -> None:
     """One run slot; guild C needs a process start, made slow here (0.8 s):
     guild A, whose worker is warm and whose request came after C's, runs meanwhile."""
     async def scenario(pool: Pool) -> None:
         loop = asyncio.get_running_loop()
         assert (await pool.run(ref(ECHO), event(), LIMITS, guild="A")).error_kind is None
-        await _spares_ready(pool, 1)
-        _slow_spares(pool, 0.8)
-        b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")   # takes the spare
+        b = await _b_takes_the_spare(pool, 0.8)
         c = pool.submit(ref(ECHO), event(), LIMITS, guild="C")   # queued: the slot is B's
         t0 = loop.time()
         a = await pool.run(ref(ECHO), event(), LIMITS, guild="A")  # queued behind C
@@ -62,9 +70,7 @@ def test_a_request_that_waited_for_its_worker_still_times_out_busy() -> None:
     async def scenario(pool: Pool) -> None:
         loop = asyncio.get_running_loop()
         assert (await pool.run(ref(ECHO), event(), LIMITS, guild="H")).error_kind is None
-        await _spares_ready(pool, 1)
-        _slow_spares(pool, 0.3)
-        b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")    # takes the spare and the slot
+        b = await _b_takes_the_spare(pool, 0.3)    # takes the spare and the slot
         t0 = loop.time()
         waiting = pool.submit(ref(ECHO), event(), LIMITS, guild="W")  # next: waits for a start
         hog = pool.submit(ref(spin), event(), long, guild="H")       # then holds the slot 2 s
@@ -95,11 +101,8 @@ def test_one_request_a_guild_waits_for_a_worker_and_the_rest_stay_queued() -> No
     """The guild's other requests stay in the queue (its limit and timeout
     apply to them) while one waits for the guild's worker; then all run."""
     async def scenario(pool: Pool) -> None:
-        loop = asyncio.get_running_loop()
         assert (await pool.run(ref(ECHO), event(), LIMITS, guild="A")).error_kind is None
-        await _spares_ready(pool, 1)
-        _slow_spares(pool, 0.5)
-        b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")       # takes the spare
+        b = await _b_takes_the_spare(pool, 0.5)
         gs = [pool.submit(ref(ECHO), event(), LIMITS, guild="G") for _ in range(4)]
         await asyncio.sleep(0.2)                                     # B is done; G waits
         assert list(pool._homeless) == ["G"]
@@ -114,8 +117,7 @@ def test_one_request_a_guild_waits_for_a_worker_and_the_rest_stay_queued() -> No
 def test_a_request_whose_worker_never_comes_is_refused_busy_and_can_be_withdrawn() -> None:
     async def scenario(pool: Pool) -> None:
         loop = asyncio.get_running_loop()
-        await _spares_ready(pool, 1)
-        b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")       # takes the spare
+        b = await _b_takes_the_spare(pool, None)       # takes the spare
         pool._on_spare = lambda w: None  # type: ignore[method-assign]  # no worker comes
         t0 = loop.time()
         stuck = pool.submit(ref(ECHO), event(), LIMITS, guild="G")
@@ -158,9 +160,7 @@ def test_a_second_seated_request_of_a_waiting_guild_waits_in_its_queue() -> None
 
     async def scenario(pool: Pool) -> None:
         loop = asyncio.get_running_loop()
-        await _spares_ready(pool, 1)
-        b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")       # takes the spare
-        _slow_spares(pool, 0.4)
+        b = await _b_takes_the_spare(pool, 0.4)       # takes the spare
         first = pool.submit(ref(ECHO), event(), LIMITS, guild="G")
         assert (await b).error_kind is None
         await asyncio.sleep(0.05)
