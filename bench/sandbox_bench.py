@@ -22,8 +22,8 @@ import argparse
 import asyncio
 import inspect
 import os
-import subprocess
 import statistics
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -203,6 +203,40 @@ def run_tenancy(counts: list[int], n: int, concurrency: int, workers: int) -> No
     print("\n".join(spawn_steps))
 
 
+def _own_rate(guilds: int, n: int, concurrency: int, workers: int) -> float:
+    pool = Pool(size=workers)
+    pool.start()
+
+    async def go() -> float:
+        try:
+            return await bench_guilds(pool, n, concurrency, guilds)
+        finally:
+            await pool.stop()
+
+    return asyncio.run(go())
+
+
+def run_paired(counts: list[int], n: int, args: argparse.Namespace, k: int) -> None:
+    """Baseline and this tree alternately, K times per guild count: on a host
+    whose speed drifts, each ratio compares two runs made seconds apart."""
+    print(f"paired: {n} invocations per run, {args.concurrency} in flight, {args.workers} run "
+          f"slots; baseline {args.baseline} (in a child) then this tree, {k} times")
+    for g in counts:
+        ratios = []
+        for _ in range(k):
+            out = subprocess.run(
+                [sys.executable, __file__, "--plain", "--guilds", str(g), "--n", str(n),
+                 "--concurrency", str(args.concurrency), "--workers", str(args.workers)],
+                env={**os.environ, "PYTHONPATH": args.baseline}, check=True,
+                capture_output=True, text=True).stdout
+            before = float(out.split()[-2].replace(",", ""))
+            after = _own_rate(g, n, args.concurrency, args.workers)
+            ratios.append(after / before)
+            print(f"  {g:6d} guilds: baseline {before:9,.0f} inv/s   this tree {after:9,.0f} "
+                  f"inv/s   ratio {after / before:5.2f}", flush=True)
+        print(f"  {g:6d} guilds: median ratio {statistics.median(ratios):.2f} over {k} pairs")
+
+
 def bench_memory(n_rows: int, reps: int) -> dict[str, float]:
     script = compile_script(ALLOCATE).script
     assert script is not None
@@ -245,12 +279,19 @@ def main() -> None:
                         help="also run the tenancy rows with the sandbox package found in DIR "
                              "(e.g. `git archive main sandbox | tar -x -C DIR` plus the built "
                              "_memguard module), first, in a child process")
+    parser.add_argument("--paired", type=int, default=0, metavar="K",
+                        help="with --baseline: K alternating runs per guild count, the "
+                             "baseline's pool then this tree's per-guild pool, and the median "
+                             "of the K ratios (instead of the tables)")
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     n = 3000 if args.quick else args.n
     counts = [int(c) for c in args.guilds.split(",") if c.strip()]
     if args.plain:
         run_plain(counts, n, args.concurrency, args.workers)
+        return
+    if args.baseline and args.paired:
+        run_paired(counts, n, args, args.paired)
         return
     if args.baseline:
         print(f"tenancy with the sandbox package of {args.baseline} (baseline):", flush=True)

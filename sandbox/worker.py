@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import marshal
 import os
+import select
 import signal
 import socket
 import time
@@ -364,9 +365,15 @@ def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any,
                  "harden": (t_hard - t_child) * 1000.0, "init": (t_init - t_hard) * 1000.0}
         _send(sock, {"t": "ready", "pid": os.getpid(), "hard": report.layers,
                      "notes": report.notes, "ms": steps})
+        waiting = select.poll()
+        waiting.register(fd, select.POLLIN)
         while True:
             if cfg.spin_us:
                 _spin_until_readable(sock, cfg.spin_us / 1e6)
+            # Wait in poll(), not in a blocking recv(): the service reading our
+            # reply frees our socket's send space, and that wakes a task
+            # blocked in recv() (for nothing) but not one in poll(POLLIN).
+            waiting.poll()
             try:
                 msg = protocol.check_job(protocol.recv_message(sock, protocol.MAX_JOB_BYTES))
             except EOFError:
