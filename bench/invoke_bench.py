@@ -300,6 +300,7 @@ def main() -> None:
     plain: dict[int, dict[str, float]] = {}
     on_pg: dict[int, dict[str, float]] = {}
     pg_paired: dict[int, float] = {}
+    plain_paired: dict[int, float] = {}
     drop_pg: Callable[[], None] | None = None
     try:
         # Both servers run side by side on the same core, only one of them
@@ -366,20 +367,25 @@ def main() -> None:
               f"{args.rounds} alternating rounds of {args.duration}s", flush=True)
         for c in conns:
             runs_bare, runs_ours, runs_plain, runs_pg = [], [], [], []
-            for _ in range(args.rounds):
+            for r in range(args.rounds):
                 runs_bare.append(measure("bare", bare.pid, bare_url, str(lua), c, args.duration))
-                runs_ours.append(measure("logic-endpoints", svc.pid, our_url, str(lua), c,
-                                         args.duration))
+                plan = [("logic-endpoints", svc.pid, our_url, str(lua), runs_ours)]
                 if nojournal is not None:
-                    runs_plain.append(measure("before" if args.before else "no journal",
-                                              nojournal.pid, plain_url, str(plain_lua), c,
-                                              args.duration))
+                    # Which of the two goes first alternates between rounds: a
+                    # machine that drifts within a round favours neither.
+                    other = ("before" if args.before else "no journal", nojournal.pid,
+                             plain_url, str(plain_lua), runs_plain)
+                    plan = [plan[0], other] if r % 2 == 0 else [other, plan[0]]
+                for name, pid, url, script, runs in plan:
+                    runs.append(measure(name, pid, url, script, c, args.duration))
                 if pg is not None:
                     runs_pg.append(measure("postgresql", pg.pid, pg_url, str(pg_lua), c,
                                            args.duration))
             base[c], ours[c] = median_run(runs_bare), median_run(runs_ours)
             if runs_plain:
                 plain[c] = median_run(runs_plain)
+                ratios = sorted(o["rps"] / p["rps"] for o, p in zip(runs_ours, runs_plain))
+                plain_paired[c] = ratios[len(ratios) // 2]
             if runs_pg:
                 on_pg[c] = median_run(runs_pg)
                 # Each PostgreSQL run against the SQLite run just before it:
@@ -413,8 +419,10 @@ def main() -> None:
     if plain:
         print("\nlogic-endpoints / " + ("before" if args.before else "no journal") + ":")
         for c in conns:
-            print(f"  c={c:<3} throughput {ours[c]['rps'] / plain[c]['rps']:6.1%}   "
-                  f"core/req {ours[c]['cpu_us']:.0f} vs {plain[c]['cpu_us']:.0f} us")
+            print(f"  c={c:<3} throughput {ours[c]['rps'] / plain[c]['rps']:6.1%} "
+                  f"(median of the rounds' ratios {plain_paired[c]:6.1%})   "
+                  f"core/req {ours[c]['cpu_us']:.0f} vs {plain[c]['cpu_us']:.0f} us "
+                  f"(server {ours[c]['parent_us']:.0f} vs {plain[c]['parent_us']:.0f})")
     if on_pg:
         print("\nlogic-endpoints on PostgreSQL / on SQLite:")
         for c in conns:

@@ -131,7 +131,6 @@ class Journal:
             segment = self._free.pop()
             os.rename(segment.path, path)  # numbers keep the replay order
             segment.path = path
-            os.ftruncate(segment.fd, SEGMENT_BYTES)  # cut to its entries when sealed
             segment.offset = 0
             return segment
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -166,10 +165,12 @@ class Journal:
             mapping.flush()
 
     def _finish_segment(self) -> None:
-        """Cut the current segment to what was written; it waits for `seal`."""
+        """The current segment waits for `seal`, at its full size: cutting the
+        file to its entries would drop its pages from the page cache, and its
+        next use would fault every page in again (replay stops at the zero
+        length word that follows the last entry)."""
         segment = self._segment
         if segment.offset:
-            os.ftruncate(segment.fd, segment.offset)
             self._sealed.append(segment)
         elif len(self._free) < self.KEEP_FREE and len(segment.map) == SEGMENT_BYTES:
             self._free.append(segment)  # nothing in it: reused as it is
