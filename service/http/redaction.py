@@ -73,7 +73,10 @@ class Redactor:
         return value
 
     def mapping(self, values: dict[str, Any]) -> dict[str, Any]:
-        """Query parameters or headers, with credential values redacted."""
+        """Query parameters or headers, with credential values redacted (`values`
+        itself when nothing is: no secret to look for and no credential name)."""
+        if self.secret is None and not any(map(credential_name, values)):
+            return values
         return {name: self.value(name, value) for name, value in values.items()}
 
 
