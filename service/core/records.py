@@ -22,32 +22,25 @@ deleted script cannot make a whole batch fail.
 """
 from __future__ import annotations
 
-import base64
 import bisect
-import json
-import math
 import threading
 from collections import Counter, defaultdict
-from dataclasses import KW_ONLY, dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Iterable, Sequence
 
 from models import Endpoint, ErrorRecord, RequestRecord, StatBucket, StatIp, StatSketch, database
 from models.clock import to_db, utcnow
 from models.bulk import insert_rows
 from models.stats import HOUR, LATENCY_BOUNDS_MS, MINUTE
+from service.core.record_items import (BODY_CAP, OUTPUT_CAP, SECRET_HEADERS, TEXT_CAP,
+                                       ErrorRecordIn, Item, RequestRecordIn, StatHit, cap_body,
+                                       cap_text, json_text, redact_headers, short_text, storable_ms)
 from service.core.sketch import key_of
 
-BODY_CAP = 8192
-OUTPUT_CAP = 8192
-TEXT_CAP = 2048
 ERROR_KEEP = 100
 MINUTE_RETENTION = timedelta(hours=24)
 HOUR_RETENTION = timedelta(days=30)
 IP_RETENTION = timedelta(days=30)
-SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-service-secret",
-                            "cookie", "set-cookie"})
-_CUT = "\n…[truncated]"
 SWEEP_EVERY = timedelta(minutes=1)
 _last_sweep: dict[int, datetime] = {}
 
@@ -79,131 +72,6 @@ def prune_slack(keep: int) -> int:
     return max(PRUNE_SLACK_MIN, keep // PRUNE_SLACK_FRACTION)
 
 
-@dataclass(frozen=True)
-class RequestRecordIn:
-    """One request for the history (`keep`: the plan's history size)."""
-
-    endpoint_id: int
-    request_id: str
-    time: datetime
-    method: str
-    query: dict[str, Any]
-    headers: dict[str, str]
-    body: bytes | str
-    ip: str
-    user_agent: str
-    status: int
-    response_headers: dict[str, str]
-    response_body: bytes
-    duration_ms: float
-    output: str
-    error: str | None
-    keep: int
-    test: bool = False        # a test call or replay from the admin API
-    script_version: int | None = None    # the version that ran
-
-
-@dataclass(frozen=True)
-class ErrorRecordIn:
-    """One script failure for the error log."""
-
-    endpoint_id: int
-    request_id: str
-    time: datetime
-    kind: str
-    message: str
-    line: int | None
-    traceback: str | None
-    script_version: int | None = None    # the version that ran
-
-
-@dataclass(frozen=True)
-class StatHit:
-    """One request outcome for the statistics (every outcome counts)."""
-
-    endpoint_id: int
-    time: datetime
-    status: int
-    duration_ms: float
-    ip: str
-    # Flags by name only: positional booleans were once passed to the wrong one.
-    _: KW_ONLY
-    queued: bool = False          # waited in the sandbox queue
-    deprioritised: bool = False   # ... while its guild was over its worker-time budget
-    test: bool = False            # a test call or replay: counted, and counted as a test
-
-
-Item = Union[RequestRecordIn, ErrorRecordIn, StatHit]
-
-
-# ------------------------------------------------------------- sanitising
-def redact_headers(headers: dict[str, Any] | Iterable[tuple[str, Any]]) -> dict[str, str]:
-    """Lower-cased headers without the secret ones."""
-    pairs = headers.items() if isinstance(headers, dict) else headers
-    return {clean_text(str(k).lower()): clean_text(str(v))
-            for k, v in pairs if str(k).lower() not in SECRET_HEADERS}
-
-
-def clean_text(text: str) -> str:
-    """Text both databases accept: PostgreSQL refuses NUL in text columns and
-    neither driver can encode lone surrogates; one bad row would otherwise
-    fail the whole batch."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\ufffd")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "replace").decode("utf-8")
-    return text
-
-
-def cap_body(body: bytes | str | None, cap: int = BODY_CAP) -> tuple[str, str, bool]:
-    """Return (stored text, encoding "text" | "base64", truncated).  Binary
-    bodies, and text with NUL characters, are stored as base64."""
-    if body is None:
-        return "", "text", False
-    raw = body.encode("utf-8", "replace") if isinstance(body, str) else bytes(body)
-    truncated = len(raw) > cap
-    raw = raw[:cap]
-    # A cut may split a UTF-8 sequence: drop up to 3 trailing bytes before
-    # deciding that the body is binary.
-    for trim in range(0, 4 if truncated else 1):
-        try:
-            text = raw[: len(raw) - trim].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        if "\x00" not in text:
-            return text, "text", truncated
-        break
-    return base64.b64encode(raw).decode("ascii"), "base64", truncated
-
-
-def cap_text(text: str | None, cap: int) -> str | None:
-    """Cap a text field, marking the cut; cleaned for the database."""
-    if text is None:
-        return None
-    if len(text) > cap:
-        text = text[:cap] + _CUT
-    return clean_text(text)
-
-
-def _short(text: str | None, n: int) -> str:
-    """A short column (IDs, method, IP): cleaned, then cut to fit."""
-    return clean_text(text or "")[:n]
-
-
-def _json(value: Any, cap: int = BODY_CAP) -> str:
-    """JSON that stays valid when it is too big to store (a slice would not)."""
-    text = json.dumps(value, default=str)
-    if len(text) > cap:
-        text = json.dumps({"…": f"not stored: {len(text)} bytes of JSON"})
-    return text
-
-
-def _ms(value: float) -> float:
-    """A duration the databases accept (SQLite stores NaN as NULL)."""
-    value = float(value)
-    return value if math.isfinite(value) and value >= 0 else 0.0
 
 
 def _bucket(time: datetime, granularity: str) -> datetime:
@@ -235,12 +103,12 @@ def _request_row(item: RequestRecordIn) -> tuple[Any, ...]:
     body, body_enc, body_cut = cap_body(item.body)
     rbody, rbody_enc, rbody_cut = cap_body(item.response_body)
     return (
-        item.endpoint_id, _short(item.request_id, 64), to_db(item.time), _short(item.method, 16),
-        _json(item.query), _json(redact_headers(item.headers)),
-        body, body_enc, body_cut, _short(item.ip, 45), _short(item.user_agent, TEXT_CAP),
+        item.endpoint_id, short_text(item.request_id, 64), to_db(item.time), short_text(item.method, 16),
+        json_text(item.query), json_text(redact_headers(item.headers)),
+        body, body_enc, body_cut, short_text(item.ip, 45), short_text(item.user_agent, TEXT_CAP),
         item.status,
-        _json(redact_headers(item.response_headers)), rbody, rbody_enc, rbody_cut,
-        _ms(item.duration_ms), cap_text(item.output or "", OUTPUT_CAP),
+        json_text(redact_headers(item.response_headers)), rbody, rbody_enc, rbody_cut,
+        storable_ms(item.duration_ms), cap_text(item.output or "", OUTPUT_CAP),
         cap_text(item.error, TEXT_CAP), bool(item.test), item.script_version,
     )
 
@@ -274,7 +142,7 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
         pair = starts.get(minute)
         if pair is None:
             pair = starts[minute] = (_bucket(when, MINUTE), _bucket(when, HOUR))
-        ms = _ms(hit.duration_ms)
+        ms = storable_ms(hit.duration_ms)
         latency = 2 + latency_bin(ms)
         status = int(hit.status)
         for gran, start in ((MINUTE, pair[0]), (HOUR, pair[1])):
@@ -291,7 +159,7 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
                 acc[3 + bins] += 1
                 if hit.deprioritised:
                     acc[4 + bins] += 1
-        ips[(hit.endpoint_id, pair[1], _short(hit.ip, 45))] += 1
+        ips[(hit.endpoint_id, pair[1], short_text(hit.ip, 45))] += 1
         sketch[(hit.endpoint_id, pair[0], key_of(ms))] += 1
     rows = [(endpoint_id, gran, start, status, int(acc[0]), acc[1], *(int(n) for n in acc[2:]))
             for (endpoint_id, gran, start, status), acc in sorted(buckets.items())]
@@ -406,7 +274,7 @@ def write_batch(items: Sequence[Item]) -> None:
                     _prune(RequestRecord, endpoint_id, keep[endpoint_id])
             if errors:
                 insert_rows(ErrorRecord, _ERROR_COLUMNS, [
-                    (e.endpoint_id, _short(e.request_id, 64), to_db(e.time), _short(e.kind, 32),
+                    (e.endpoint_id, short_text(e.request_id, 64), to_db(e.time), short_text(e.kind, 32),
                      cap_text(e.message, TEXT_CAP) or "", e.line, cap_text(e.traceback, OUTPUT_CAP),
                      e.script_version)
                     for e in errors])
