@@ -15,11 +15,10 @@ import tomllib
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
-from urllib.parse import urlparse
 
+from service import settings_parsers as to
 from service.plans import DEFAULT_PLANS, PLAN_KEYS, Plan
-
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+from service.settings_parsers import IPNetwork
 
 
 class SettingsError(Exception):
@@ -128,173 +127,30 @@ class Settings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
 
-# ---------------------------------------------------------------- parsers
-# Each parser takes the raw value (TOML-typed, or a string from env/CLI) and
-# returns the typed value or raises ValueError with a short reason.
-
-def _str(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError("expected a non-empty string")
-    return value
-
-
-def _int(lo: int, hi: int) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
-        if isinstance(value, bool):
-            raise ValueError("expected an integer")
-        if isinstance(value, str):
-            if not re.fullmatch(r"-?\d+", value.strip()):
-                raise ValueError("expected an integer")
-            value = int(value)
-        if not isinstance(value, int):
-            raise ValueError("expected an integer")
-        if not lo <= value <= hi:
-            raise ValueError(f"expected {lo}..{hi}")
-        return value
-    return parse
-
-
-def _bool(value: Any) -> bool:
-    # Plans come only from TOML, which has real booleans: a string is a typo.
-    if isinstance(value, bool):
-        return value
-    raise ValueError("expected true or false")
-
-
-def _share(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError("expected a number")
-    try:
-        share = float(value)
-    except (TypeError, ValueError):
-        raise ValueError("expected a number") from None
-    if not 0.0 < share <= 1.0:
-        raise ValueError("expected a fraction above 0 and at most 1")
-    return share
-
-
-def _env_bool(value: Any) -> bool:
-    # A setting that also comes from the environment or a flag: "true"/"false" too.
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
-        return value.strip().lower() in ("true", "1")
-    return _bool(value)
-
-
-def _workers(value: Any) -> int | None:
-    if value is None or (isinstance(value, str) and value.lower() in ("", "auto")):
-        return None
-    return _int(1, 256)(value)
-
-
-def _processes(value: Any) -> int | None:
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return None
-    try:
-        return _int(1, 256)(value)
-    except ValueError:
-        raise ValueError('expected "auto" or an integer 1..256') from None
-
-
-def _http_url(value: Any) -> str:
-    url = _str(value)
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ValueError("expected an http:// or https:// URL")
-    return url.rstrip("/")
-
-
-def _cookie_secret(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError("expected a string")
-    if value and len(value) < 32:
-        # Never echo the value: it is a secret.
-        raise ValueError("too short: use at least 32 random characters")
-    return value
-
-
-def _metrics_token(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError("expected a string")
-    if value and (len(value) < 16 or not re.fullmatch(r"[\x21-\x7e]+", value)):
-        # Never echo the value: it is a secret.
-        raise ValueError("expected at least 16 printable characters without spaces, or empty")
-    return value
-
-
-def _db_url(value: Any) -> str:
-    url = _str(value)
-    if urlparse(url).scheme not in ("sqlite", "postgres", "postgresql"):
-        raise ValueError("expected sqlite:///PATH or postgresql://...")
-    return url
-
-
-def _storage(value: Any) -> str:
-    url = _str(value)
-    if urlparse(url).scheme not in ("memory", "redis", "rediss", "unix"):
-        raise ValueError('expected "memory://" or a redis://, rediss:// or unix:// URL')
-    return url
-
-
-def _on_storage_error(value: Any) -> str:
-    choice = _str(value).strip().lower()
-    if choice not in ("open", "closed"):
-        raise ValueError('expected "open" or "closed"')
-    return choice
-
-
-def _networks(value: Any) -> tuple[IPNetwork, ...]:
-    if isinstance(value, str):       # env / CLI: comma separated
-        value = [v.strip() for v in value.split(",") if v.strip()]
-    if not isinstance(value, list):
-        raise ValueError("expected a list of CIDRs")
-    out = []
-    for item in value:
-        try:
-            out.append(ipaddress.ip_network(_str(item), strict=True))
-        except ValueError as err:
-            raise ValueError(f"bad CIDR {item!r} ({err})") from None
-    return tuple(out)
-
-
-def _public_key(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError("expected a hex string")
-    key = value.strip().lower()
-    if key and not re.fullmatch(r"[0-9a-f]{64}", key):
-        raise ValueError("expected 64 hex characters (an Ed25519 public key) or empty")
-    return key
-
-
-def _chat_path(value: Any) -> str:
-    path = _str(value)
-    if not re.fullmatch(r"/[A-Za-z0-9._~/-]{1,200}", path) or "//" in path:
-        raise ValueError("expected an absolute path such as /interactions")
-    taken = ("/endpoints", "/healthz", "/readyz", "/metrics")
-    if path.rstrip("/") in taken or path.startswith("/endpoints/"):
-        raise ValueError("path is taken by another route")
-    return path
-
-
 _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
-    "server": {"host": _str, "port": _int(0, 65535), "base_url": _http_url,
-               "trusted_proxies": _networks, "cookie_secret": _cookie_secret,
-               "max_connections": _int(0, 10_000_000),
-               "max_connections_per_ip": _int(1, 10_000_000), "max_pipelined": _int(1, 100_000),
-               "write_buffer_bytes": _int(4096, 1 << 30), "processes": _processes},
-    "database": {"url": _db_url, "outage_serve_s": _int(0, 86_400)},
-    "sandbox": {"workers": _workers, "queue_timeout_ms": _int(1, 600_000),
-                "max_workers": _int(0, 4096), "memory_budget_mb": _int(0, 1 << 24),
-                "idle_retire_s": _int(1, 86_400), "guild_share": _share,
-                "guild_budget_s": _int(0, 3600)},
-    "ratelimit": {"storage": _storage, "ipv6_prefix": _int(8, 128),
-                  "auth_queue": _int(1, 1_000_000), "auth_queue_per_endpoint": _int(1, 1_000_000),
-                  "on_storage_error": _on_storage_error, "storage_timeout_ms": _int(10, 600_000)},
-    "records": {"journal": _str, "fsync": _env_bool},
-    "chat": {"public_key": _public_key, "path": _chat_path, "api_url": _http_url,
-             "answer_within_ms": _int(0, 2500)},
-    "dashboard": {"session_idle_minutes": _int(1, 7 * 24 * 60),
-                  "session_max_hours": _int(1, 30 * 24)},
-    "metrics": {"per_guild": _env_bool, "allow": _networks, "token": _metrics_token},
+    "server": {"host": to.text, "port": to.int_between(0, 65535), "base_url": to.http_url,
+               "trusted_proxies": to.networks, "cookie_secret": to.cookie_secret,
+               "max_connections": to.int_between(0, 10_000_000),
+               "max_connections_per_ip": to.int_between(1, 10_000_000),
+               "max_pipelined": to.int_between(1, 100_000),
+               "write_buffer_bytes": to.int_between(4096, 1 << 30), "processes": to.processes},
+    "database": {"url": to.db_url, "outage_serve_s": to.int_between(0, 86_400)},
+    "sandbox": {"workers": to.workers, "queue_timeout_ms": to.int_between(1, 600_000),
+                "max_workers": to.int_between(0, 4096),
+                "memory_budget_mb": to.int_between(0, 1 << 24),
+                "idle_retire_s": to.int_between(1, 86_400), "guild_share": to.share,
+                "guild_budget_s": to.int_between(0, 3600)},
+    "ratelimit": {"storage": to.storage, "ipv6_prefix": to.int_between(8, 128),
+                  "auth_queue": to.int_between(1, 1_000_000),
+                  "auth_queue_per_endpoint": to.int_between(1, 1_000_000),
+                  "on_storage_error": to.on_storage_error,
+                  "storage_timeout_ms": to.int_between(10, 600_000)},
+    "records": {"journal": to.text, "fsync": to.env_flag},
+    "chat": {"public_key": to.public_key, "path": to.chat_path, "api_url": to.http_url,
+             "answer_within_ms": to.int_between(0, 2500)},
+    "dashboard": {"session_idle_minutes": to.int_between(1, 7 * 24 * 60),
+                  "session_max_hours": to.int_between(1, 30 * 24)},
+    "metrics": {"per_guild": to.env_flag, "allow": to.networks, "token": to.metrics_token},
 }
 _SECTION_TYPES: dict[str, type] = {
     "server": ServerSettings, "database": DatabaseSettings,
@@ -305,10 +161,10 @@ _SECTION_TYPES: dict[str, type] = {
     "metrics": MetricsSettings,
 }
 _PLAN_PARSERS: dict[str, Callable[[Any], Any]] = {
-    "endpoints": _int(0, 10_000), "memory_kb": _int(0, 16 * 1024 * 1024),
-    "requests_per_minute": _int(0, 10**9), "body_bytes": _int(0, 1 << 30),
-    "history": _int(0, 100_000), "error_logs": _bool, "ip_whitelist": _bool,
-    "advanced_stats": _bool, "time_limit_ms": _int(0, 3_600_000),
+    "endpoints": to.int_between(0, 10_000), "memory_kb": to.int_between(0, 16 * 1024 * 1024),
+    "requests_per_minute": to.int_between(0, 10**9), "body_bytes": to.int_between(0, 1 << 30),
+    "history": to.int_between(0, 100_000), "error_logs": to.flag, "ip_whitelist": to.flag,
+    "advanced_stats": to.flag, "time_limit_ms": to.int_between(0, 3_600_000),
 }
 _PLAN_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from service.http.base import BaseHandler
 from service.http.errors import NotFoundError, UnauthorizedError
 from service.http.metrics_export import CONTENT_TYPE
-from service.settings import IPNetwork
+from service.settings_parsers import IPNetwork
 
 #: Headers a proxy adds: their presence means the peer is not the client.
 FORWARDING_HEADERS = ("X-Forwarded-For", "X-Real-IP", "Forwarded")
