@@ -4,7 +4,9 @@ Checks run in the order of DESIGN section 4, each failure ending the request.
 Every check that needs only the headers (method, lookup, enabled, whitelist,
 secret, declared length, rate limit) runs in `headers_received()`, before a
 byte of the body is read; the body is then streamed through `data_received()`
-and reading stops at the plan's cap; `finish()` hands the event to the pool.
+and reading stops at the plan's cap; `finish()` hands the event to the pool
+(`service.http.script_run`); `service.http.invoke_answer` sends the answer and
+queues the request's records.
 
 This is a streaming Tornado `HTTPMessageDelegate` — the interface
 `@stream_request_body` handlers are built on — rather than a `RequestHandler`:
@@ -18,7 +20,6 @@ every request under ``/endpoints/`` here; every other path goes to the Tornado
 from __future__ import annotations
 
 import functools
-import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from tornado import httputil
 
 from service.http.auth import VerifierBusy, presented_secret
-from service.http.base import error_body, new_request_id
+from service.http.base import new_request_id
 from service.http.errors import (
     AuthThrottledError,
     BusyError,
@@ -42,9 +43,9 @@ from service.http.errors import (
     UnauthorizedError,
 )
 from service.http.event import client_ip, ip_allowed
-from service.http.journal import JournaledRequest, request_facts
 from service.core.invoke_target import InvokeTarget, NeedsQuery, TargetsUnavailable
 from service.http.ratelimit import LimitsUnavailable
+from service.http.invoke_answer import RequestAnswers
 from service.http.script_run import ScriptRun
 
 if TYPE_CHECKING:
@@ -55,9 +56,6 @@ if TYPE_CHECKING:
     from service.http.exchange import Exchange
 
 _T = TypeVar("_T")
-
-log = logging.getLogger("logic.http")
-access_log = logging.getLogger("logic.access")
 
 PREFIX = "/endpoints/"
 #: The one form of an endpoint's path: no trailing slash, no percent-encoding
@@ -95,7 +93,7 @@ def _answered(step: Callable[..., Coroutine[Any, Any, None]]
     return answered
 
 
-class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
+class InvokeRequest(ScriptRun, RequestAnswers, httputil.HTTPMessageDelegate):
     """One invoke request, from its headers to its records."""
 
     __slots__ = ("context", "conn", "peer", "request_id", "started", "method", "path", "query",
@@ -353,87 +351,6 @@ class InvokeRequest(ScriptRun, httputil.HTTPMessageDelegate):
     def finish(self) -> None:
         if not self.answered:
             self._guarded(self._submit)
-
-    # --- answers --------------------------------------------------------------------
-    def _fail(self, err: ServiceError) -> None:
-        """Answer `err` in the contract's JSON error envelope."""
-        if self.answered:
-            return
-        if err.log_message:
-            # Only the operator message: never the client's input or a secret.
-            log.info("%s %s: %s", self.request_id, err.code, err.log_message)
-        self.error_code = err.code
-        headers = [("Content-Type", "application/json"), ("X-Request-Id", self.request_id),
-                   *self.rate_headers, *err.headers.items()]
-        self._answer(err.status, headers, error_body(err.code, err.message, self.request_id))
-
-    def _internal_error(self) -> None:
-        log.error("%s uncaught exception on the invoke path", self.request_id, exc_info=True)
-        self._fail(ServiceError())
-
-    def _answer(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
-        if self.answered:
-            return
-        self.answered = True
-        self.status = status
-        self.response_headers = headers
-        self.response_body = body
-        conn, self.conn = self.conn, None  # no cycle with the connection once answered
-        if conn is not None:
-            # History keeps what was sent, the connection's own headers
-            # included; the records are queued (and journaled) before the
-            # answer's first byte goes out, so no answered request is lost.
-            conn.respond(status, headers, body, before_send=self._record)
-        self._done()
-
-    def _record(self, sent_headers: list[tuple[str, str]]) -> None:
-        self.response_headers = sent_headers
-        self.finished = time.time()
-        if self.target is not None:
-            # Converted to records in the writer's thread (service.http.records).
-            self.context.records.put(self)
-
-    def on_connection_close(self) -> None:
-        # The client went away before its request was complete: nothing ran.
-        if not self.answered:
-            self.answered = True
-            self._ended()
-
-    def _ended(self) -> None:
-        if self._counted:
-            self._counted = False
-            self.context.request_ended()
-
-    def _done(self) -> None:
-        if not self.finished:  # answered without a connection (it had gone)
-            self._record(self.response_headers)
-        self._ended()
-        self.context.metrics.invoke_answered(self)
-        status = self.status
-        internal = status >= 500 and self.error_code in (None, "internal_error")
-        level = logging.WARNING if internal else logging.DEBUG
-        if access_log.isEnabledFor(level):
-            access_log.log(level, "%s %s %s %d %.1fms", self.request_id, self.method or "-",
-                           self.path, status, 1000.0 * (self.finished - self.started))
-        event = self.event
-        if event is not None:  # history needs only these of it: free the body
-            self.event = {"query": event["query"], "headers": event["headers"]}
-
-    # --- records (called in the record writer's thread, once answered) ----------------
-    def history_slot(self) -> tuple[int, int] | None:
-        """(endpoint id, plan's history size) when this request goes to history."""
-        target = self.target
-        if target is None or not self.accepted:
-            return None
-        return target.endpoint_id, target.plan.history
-
-    def records(self, history: bool) -> list[Any]:
-        """Statistics hit, history record (if `history`) and error record of this request."""
-        return JournaledRequest(self.journal_facts()).records(history)
-
-    def journal_facts(self) -> tuple[Any, ...]:
-        """What its records are made of (`service.http.journal.request_facts`)."""
-        return request_facts(self)
 
 
 def _limits_down() -> BusyError:
