@@ -46,7 +46,7 @@ from sandbox.budget import derived_max_workers, derived_memory_budget
 from sandbox.placement import Placement, QuarantineKey, sandbox_user
 from sandbox.scheduler import Scheduler
 from sandbox.shutdown import Shutdown
-from sandbox.supervisor import HOUSEKEEPING_S, TICK_S, Supervisor
+from sandbox.ticking import HOUSEKEEPING_S, TICK_S
 from sandbox.worker import WorkerConfig
 
 __all__ = ["Pool", "ScriptRef", "Limits", "Outcome"]

@@ -1,0 +1,155 @@
+"""The pool's clocks: the deadline ticker and the once-a-second housekeeping.
+
+While work is in flight a timer every ``TICK_S`` walks the workers that have
+a job (or are not ready yet) and the requests waiting with a deadline: a job
+past its time limit gets its worker killed and replaced (the request is
+answered ``script_timeout``, with where the script was if the worker said),
+a worker that never became ready is replaced, a request that waited past the
+queue timeout is answered busy. Housekeeping reads the resident size of a
+bounded number of idle workers, retires idle ones and asks again for spawns
+that never came. A mixin of :class:`sandbox.supervisor.Supervisor`, which
+holds the state.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from sandbox.channel import RequestState, WorkerHandle
+from sandbox.errors import PoolBusyError
+from sandbox.outcome import Outcome, failure
+
+if TYPE_CHECKING:
+    from sandbox.scheduler import Scheduler
+
+log = logging.getLogger("sandbox.pool")
+
+TICK_S = 0.005           # deadline ticker period while work is in flight
+HOUSEKEEPING_S = 1.0     # RSS checks and spawn retries
+RSS_CHECKS_PER_ROUND = 64  # idle workers whose /proc size one housekeeping round reads
+
+
+class Ticking:
+    """Deadlines and housekeeping of ``Supervisor`` (which initialises the state)."""
+
+    max_rss: int
+    spawn_timeout: float
+    _workers: dict[int, WorkerHandle | None]
+    _watched: dict[WorkerHandle, None]
+    _rss_turn: int
+    _idle: deque[WorkerHandle]
+    _timeouts: deque[tuple[float, RequestState]]
+    _homeless: OrderedDict[str, RequestState]
+    _queued: dict[Any, RequestState]
+    _lru: OrderedDict[WorkerHandle, None]
+    _sched: Scheduler
+    _spawning: dict[int, float]
+    _failures: dict[int, int]
+    _loop: asyncio.AbstractEventLoop | None
+    _tick_handle: asyncio.TimerHandle | None
+    _house_handle: asyncio.TimerHandle | None
+    _zygote_alive: bool
+    _c: dict[str, int]
+
+    if TYPE_CHECKING:  # provided by Supervisor and Pool
+        def _ensure_tick(self) -> None: ...
+
+        def _unhome(self, req: RequestState) -> None: ...
+
+        def _retire_idle(self, now: float) -> None: ...
+
+        def _request_spawn(self, slot: int) -> None: ...
+
+        def _replace(self, w: WorkerHandle, outcome: Outcome | None, *,
+                     backoff: bool) -> None: ...
+
+    def _tick(self) -> None:
+        self._tick_handle = None
+        assert self._loop is not None
+        now = self._loop.time()
+        pending = False
+        # Only workers with a job or not ready yet (O(in flight), not O(workers):
+        # a pool may keep thousands of idle guild workers).
+        watched = self._watched
+        for w in list(watched):
+            req = w.req
+            if not w.alive or (req is None and w.ready):
+                del watched[w]
+            elif req is not None:
+                if now >= req.deadline:
+                    self._timeout(w, req, now)
+                else:
+                    pending = True
+            else:
+                if now - w.spawned_at > self.spawn_timeout:
+                    log.error("sandbox worker %d did not become ready; killing it", w.pid)
+                    self._replace(w, None, backoff=True)
+                pending = True
+        waiting = self._timeouts
+        # (deadline, request): live while the request waits (queued, or for its
+        # guild's worker) with that deadline; other entries are stale.
+        while waiting and (not waiting[0][1].queued and not waiting[0][1].homeless
+                           or waiting[0][1].deadline != waiting[0][0] or now >= waiting[0][0]):
+            until, req = waiting.popleft()
+            if until != req.deadline:
+                continue    # stale: the request re-entered the queue later
+            if req.homeless:
+                self._unhome(req)
+            elif not self._sched.cancel(req):
+                continue
+            self._queued.pop(req.future, None)
+            if not req.future.done():
+                self._c["busy_rejections"] += 1
+                req.future.set_exception(PoolBusyError("no sandbox worker became free in time"))
+        if self._homeless and not self._zygote_alive:
+            # No spare can come any more (the fork server died; logged as critical).
+            for req in list(self._homeless.values()):
+                self._unhome(req)
+                self._queued.pop(req.future, None)
+                if not req.future.done():
+                    req.future.set_exception(PoolBusyError("no sandbox worker can be started"))
+        if pending or waiting or self._homeless:
+            self._ensure_tick()
+
+    def _timeout(self, w: WorkerHandle, req: RequestState, now: float) -> None:
+        if req.kind == "job":
+            self._c["timeouts"] += 1
+        log.info("sandbox worker %d passed the %d ms limit; killed", w.pid, req.limits.time_ms)
+        message = f"script ran longer than {req.limits.time_ms} ms"
+        out = failure("script_timeout", message, (now - req.t0) * 1000.0)
+        if req.where is not None:
+            # Where the worker said the script was when its time ran out.
+            line, tb = req.where
+            at = f" (stopped at line {line})" if line is not None else ""
+            out = replace(out, error_message=message + at, error_line=line, traceback=tb)
+        self._replace(w, out, backoff=False)
+
+    def _housekeeping(self) -> None:
+        assert self._loop is not None
+        self._house_handle = self._loop.call_later(HOUSEKEEPING_S, self._housekeeping)
+        # The resident-size backstop reads /proc for a bounded number of idle
+        # workers per round, in turn (a worker also reports its size after
+        # every job and retires past its growth bound by itself).
+        idle = [*self._idle, *self._lru]
+        if idle:
+            start = self._rss_turn % len(idle)
+            for w in (idle[start:] + idle[:start])[:RSS_CHECKS_PER_ROUND]:
+                if w.alive and w.rss() > self.max_rss:
+                    log.info("sandbox worker %d passed %d MiB RSS; recycled", w.pid,
+                             self.max_rss >> 20)
+                    self._replace(w, None, backoff=False)
+            self._rss_turn = start + RSS_CHECKS_PER_ROUND
+        self._retire_idle(self._loop.time())
+        now = time.monotonic()
+        for slot, held in self._workers.items():
+            asked = self._spawning.get(slot)
+            if held is None and (asked is None or now - asked > self.spawn_timeout):
+                self._request_spawn(slot)
+
+    def _clear_failures(self, w: WorkerHandle) -> None:
+        if w.alive:
+            self._failures[w.slot] = 0
