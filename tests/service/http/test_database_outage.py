@@ -111,6 +111,7 @@ def test_postgresql_stopped_under_load(private_pg: PrivatePostgres, tmp_path: Pa
         assert poll(lambda: srv.request("/readyz", method="GET").json
                     ["dependencies"]["database"].get("changeFeed") == "listening", 30)
         answers: Counter[tuple[int, int]] = Counter()   # (endpoint index, status) -> n
+        odd: list[tuple[int, int, str | None, float]] = []  # not 200: what, and when
         lock = threading.Lock()
         stop = threading.Event()
 
@@ -121,6 +122,8 @@ def test_postgresql_stopped_under_load(private_pg: PrivatePostgres, tmp_path: Pa
                                    json_body={}, timeout=30)
                 with lock:
                     answers[(k, resp.status)] += 1
+                    if resp.status != 200 and len(odd) < 20:
+                        odd.append((k, resp.status, resp.code, time.monotonic()))
 
         threads = [threading.Thread(target=load, args=(n % 2,)) for n in range(4)]
         for t in threads:
@@ -149,6 +152,7 @@ def test_postgresql_stopped_under_load(private_pg: PrivatePostgres, tmp_path: Pa
             assert cold.status == 503 and cold.code == "busy"
             time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - stopped_at)))
             assert srv.request("/readyz", method="GET").status == 503
+            restarted_at = time.monotonic()
             private_pg.start()
             assert poll(lambda: srv.request("/readyz", method="GET").status == 200, 60)
             recovered = answered()
@@ -159,7 +163,10 @@ def test_postgresql_stopped_under_load(private_pg: PrivatePostgres, tmp_path: Pa
                 t.join(60)
         with lock:
             statuses = Counter(status for (_, status), n in answers.items() for _ in range(n))
-        assert set(statuses) == {200}, statuses
+        # On failure: what was not 200 and when (against the outage's steps),
+        # and the end of the server's log.
+        assert set(statuses) == {200}, (statuses, odd, stopped_at, restarted_at,
+                                         srv.log()[-4000:])
         assert poll(lambda: srv.request("/readyz", method="GET").json["dependencies"]["records"]
                     ["pending"] == 0, 30)
         for k, (_, _, _, endpoint_id) in enumerate(eps):
