@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from invoke_bench import (LOGIC, SERVE_ENV, SERVER_CPU, bench_endpoint,  # noqa: E402
+from invoke_setup import (LOGIC, SERVE_ENV, SERVER_CPU, bench_endpoint,  # noqa: E402
                           free_port, logic, median_run, measure, run_wrk, wait_listening)
 
 CLIENT = """

@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench.invoke_bench import SERVE_ENV, free_port, logic, wait_listening  # noqa: E402
+from bench.invoke_setup import SERVE_ENV, free_port, logic, wait_listening  # noqa: E402
 
 LOGIC = str(Path(sys.executable).parent / "logic")
 CONFIG = """

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-import invoke_bench as ib  # noqa: E402
+import invoke_setup as ib  # noqa: E402
 
 from service.http.event import parse_body  # noqa: E402
 from service.http.journal import Journal, without_secret  # noqa: E402

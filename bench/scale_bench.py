@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from invoke_bench import (BODY, LOGIC, SCRIPT, SERVE_ENV, free_port,  # noqa: E402
+from invoke_setup import (BODY, LOGIC, SCRIPT, SERVE_ENV, free_port,  # noqa: E402
                           logic, run_wrk, wait_listening)
 
 SECRET = "lsk_" + "s" * 43
