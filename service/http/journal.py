@@ -15,9 +15,11 @@ what is in the page cache but not on disk is lost then — unless
 moment a batch was committed but its segment not yet deleted, that batch's
 records are written twice.
 
-Nothing secret is journaled: the headers carrying secrets are left out, and
-every value holding the presented secret is redacted before it is written
-(as in history; `service.http.redaction`).
+The presented secret is never journaled: the headers carrying secrets are
+left out, and every value holding it is redacted before it is written (as in
+history; `service.http.redaction`). Other credential-named values are
+redacted when records are made (`JournaledRequest.records`), so the files
+hold them until the segment is reused or deleted (docs/security.md).
 """
 
 from __future__ import annotations
@@ -63,10 +65,11 @@ class JournalInUse(OSError):
 class _Segment:
     """One segment file, open and mapped shared for as long as this process uses it."""
 
-    __slots__ = ("path", "fd", "map", "offset")
+    __slots__ = ("path", "number", "fd", "map", "offset")
 
-    def __init__(self, path: Path, fd: int, mapping: mmap.mmap) -> None:
+    def __init__(self, path: Path, number: int, fd: int, mapping: mmap.mmap) -> None:
         self.path = path
+        self.number = number  # in its name, and stamped on every entry of this use
         self.fd = fd
         self.map = mapping
         self.offset = 0
@@ -131,12 +134,13 @@ class Journal:
             segment = self._free.pop()
             os.rename(segment.path, path)  # numbers keep the replay order
             segment.path = path
+            segment.number = self._number
             segment.offset = 0
             return segment
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         os.ftruncate(fd, size)
         mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        return _Segment(path, fd, mapping)
+        return _Segment(path, self._number, fd, mapping)
 
     def append(self, facts: tuple[Any, ...]) -> None:
         """Journal one request (call with `lock` held).
@@ -145,14 +149,19 @@ class Journal:
         once (a process crash cannot lose it), and no system call. The entry
         is followed by a zero length word (a recycled segment holds older
         entries past it), and its own length is written last, so a torn
-        entry reads as the end.
+        entry reads as the end. Each entry carries the segment's number:
+        should the zero word be lost while the entry was not (a power loss
+        writes pages back in any order), replay stops at the first entry
+        of an earlier use of the file instead of replaying it again.
         """
-        data = self._packer.pack(facts)
-        size = len(data)
         segment = self._segment
+        data = self._packer.pack((segment.number, facts))
+        size = len(data)
         if segment.offset + 4 + size + 4 > len(segment.map):
             self._finish_segment()
-            segment = self._segment = self._open_next(max(SEGMENT_BYTES, size + 8))
+            segment = self._segment = self._open_next(max(SEGMENT_BYTES, size + 16))
+            data = self._packer.pack((segment.number, facts))
+            size = len(data)
         mapping = segment.map
         offset = segment.offset
         start = offset + 4
@@ -223,24 +232,46 @@ class Journal:
 
 
 def read_segments(paths: list[Path]) -> Iterator[JournaledRequest]:
-    """The requests journaled in `paths`, up to the first empty or torn entry
-    (where the writing process stopped)."""
+    """The requests journaled in `paths`, each up to its first empty or torn
+    entry (where the writing process stopped), or an entry that is
+    unreadable or stamped with another segment number (left by an earlier
+    use of a recycled file): nothing after such an entry can be trusted."""
     for path in paths:
+        match = _SEGMENT.fullmatch(path.name)
+        number = int(match.group(1)) if match else None
         data = path.read_bytes()
         offset = 0
         while offset + 4 <= len(data):
             size = _LENGTH.unpack_from(data, offset)[0]
             if size == 0 or offset + 4 + size > len(data):
                 break
-            try:
-                facts = msgpack.unpackb(data[offset + 4:offset + 4 + size], raw=False,
-                                        use_list=True, strict_map_key=False)
-            except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
-                log.warning("journal %s holds an unreadable entry; skipped", path.name)
-            else:
-                if isinstance(facts, list) and len(facts) == len(FIELDS):
-                    yield JournaledRequest(tuple(facts))
+            facts = _entry(data[offset + 4:offset + 4 + size], number)
+            if facts is None:
+                log.warning("journal %s: an unreadable or stale entry at byte %d; the rest of "
+                            "the file is not replayed", path.name, offset)
+                break
+            yield JournaledRequest(facts)
             offset += 4 + size
+
+
+def _entry(raw: bytes, number: int | None) -> tuple[Any, ...] | None:
+    """The facts of one entry, or None when it is unreadable or not of this
+    use of the segment. (Entries of journals written before entries were
+    stamped are the bare list of facts: only such a process's own, never
+    recycled, files hold them.)"""
+    try:
+        entry = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        return None
+    if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], list):
+        stamp, facts = entry
+        if stamp != number:
+            return None
+    else:
+        facts = entry
+    if not isinstance(facts, list) or len(facts) != len(FIELDS):
+        return None
+    return tuple(facts)
 
 
 def request_facts(req: Any) -> tuple[Any, ...]:

@@ -7,7 +7,9 @@ paths, and redaction of secrets in history.
 from __future__ import annotations
 
 import json
+import re
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -219,3 +221,9 @@ on endpoint(event):
     everything = json.dumps(record) + json.dumps(read_errors(ep))
     assert ep.secret not in everything and "abc123" not in everything
     assert "hunter2" not in everything
+    # Nor in the records journal on disk: every value holding the presented
+    # secret is redacted before the request is journaled (docs/security.md).
+    journal = Path(re.search(r'journal = "([^"]+)"', Path(server.config or "").read_text())[1])
+    segments = sorted(journal.rglob("segment-*.journal"))
+    assert any(b'"copy": "[redacted]"' in p.read_bytes() for p in segments)  # it was journaled
+    assert not any(ep.secret.encode() in p.read_bytes() for p in segments)

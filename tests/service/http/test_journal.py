@@ -52,8 +52,15 @@ def test_journal_holds_no_secret_and_a_torn_entry_is_skipped(tmp_path: Path) -> 
         journal.append(tuple(facts.values()))
         sealed = journal.seal()
     assert len(sealed) == 1
-    data = sealed[0].read_bytes()
-    sealed[0].write_bytes(data + data[: len(data) // 4])  # a crash mid-append
+    # A crash mid-append: the third entry's bytes are in the file, its
+    # length word (written last) is not. (Segments keep their full size, so
+    # the torn bytes go where the next entry would start.)
+    data = bytearray(sealed[0].read_bytes())
+    first = 4 + int.from_bytes(data[:4], "little")
+    end = 2 * first
+    assert data[end:end + 4] == bytes(4)
+    data[end + 4:end + first] = data[4:first]
+    sealed[0].write_bytes(bytes(data))
     entries = list(read_segments(sealed))
     assert len(entries) == 2 and entries[0].history_slot() == (1, 10)
     journal.close()
@@ -123,3 +130,39 @@ def test_after_a_crash_only_unwritten_entries_are_replayed(tmp_path: Path) -> No
     journal.discard(leftovers)
     assert journal.leftovers() == []
     journal.close()
+
+
+def _used_for(journal: Journal, numbers: range) -> tuple[list[Path], bytes]:
+    """Journal `numbers`, seal: (the sealed segments, their first file's bytes)."""
+    with journal.lock:
+        for n in numbers:
+            journal.append(_facts(n))
+        sealed = journal.seal()
+    return sealed, sealed[0].read_bytes()
+
+
+def test_a_lost_end_marker_never_replays_an_earlier_use_of_a_recycled_segment(
+        tmp_path: Path) -> None:
+    # A power loss writes pages back in any order: the page holding the end
+    # marker after the newest entry may still hold an earlier use's entries.
+    journal = Journal(tmp_path / "j")
+    first, old = _used_for(journal, range(10, 60))   # ids of one length: entries of one size
+    journal.discard(first)                            # written: emptied and reused
+    second, new = _used_for(journal, range(60, 61))
+    size = 4 + int.from_bytes(new[:4], "little")
+    assert size == 4 + int.from_bytes(old[:4], "little")  # the earlier use lines up after it
+    second[0].write_bytes(new[:size] + old[size:])    # the end marker lost, the old tail back
+    assert _ids(second) == ["req_60"]
+    journal.close()
+
+
+def test_replay_stops_at_an_unreadable_entry(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j")
+    sealed, data = _used_for(journal, range(10, 13))
+    size = 4 + int.from_bytes(data[:4], "little")
+    garbled = bytearray(data)
+    garbled[size + 4:2 * size] = b"\xc1" * (size - 4)   # 0xc1: never valid msgpack
+    sealed[0].write_bytes(bytes(garbled))
+    assert _ids(sealed) == ["req_10"]   # not req_12: nothing after a bad entry is trusted
+    journal.close()
+
