@@ -256,9 +256,9 @@ def read_segments(paths: list[Path]) -> Iterator[JournaledRequest]:
 
 def _entry(raw: bytes, number: int | None) -> tuple[Any, ...] | None:
     """The facts of one entry, or None when it is unreadable or not of this
-    use of the segment. (Entries of journals written before entries were
-    stamped are the bare list of facts: only such a process's own, never
-    recycled, files hold them.)"""
+    use of the segment. (A version before entries were stamped wrote the bare
+    list of facts: its leftover files are read as it read them, without the
+    check.)"""
     try:
         entry = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=False)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):

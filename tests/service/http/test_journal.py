@@ -166,3 +166,16 @@ def test_replay_stops_at_an_unreadable_entry(tmp_path: Path) -> None:
     assert _ids(sealed) == ["req_10"]   # not req_12: nothing after a bad entry is trusted
     journal.close()
 
+
+
+def test_a_segment_left_by_a_version_before_stamps_is_still_replayed(tmp_path: Path) -> None:
+    # An upgrade after a crash: the old process's entries are bare lists of facts.
+    import struct
+
+    import msgpack  # type: ignore[import-untyped]
+
+    path = tmp_path / "segment-000000000003.journal"
+    data = b"".join(struct.pack("<I", len(b)) + b for b in
+                    (msgpack.packb(_facts(n), use_bin_type=True) for n in (1, 2)))
+    path.write_bytes(data + bytes(4))
+    assert _ids([path]) == ["req_1", "req_2"]
