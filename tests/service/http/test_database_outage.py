@@ -166,7 +166,7 @@ def test_postgresql_stopped_under_load(private_pg: PrivatePostgres, tmp_path: Pa
         # On failure: what was not 200 and when (against the outage's steps),
         # and the end of the server's log.
         assert set(statuses) == {200}, (statuses, odd, stopped_at, restarted_at,
-                                         srv.log()[-4000:])
+                                         srv.log[-4000:])
         assert poll(lambda: srv.request("/readyz", method="GET").json["dependencies"]["records"]
                     ["pending"] == 0, 30)
         for k, (_, _, _, endpoint_id) in enumerate(eps):
