@@ -27,21 +27,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench.invoke_setup import SERVE_ENV, free_port, logic, wait_listening  # noqa: E402
+from bench.invoke_setup import (BENCH_PLAN, LOGIC, SERVE_ENV, free_port, logic,  # noqa: E402
+                                wait_listening)
 
-LOGIC = str(Path(sys.executable).parent / "logic")
-CONFIG = """
-[plans.bench]
-endpoints = 9
-memory_kb = 4096
-requests_per_minute = 100000000
-body_bytes = 1048576
-history = 200
-error_logs = true
-ip_whitelist = true
-advanced_stats = true
-time_limit_ms = 1000
-"""
 VICTIM = """
 on endpoint(event):
     body = event.body
@@ -122,7 +110,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="logic-fair-"))
     db = f"sqlite:///{tmp / 'fair.db'}"
     cfg = tmp / "fair.toml"
-    cfg.write_text(CONFIG)
+    cfg.write_text(BENCH_PLAN)
     logic(db, str(cfg), "db", "upgrade")
     victim = setup(db, str(cfg), tmp, "2000", "bench", VICTIM, 1)[0]
     attackers = {name: setup(db, str(cfg), tmp, str(3000 + i), "pro", ATTACKS[name], 9)

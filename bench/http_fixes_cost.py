@@ -38,7 +38,8 @@ sys.path.insert(0, str(HERE))
 import invoke_setup as ib  # noqa: E402
 
 from service.http.event import parse_body  # noqa: E402
-from service.http.journal import Journal, without_secret  # noqa: E402
+from service.http.journal import Journal  # noqa: E402
+from service.http.journal_facts import without_secret  # noqa: E402
 from service.http.redaction import Redactor  # noqa: E402
 
 

@@ -38,11 +38,8 @@ on endpoint(event):
     event.reply({"ok": True, "double": body["score"] * 2})
 """
 
-CONFIG = """
-[sandbox]
-workers = {workers}
-queue_timeout_ms = 5000
-
+#: The bench plan: limits that never refuse the load (the rate limit is still checked).
+BENCH_PLAN = """
 [plans.bench]
 endpoints = 9
 memory_kb = 4096
@@ -54,6 +51,12 @@ ip_whitelist = true
 advanced_stats = true
 time_limit_ms = 1000
 """
+
+CONFIG = """
+[sandbox]
+workers = {workers}
+queue_timeout_ms = 5000
+""" + BENCH_PLAN.replace("{", "{{").replace("}", "}}")
 
 BODY = json.dumps({"player": "bench-player", "score": 21, "note": "x" * 250})
 

@@ -15,8 +15,6 @@ import random
 import signal
 import socket
 import time
-from collections import OrderedDict, deque
-from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -35,39 +33,22 @@ BACKOFF_MAX_S = 10.0
 
 
 class Supervisor(Ticking):
-    """State and supervision methods shared with ``Pool`` (which initialises them)."""
+    """State and supervision methods shared with ``Pool`` (which initialises them;
+    the state the clocks use is declared in :class:`Ticking`)."""
 
     size: int
-    max_rss: int
     max_jobs: int
     max_jobs_jitter: int
-    spawn_timeout: float
     _compile_cache: int
     _test_hooks: bool
-    _workers: dict[int, WorkerHandle | None]
-    _watched: dict[WorkerHandle, None]
-    _rss_turn: int
-    _idle: deque[WorkerHandle]
-    _timeouts: deque[tuple[float, RequestState]]
-    _homeless: OrderedDict[str, RequestState]
-    _queued: dict[Any, RequestState]
-    _lru: OrderedDict[WorkerHandle, None]
-    _sched: Scheduler
     queue_timeout: float
-    _spawning: dict[int, float]
-    _failures: dict[int, int]
     _hardening: dict[str, bool]
     _notes: dict[str, str]
-    _loop: asyncio.AbstractEventLoop | None
-    _tick_handle: asyncio.TimerHandle | None
-    _house_handle: asyncio.TimerHandle | None
     _ctl: socket.socket
     _zygote_pid: int
-    _zygote_alive: bool
     _state: str
     _busy: int
     _unready: int
-    _c: dict[str, int]
 
     # provided by Pool
     def _on_readable(self, w: WorkerHandle) -> None:

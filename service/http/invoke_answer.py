@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from service.http.base import error_body
 from service.http.errors import ServiceError
-from service.http.journal import JournaledRequest, request_facts
+from service.http.journal_facts import JournaledRequest, request_facts
 
 if TYPE_CHECKING:
     from sandbox.pool import Outcome
@@ -126,5 +126,5 @@ class RequestAnswers:
         return JournaledRequest(self.journal_facts()).records(history)
 
     def journal_facts(self) -> tuple[Any, ...]:
-        """What its records are made of (`service.http.journal.request_facts`)."""
+        """What its records are made of (`service.http.journal_facts.request_facts`)."""
         return request_facts(self)

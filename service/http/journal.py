@@ -32,16 +32,12 @@ import re
 import struct
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 
-from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
-from service.http.auth import presented_secret
-from service.http.event import parse_query, visible_headers
-from service.http.redaction import Redactor
+from service.http.journal_facts import FIELDS, JournaledRequest
 
 log = logging.getLogger("logic.records")
 
@@ -51,11 +47,6 @@ _ZERO = bytes(4)
 #: Size of a segment file (sparse: only what is written takes disk space).
 SEGMENT_BYTES = 8 * 1024 * 1024
 
-#: The fields of a journaled request, in order (see `JournaledRequest`).
-FIELDS = ("endpoint_id", "keep", "error_logs", "accepted", "request_id", "started", "finished",
-          "status", "ip", "method", "query", "headers", "body", "user_agent",
-          "response_headers", "response_body", "output", "error", "error_kind",
-          "error_message", "error_line", "traceback", "queued", "deprioritised", "script_version")
 
 
 class JournalInUse(OSError):
@@ -272,135 +263,3 @@ def _entry(raw: bytes, number: int | None) -> tuple[Any, ...] | None:
     if not isinstance(facts, list) or len(facts) != len(FIELDS):
         return None
     return tuple(facts)
-
-
-def request_facts(req: Any) -> tuple[Any, ...]:
-    """What a finished `service.http.invoke.InvokeRequest`'s records are made
-    of, as plain data in `FIELDS` order, the presented secret redacted:
-    journaled as the answer goes out (on the event loop: keep it cheap)."""
-    target = req.target
-    assert target is not None
-    plan = target.plan
-    ip = req.ip or req.peer
-    outcome = req.outcome
-    # Sandbox scheduling, for the statistics: waited for a worker (a 503
-    # after waiting has no outcome), and while the guild was deprioritised.
-    queued = outcome.waited if outcome is not None else req.waited
-    deprioritised = outcome.deprioritised if outcome is not None else False
-    if not req.accepted:
-        return (target.endpoint_id, plan.history, plan.error_logs, False, req.request_id,
-                req.started, req.finished, req.status, ip, req.method or "POST", {}, {},
-                b"", "", [], b"", "", None, None, "", None, None, queued, deprioritised,
-                target.script_version)
-    event = req.event
-    headers = req.headers
-    error = None
-    if outcome is not None and outcome.error_kind:
-        error = f"{outcome.error_kind}: {outcome.error_message or ''}".strip()
-    elif req.error_code:
-        error = req.error_code
-    facts = (
-        target.endpoint_id, plan.history, plan.error_logs, True, req.request_id,
-        req.started, req.finished, req.status, ip, req.method or "POST",
-        event["query"] if event else parse_query(req.query),
-        event["headers"] if event else visible_headers(headers),
-        req.raw_body, headers.get("user-agent", ""),
-        req.response_headers, req.response_body,
-        outcome.output if outcome else "", error,
-        (outcome.error_kind or None) if outcome else None,
-        (outcome.error_message or "") if outcome else "",
-        outcome.error_line if outcome else None, outcome.traceback if outcome else None,
-        queued, deprioritised, target.script_version)
-    # Only authenticated requests get here: the secret they presented is
-    # the endpoint's own, and is never kept (service.http.redaction).
-    return without_secret(facts, presented_secret(headers))
-
-
-def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...]:
-    """`facts` with every value that holds `secret` redacted (as history keeps it).
-
-    Cheap when the secret appears nowhere (the usual case): a substring test
-    per value. Credential-named parameters are redacted later, by name, when
-    records are made (`JournaledRequest.records`).
-    """
-    if not secret or not facts[3]:
-        return facts
-    query, headers, body, response_headers, response_body = (
-        facts[10], facts[11], facts[12], facts[14], facts[15])
-    if not _holds(secret, facts, query, headers, body, response_headers, response_body):
-        return facts
-    redact = Redactor(secret)
-    out = list(facts)
-    out[10] = redact.mapping(query)
-    out[11] = redact.mapping(headers)
-    out[12] = redact.data(body)
-    out[13] = redact.text(facts[13])
-    out[14] = [[n, redact.value(n, v)] for n, v in response_headers]
-    out[15] = redact.raw(response_body)
-    for index in (16, 17, 19, 21):
-        if out[index]:
-            out[index] = redact.text(out[index])
-    return tuple(out)
-
-
-def _holds(secret: str, facts: tuple[Any, ...], query: dict[str, Any], headers: dict[str, str],
-           body: bytes | str, response_headers: list[Any], response_body: bytes) -> bool:
-    """Whether `secret` appears anywhere in what is journaled (plain loops: hot path)."""
-    for value in headers.values():
-        if secret in value:
-            return True
-    for value in query.values():
-        if secret in str(value):
-            return True
-    for pair in response_headers:
-        if secret in pair[1]:
-            return True
-    for index in (13, 16, 17, 19, 21):
-        text = facts[index]
-        if text and secret in text:
-            return True
-    raw = secret.encode("utf-8", "surrogatepass")
-    return raw in (body if isinstance(body, bytes) else body.encode("utf-8", "replace")) \
-        or raw in response_body
-
-
-class JournaledRequest:
-    """A finished request as plain facts: what `RecordWriter` converts to records."""
-
-    __slots__ = ("facts",)
-
-    def __init__(self, facts: tuple[Any, ...]) -> None:
-        self.facts = facts
-
-    def history_slot(self) -> tuple[int, int] | None:
-        f = self.facts
-        return (f[0], f[1]) if f[3] else None
-
-    def records(self, history: bool) -> list[Any]:
-        (endpoint_id, keep, error_logs, accepted, request_id, started, finished, status, ip,
-         method, query, headers, body, user_agent, response_headers, response_body, output,
-         error, error_kind, error_message, error_line, traceback, queued, deprioritised,
-         script_version) = self.facts
-        when = datetime.fromtimestamp(started, tz=timezone.utc)
-        duration_ms = (finished - started) * 1000.0
-        items: list[Any] = [StatHit(endpoint_id, when, status, duration_ms, ip, queued=queued,
-                                    deprioritised=deprioritised)]
-        if not accepted:
-            return items
-        if history:
-            by_name = Redactor(None)  # credential-named values (the secret went at journaling)
-            items.append(RequestRecordIn(
-                endpoint_id=endpoint_id, request_id=request_id, time=when, method=method,
-                query=by_name.mapping(query), headers=by_name.mapping(headers), body=body,
-                ip=ip, user_agent=user_agent, status=status,
-                response_headers=by_name.mapping(dict(response_headers)),
-                response_body=response_body, duration_ms=duration_ms, output=output,
-                error=error, keep=keep, script_version=script_version,
-            ))
-        if error_kind and error_logs:
-            items.append(ErrorRecordIn(
-                endpoint_id=endpoint_id, request_id=request_id, time=when, kind=error_kind,
-                message=error_message, line=error_line, traceback=traceback,
-                script_version=script_version,
-            ))
-        return items

@@ -35,7 +35,8 @@ from typing import Any, Protocol
 
 from peewee import InterfaceError, OperationalError
 
-from service.http.journal import Journal, JournaledRequest
+from service.http.journal import Journal
+from service.http.journal_facts import JournaledRequest
 
 log = logging.getLogger("logic.records")
 

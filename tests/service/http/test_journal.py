@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from service.http.journal import FIELDS, Journal, read_segments
+from service.http.journal import Journal, read_segments
+from service.http.journal_facts import FIELDS
 from tests.service.http.harness import Server, wait_until
 from tests.service.http.test_checks import ECHO
 
