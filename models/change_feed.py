@@ -1,12 +1,20 @@
 """`ChangeFeed`: a PostgreSQL `LISTEN` connection that tells a process's caches when their data changed.
 
-Migration 0004 makes every commit that touches a guild, script or endpoint
-send a notification on `logic_targets` (the invoke path's endpoint lookups);
-revoking an API token sends one on `logic_token_revoked` (the admin API's
-token cache). One feed per process listens on both.  A feed owns one dedicated
-connection (autocommit, `LISTEN logic_targets`) and one daemon thread that
-waits on it; each notification batch bumps `generation`.  A cache that
-remembered answers under generation G drops them as soon as it sees G+1.
+Every commit that touches a guild, script or endpoint sends a notification
+on `logic_targets` (the invoke path's endpoint lookups; migrations 0004 and
+0009); revoking an API token sends one on `logic_token_revoked` (the admin
+API's token cache). One feed per process listens on both.  A feed owns one
+dedicated connection (autocommit, `LISTEN`) and one daemon thread that waits
+on it; each notification batch bumps `generation`.  A cache that remembered
+answers under generation G drops them as soon as it sees G+1.
+
+Channels are per schema (`scoped`): the name carries a digest of the schema
+that holds the tables, so installations that share one database in different
+schemas (`search_path`) never empty each other's caches.  The feed learns its
+schema on every connect from where `endpoint` resolves on that connection,
+as the service's own queries resolve it.  (The unscoped channels are still
+sent, for nodes of the release before during a rolling upgrade; no node of
+this release listens to them.)
 
 Never staler than the notification's delivery:
 - `generation` is None whenever the feed cannot vouch for the data: before
@@ -32,6 +40,7 @@ socket readable and send the hot path to the database for nothing.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import select
@@ -44,6 +53,20 @@ log = logging.getLogger("logic.change_feed")
 CHANNEL = "logic_targets"
 #: Revoked API tokens (sent by `service.core.tokens.revoke_api_token`).
 TOKENS_CHANNEL = "logic_token_revoked"
+#: The schema whose tables a connection's unqualified names resolve to
+#: (`endpoint` is in every schema this service migrated), for `scoped`.
+SCHEMA_SQL = ("SELECT COALESCE((SELECT n.nspname FROM pg_class c JOIN pg_namespace n "
+              "ON n.oid = c.relnamespace WHERE c.oid = to_regclass('endpoint')), "
+              "current_schema(), 'public')")
+
+
+def scoped(channel: str, schema: str) -> str:
+    """`channel` for the installation in `schema`: ``<channel>_<16 hex digits>``, the
+    start of the schema name's SHA-256 (always a valid channel name, at most 36
+    characters); migration 0009's trigger names it the same way in SQL."""
+    return f"{channel}_{hashlib.sha256(schema.encode('utf-8')).hexdigest()[:16]}"
+
+
 #: `application_name` of the feed's connection (plus "/<pid>"), to find it in pg_stat_activity.
 APPLICATION_NAME = "logic-change-feed"
 
@@ -68,6 +91,8 @@ class ChangeFeed:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reconnects = 0
+        #: The schema whose channels the feed listens to (set on every connect).
+        self.schema: str | None = None
 
     @classmethod
     def for_database(cls, db: Any, **kwargs: Any) -> ChangeFeed:
@@ -150,8 +175,10 @@ class ChangeFeed:
         conn = psycopg2.connect(**self._connect_kwargs)
         conn.autocommit = True
         with conn.cursor() as cur:
+            cur.execute(SCHEMA_SQL)
+            self.schema = str(cur.fetchone()[0])
             for channel in self._channels:
-                cur.execute(f"LISTEN {channel}")
+                cur.execute(f'LISTEN "{scoped(channel, self.schema)}"')
         poller = select.poll()
         poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
         self._conn, self._poller = conn, poller

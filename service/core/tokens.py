@@ -28,6 +28,11 @@ API_TOKEN_PREFIX = "lat_"
 LOGIN_TOKEN_TTL = timedelta(minutes=15)
 #: PostgreSQL channel a revocation is announced on (service.core.tokencache listens).
 REVOKED_CHANNEL = TOKENS_CHANNEL   # listened to by models.change_feed.ChangeFeed
+#: NOTIFY on `scoped(REVOKED_CHANNEL, <the schema of api_token>)`, named in SQL.
+REVOKED_NOTIFY_SQL = (
+    "SELECT pg_notify(%s || left(encode(sha256(convert_to(n.nspname::text, 'UTF8')), 'hex'), 16), "
+    "'') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE c.oid = to_regclass('api_token')")
 TOUCH_EVERY = timedelta(minutes=1)
 
 
@@ -116,6 +121,9 @@ def revoke_api_token(actor: Actor, token_id: int) -> None:
         if is_postgres():
             # Delivered to every node's listener when this transaction commits
             # (service.core.tokencache): their caches forget every token at once.
+            # On this schema's own channel (models.change_feed.scoped), and on the
+            # unscoped one for nodes of the release before.
+            database.execute_sql(REVOKED_NOTIFY_SQL, (REVOKED_CHANNEL + "_",))
             database.execute_sql(f"NOTIFY {REVOKED_CHANNEL}")
 
 

@@ -59,7 +59,8 @@ def test_a_source_over_the_cpu_budget_is_refused_and_remembered(
 
 
 def test_an_ordinary_large_script_compiles_within_the_budget(db: Any) -> None:
-    # ~250 KB of ordinary functions (~70,000 tokens): 0.6-1 s of CPU here.
+    # ~250 KB of ordinary functions (~70,000 tokens): 0.6-1.2 s of CPU on an idle
+    # host, up to ~2 s while the other core is busy (the budget is 3 s).
     block = ("def handler_{i}(event, data):\n    total = 0\n"
              "    for item in data.get('items', []):\n"
              "        if item.get('price', 0) > 10:\n"

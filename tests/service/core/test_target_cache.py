@@ -258,6 +258,40 @@ def test_postgresql_with_a_feed_lookups_are_remembered_until_a_commit(db, endpoi
 
 
 @POSTGRES_ONLY
+def test_postgresql_a_feed_hears_only_the_changes_of_its_own_schema(db, pg_empty_url):
+    # Another installation in another schema of the same database (its own
+    # search_path): its changes and revocations must not empty this one's
+    # caches (with one channel per database they did, on every change), while
+    # this schema's own still do.
+    import time
+    from models.change_feed import CHANNEL, TOKENS_CHANNEL, ChangeFeed
+    from models.db import connect
+    from models.migrate import Runner
+    from service.core.tokens import REVOKED_NOTIFY_SQL
+    other = connect(pg_empty_url)
+    try:
+        Runner(other).upgrade()
+        feed = ChangeFeed.for_database(db, channels=(CHANNEL, TOKENS_CHANNEL)).start()
+        try:
+            assert feed.healthy and feed.schema == db.execute_sql("SELECT current_schema()").fetchone()[0]
+            before = feed.generation
+            # A statement-level trigger fires even when no row changes.
+            other.execute_sql('DELETE FROM "endpoint" WHERE id < 0')
+            other.execute_sql(REVOKED_NOTIFY_SQL, (TOKENS_CHANNEL + "_",))
+            time.sleep(0.5)                     # far more than a delivery on one host
+            assert feed.generation == before
+            db.execute_sql('DELETE FROM "endpoint" WHERE id < 0')
+            assert _wait(lambda: feed.generation not in (None, before))
+            moved = feed.generation
+            db.execute_sql(REVOKED_NOTIFY_SQL, (TOKENS_CHANNEL + "_",))
+            assert _wait(lambda: feed.generation not in (None, moved))
+        finally:
+            feed.stop()
+    finally:
+        other.close()
+
+
+@POSTGRES_ONLY
 def test_postgresql_a_lost_feed_means_querying_never_stale(db, endpoint, feed, monkeypatch):
     gid, sid = endpoint
     cache = TargetCache(feed=feed)
