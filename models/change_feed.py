@@ -13,8 +13,9 @@ that holds the tables, so installations that share one database in different
 schemas (`search_path`) never empty each other's caches.  The feed learns its
 schema on every connect from where `endpoint` resolves on that connection,
 as the service's own queries resolve it.  (The unscoped channels are still
-sent, for nodes of the release before during a rolling upgrade; no node of
-this release listens to them.)
+sent, for nodes of the release before during a rolling upgrade; this
+release listens to the unscoped `logic_token_revoked` too, which such a
+node sends when it revokes a token: rare, and never missed.)
 
 Never staler than the notification's delivery:
 - `generation` is None whenever the feed cannot vouch for the data: before
@@ -179,6 +180,11 @@ class ChangeFeed:
             self.schema = str(cur.fetchone()[0])
             for channel in self._channels:
                 cur.execute(f'LISTEN "{scoped(channel, self.schema)}"')
+                if channel == TOKENS_CHANNEL:
+                    # A node of the release before revokes on the unscoped channel
+                    # only (no trigger sends it for that node): heard, so a
+                    # revocation during a rolling upgrade is never missed.
+                    cur.execute(f'LISTEN "{channel}"')
         poller = select.poll()
         poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
         self._conn, self._poller = conn, poller

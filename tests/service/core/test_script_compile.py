@@ -59,8 +59,9 @@ def test_a_source_over_the_cpu_budget_is_refused_and_remembered(
 
 
 def test_an_ordinary_large_script_compiles_within_the_budget(db: Any) -> None:
-    # ~250 KB of ordinary functions (~70,000 tokens): 0.6-1.2 s of CPU on an idle
-    # host, up to ~2 s while the other core is busy (the budget is 3 s).
+    # ~250 KB of ordinary functions (~70,000 tokens): 0.6-1.9 s of CPU in the
+    # gate on an idle host, over 3 s on a virtual machine with busy neighbours
+    # (the budget is 5 s).
     block = ("def handler_{i}(event, data):\n    total = 0\n"
              "    for item in data.get('items', []):\n"
              "        if item.get('price', 0) > 10:\n"

@@ -285,6 +285,11 @@ def test_postgresql_a_feed_hears_only_the_changes_of_its_own_schema(db, pg_empty
             moved = feed.generation
             db.execute_sql(REVOKED_NOTIFY_SQL, (TOKENS_CHANNEL + "_",))
             assert _wait(lambda: feed.generation not in (None, moved))
+            # A node of the release before (during a rolling upgrade) revokes on
+            # the unscoped channel only: still heard.
+            moved = feed.generation
+            other.execute_sql(f"NOTIFY {TOKENS_CHANNEL}")
+            assert _wait(lambda: feed.generation not in (None, moved))
         finally:
             feed.stop()
     finally:
