@@ -273,7 +273,8 @@ def test_postgresql_a_feed_hears_only_the_changes_of_its_own_schema(db, pg_empty
         Runner(other).upgrade()
         feed = ChangeFeed.for_database(db, channels=(CHANNEL, TOKENS_CHANNEL)).start()
         try:
-            assert feed.healthy and feed.schema == db.execute_sql("SELECT current_schema()").fetchone()[0]
+            schema = db.execute_sql("SELECT current_schema()").fetchone()[0]
+            assert feed.healthy and feed.schema == schema
             before = feed.generation
             # A statement-level trigger fires even when no row changes.
             other.execute_sql('DELETE FROM "endpoint" WHERE id < 0')
