@@ -10,12 +10,14 @@ answers under generation G drops them as soon as it sees G+1.
 
 Channels are per schema (`scoped`): the name carries a digest of the schema
 that holds the tables, so installations that share one database in different
-schemas (`search_path`) never empty each other's caches.  The feed learns its
-schema on every connect from where `endpoint` resolves on that connection,
-as the service's own queries resolve it.  (The unscoped channels are still
-sent, for nodes of the release before during a rolling upgrade; this
-release listens to the unscoped `logic_token_revoked` too, which such a
-node sends when it revokes a token: rare, and never missed.)
+schemas (`search_path`) never empty each other's endpoint caches.  The feed
+learns its channels on every connect from where `endpoint` resolves on that
+connection, as the service's own queries resolve it (`SUFFIX_SQL`).  (The
+unscoped channels are still sent, for nodes of the release before during a
+rolling upgrade; this release listens to the unscoped `logic_token_revoked`
+too, which such a node sends when it revokes a token, so another
+installation's revocation still empties this one's token cache: rare, and
+too many flushes, never too few.)
 
 Never staler than the notification's delivery:
 - `generation` is None whenever the feed cannot vouch for the data: before
@@ -54,18 +56,26 @@ log = logging.getLogger("logic.change_feed")
 CHANNEL = "logic_targets"
 #: Revoked API tokens (sent by `service.core.tokens.revoke_api_token`).
 TOKENS_CHANNEL = "logic_token_revoked"
-#: The schema whose tables a connection's unqualified names resolve to
-#: (`endpoint` is in every schema this service migrated), for `scoped`.
-SCHEMA_SQL = ("SELECT COALESCE((SELECT n.nspname FROM pg_class c JOIN pg_namespace n "
-              "ON n.oid = c.relnamespace WHERE c.oid = to_regclass('endpoint')), "
-              "current_schema(), 'public')")
+#: The suffix of this installation's channels: the first 16 hex digits of the
+#: SHA-256 of the name of the schema that a connection's unqualified names
+#: resolve to (`endpoint` is in every schema this service migrated), computed
+#: by the server with the very expression of migration 0009's trigger and of
+#: `service.core.tokens.REVOKED_NOTIFY_SQL` (the name itself never travels, so
+#: no client encoding can fail on it).
+SUFFIX_SQL = ("SELECT left(encode(sha256(convert_to(COALESCE((SELECT n.nspname FROM pg_class c "
+              "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('endpoint')), "
+              "current_schema(), 'public')::text, 'UTF8')), 'hex'), 16)")
 
 
-def scoped(channel: str, schema: str) -> str:
-    """`channel` for the installation in `schema`: ``<channel>_<16 hex digits>``, the
-    start of the schema name's SHA-256 (always a valid channel name, at most 36
-    characters); migration 0009's trigger names it the same way in SQL."""
-    return f"{channel}_{hashlib.sha256(schema.encode('utf-8')).hexdigest()[:16]}"
+def scoped(channel: str, suffix: str) -> str:
+    """`channel` for the installation whose `SUFFIX_SQL` is `suffix`:
+    ``<channel>_<16 hex digits>`` (a valid channel name of at most 36 characters)."""
+    return f"{channel}_{suffix}"
+
+
+def schema_suffix(schema: str) -> str:
+    """What `SUFFIX_SQL` gives for `schema` (for tests and operators)."""
+    return hashlib.sha256(schema.encode("utf-8")).hexdigest()[:16]
 
 
 #: `application_name` of the feed's connection (plus "/<pid>"), to find it in pg_stat_activity.
@@ -92,8 +102,8 @@ class ChangeFeed:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reconnects = 0
-        #: The schema whose channels the feed listens to (set on every connect).
-        self.schema: str | None = None
+        #: The suffix of the channels the feed listens to (`SUFFIX_SQL`, set on every connect).
+        self.suffix: str | None = None
 
     @classmethod
     def for_database(cls, db: Any, **kwargs: Any) -> ChangeFeed:
@@ -176,10 +186,10 @@ class ChangeFeed:
         conn = psycopg2.connect(**self._connect_kwargs)
         conn.autocommit = True
         with conn.cursor() as cur:
-            cur.execute(SCHEMA_SQL)
-            self.schema = str(cur.fetchone()[0])
+            cur.execute(SUFFIX_SQL)
+            self.suffix = str(cur.fetchone()[0])
             for channel in self._channels:
-                cur.execute(f'LISTEN "{scoped(channel, self.schema)}"')
+                cur.execute(f'LISTEN "{scoped(channel, self.suffix)}"')
                 if channel == TOKENS_CHANNEL:
                     # A node of the release before revokes on the unscoped channel
                     # only (no trigger sends it for that node): heard, so a

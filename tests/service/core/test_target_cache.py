@@ -264,7 +264,7 @@ def test_postgresql_a_feed_hears_only_the_changes_of_its_own_schema(db, pg_empty
     # caches (with one channel per database they did, on every change), while
     # this schema's own still do.
     import time
-    from models.change_feed import CHANNEL, TOKENS_CHANNEL, ChangeFeed
+    from models.change_feed import CHANNEL, TOKENS_CHANNEL, ChangeFeed, schema_suffix
     from models.db import connect
     from models.migrate import Runner
     from service.core.tokens import REVOKED_NOTIFY_SQL
@@ -274,7 +274,7 @@ def test_postgresql_a_feed_hears_only_the_changes_of_its_own_schema(db, pg_empty
         feed = ChangeFeed.for_database(db, channels=(CHANNEL, TOKENS_CHANNEL)).start()
         try:
             schema = db.execute_sql("SELECT current_schema()").fetchone()[0]
-            assert feed.healthy and feed.schema == schema
+            assert feed.healthy and feed.suffix == schema_suffix(schema)
             before = feed.generation
             # A statement-level trigger fires even when no row changes.
             other.execute_sql('DELETE FROM "endpoint" WHERE id < 0')
@@ -291,6 +291,30 @@ def test_postgresql_a_feed_hears_only_the_changes_of_its_own_schema(db, pg_empty
             moved = feed.generation
             other.execute_sql(f"NOTIFY {TOKENS_CHANNEL}")
             assert _wait(lambda: feed.generation not in (None, moved))
+        finally:
+            feed.stop()
+    finally:
+        other.close()
+
+
+@POSTGRES_ONLY
+def test_postgresql_a_feed_still_hears_changes_after_the_schema_is_downgraded(db, pg_empty_url):
+    # A downgrade below 0009 runs while nodes of this release may still serve
+    # (the release before refuses to start until it is done): they listen only
+    # to the scoped channel, so it must keep being notified.
+    from models.change_feed import ChangeFeed
+    from models.db import connect
+    from models.migrate import Runner
+    other = connect(pg_empty_url)
+    try:
+        Runner(other).upgrade()
+        feed = ChangeFeed.for_database(other).start()
+        try:
+            assert feed.healthy
+            Runner(other).downgrade(8)
+            before = feed.generation
+            other.execute_sql('DELETE FROM "endpoint" WHERE id < 0')
+            assert _wait(lambda: feed.generation not in (None, before))
         finally:
             feed.stop()
     finally:
