@@ -29,6 +29,7 @@ END
 $$ LANGUAGE plpgsql
 """
 
+
 def up(db: Database) -> None:
     if isinstance(db, PostgresqlDatabase):
         db.execute_sql(_SCOPED)  # type: ignore[no-untyped-call]
