@@ -41,15 +41,38 @@ def test_a_legacy_argon2_hash_is_replaced_on_first_use(server: Server, make_endp
     assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200
 
 
+#: PostgreSQL: how long a commit made elsewhere (here: by this test process) may
+#: take to reach the node as a change notification; the node's cache is in
+#: force until then (docs/security.md; tests/service/http/test_nodes.py uses the
+#: same bound).
+NOTIFY_BOUND_S = 1.0
+
+
 def test_secret_regenerated_while_its_old_argon2_verification_is_cached_stops_working(
-        server: Server, make_endpoint, argon2_secret, regenerate) -> None:
+        server: Server, http_env, make_endpoint, argon2_secret, regenerate) -> None:
     ep = make_endpoint(source=ECHO)
     argon2_secret(ep)
     # Verified with argon2 and cached in memory (and being upgraded meanwhile).
     assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200
     assert server.request(ep.path, json_body={}, secret=ep.secret).status == 200
     new_secret = regenerate(ep)
-    assert_error(server.request(ep.path, json_body={}, secret=ep.secret), 401, "unauthorized")
+    if http_env.database_url.startswith("postgresql"):
+        # Dead once the regeneration's notification reached the node: on the
+        # next request after it, and on every one after that. (This test used to
+        # demand the very next request on PostgreSQL too, more than the docs
+        # promise: the notification is delivered after the commit returns, so it
+        # failed whenever a loaded host delivered it a few milliseconds late, as
+        # test_limits.py's twin of this test once did.)
+        deadline = time.monotonic() + NOTIFY_BOUND_S
+        while (server.request(ep.path, json_body={}, secret=ep.secret).status == 200
+               and time.monotonic() < deadline):
+            time.sleep(0.002)
+        for _ in range(3):
+            assert_error(server.request(ep.path, json_body={}, secret=ep.secret), 401,
+                         "unauthorized")
+    else:
+        # SQLite: the very next request (the lookup checks `data_version` each time).
+        assert_error(server.request(ep.path, json_body={}, secret=ep.secret), 401, "unauthorized")
     assert server.request(ep.path, json_body={}, secret=new_secret).status == 200
     assert_error(server.request(ep.path, json_body={}, secret=ep.secret), 401, "unauthorized")
 
