@@ -95,6 +95,19 @@ def file_samples(f: Family) -> Iterator[tuple[str, float]]:
         yield mmap_key(metric, f.name, list(f.labels), list(values), f.help), value
 
 
+def _new_file(name: str) -> MmapedDict:
+    """A new values file at `name`, in place only once it is initialised.
+
+    prometheus-client creates the file empty, then sizes it and writes its
+    header; another front's scrape that globs ``*.db`` in between read an
+    empty file and failed (500 on /metrics). So it is made under another name
+    and renamed (atomic; the open mapping does not depend on the name)."""
+    making = name + ".new"           # not matched by the collector's *.db
+    made = MmapedDict(making)  # type: ignore[no-untyped-call]
+    os.rename(making, name)
+    return made
+
+
 class MultiprocessFiles:
     """This process's files in the multiprocess directory `path`."""
 
@@ -119,7 +132,7 @@ class MultiprocessFiles:
                 if written.get(key) == value:
                     continue
                 if target is None:
-                    target = self._files[prefix] = MmapedDict(  # type: ignore[no-untyped-call]
+                    target = self._files[prefix] = _new_file(
                         os.path.join(self.path, f"{prefix}_{pid}.db"))
                 target.write_value(key, float(value), 0.0)  # type: ignore[no-untyped-call]
                 written[key] = value

@@ -64,6 +64,36 @@ def _run_front(path: str, ok: int, errors: int, slots: int) -> int:
     return proc.pid
 
 
+def test_a_scrape_at_the_moment_a_file_is_made_reads_every_file(
+        run_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another front scrapes (globs *.db and reads every file) at any moment,
+    # also the moment a front creates its file, before prometheus-client has
+    # sized it and written its header: such a scrape failed with 500.
+    path = prepare_multiprocess_dir(run_dir)
+    scrapes: list[object] = []
+    real_open = open
+
+    def open_then_scrape(file: object, mode: str = "r", *args: object, **kwargs: object) -> object:
+        f = real_open(file, mode, *args, **kwargs)  # type: ignore[call-overload]
+        if str(file).startswith(path) and "a" in mode:   # a values file made, still empty
+            try:
+                scrapes.append(list(MultiprocessFiles(path).collect()))
+            except Exception as exc:  # noqa: BLE001 - what a scrape would have answered 500 for
+                scrapes.append(exc)
+        return f
+
+    files = MultiprocessFiles(path)
+    metrics = Metrics()
+    metrics.invoke_answered(_request(200, None, "pro", 0.003, 1.0))  # type: ignore[arg-type]
+    monkeypatch.setattr("builtins.open", open_then_scrape)
+    files.write(request_families(metrics))
+    monkeypatch.undo()
+    files.close()
+    assert len(scrapes) >= 2                                 # counters and histograms
+    assert not [s for s in scrapes if isinstance(s, Exception)], scrapes
+    assert {m.name for m in MultiprocessFiles(path).collect()} >= {"logic_invoke_requests"}
+
+
 @pytest.fixture()
 def run_dir(tmp_path: Path) -> Iterator[str]:
     """A directory for one run; the variable `prepare_multiprocess_dir` sets is removed after."""
