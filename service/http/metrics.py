@@ -293,7 +293,7 @@ def prepare_multiprocess_dir(path: str) -> str:
     """
     path = os.path.abspath(path)
     os.makedirs(path, mode=0o700, exist_ok=True)
-    for stale in glob.glob(os.path.join(path, "*.db")):
+    for stale in glob.glob(os.path.join(path, "*.db")) + glob.glob(os.path.join(path, "*.db.new")):
         os.remove(stale)
     os.environ[MULTIPROC_ENV] = path
     return path

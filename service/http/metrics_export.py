@@ -103,6 +103,10 @@ def _new_file(name: str) -> MmapedDict:
     empty file and failed (500 on /metrics). So it is made under another name
     and renamed (atomic; the open mapping does not depend on the name)."""
     making = name + ".new"           # not matched by the collector's *.db
+    try:
+        os.remove(making)            # left by a front of this pid that died making it
+    except FileNotFoundError:
+        pass
     made = MmapedDict(making)  # type: ignore[no-untyped-call]
     os.rename(making, name)
     return made
