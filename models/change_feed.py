@@ -62,9 +62,15 @@ TOKENS_CHANNEL = "logic_token_revoked"
 #: by the server with the very expression of migration 0009's trigger and of
 #: `service.core.tokens.REVOKED_NOTIFY_SQL` (the name itself never travels, so
 #: no client encoding can fail on it).
-SUFFIX_SQL = ("SELECT left(encode(sha256(convert_to(COALESCE((SELECT n.nspname FROM pg_class c "
-              "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('endpoint')), "
-              "current_schema(), 'public')::text, 'UTF8')), 'hex'), 16)")
+def suffix_of(table: str) -> str:
+    """SQL for the channel suffix of the schema that `table` resolves to here."""
+    return ("left(encode(sha256(convert_to(COALESCE((SELECT n.nspname FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            f"WHERE c.oid = to_regclass('{table}')), current_schema(), 'public')::text, "
+            "'UTF8')), 'hex'), 16)")
+
+
+SUFFIX_SQL = "SELECT " + suffix_of("endpoint")
 
 
 def scoped(channel: str, suffix: str) -> str:

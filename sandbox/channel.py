@@ -13,6 +13,7 @@ import select
 import signal
 import socket
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import psutil  # type: ignore[import-untyped,unused-ignore]
@@ -36,6 +37,20 @@ def readable(fds: list[Any], timeout: float) -> list[Any]:
         poller.register(fd, select.POLLIN)
     return [by_fd[fd] for fd, _ in poller.poll(max(0, int(timeout * 1000)))]
 
+
+@dataclass(frozen=True, slots=True)
+class ScriptRef:
+    """Which script version to run; ``source`` is shipped only to workers lacking it."""
+
+    key: str
+    version: int
+    source: str
+
+    def __post_init__(self) -> None:
+        # Checked here, in the service, so a wrong type is the caller's error
+        # and never a protocol error that costs a worker.
+        if type(self.key) is not str or type(self.version) is not int or type(self.source) is not str:
+            raise TypeError("ScriptRef needs key: str, version: int, source: str")
 
 class RequestState:
     """One ``pool.run`` call: its future, what to run and its deadline."""

@@ -30,11 +30,10 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 from typing import Any
 
 from sandbox import protocol, zygote
-from sandbox.channel import RequestState, WorkerHandle, readable
+from sandbox.channel import RequestState, ScriptRef, WorkerHandle, readable
 from sandbox.codecache import source_digest
 from sandbox.compiling import COMPILER
 from sandbox.errors import PoolBusyError, PoolClosedError, ProtocolError, SpawnError
@@ -52,22 +51,6 @@ from sandbox.worker import WorkerConfig
 __all__ = ["Pool", "ScriptRef", "Limits", "Outcome"]
 
 log = logging.getLogger("sandbox.pool")
-
-
-
-@dataclass(frozen=True, slots=True)
-class ScriptRef:
-    """Which script version to run; ``source`` is shipped only to workers lacking it."""
-
-    key: str
-    version: int
-    source: str
-
-    def __post_init__(self) -> None:
-        # Checked here, in the service, so a wrong type is the caller's error
-        # and never a protocol error that costs a worker.
-        if type(self.key) is not str or type(self.version) is not int or type(self.source) is not str:
-            raise TypeError("ScriptRef needs key: str, version: int, source: str")
 
 
 class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor

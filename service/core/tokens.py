@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from models import ApiToken, LoginToken, database
-from models.change_feed import TOKENS_CHANNEL
+from models.change_feed import TOKENS_CHANNEL, suffix_of
 from models.clock import iso, to_db, utcnow
 from models.db import is_postgres
 from service.core import audit
@@ -29,10 +29,7 @@ LOGIN_TOKEN_TTL = timedelta(minutes=15)
 #: PostgreSQL channel a revocation is announced on (service.core.tokencache listens).
 REVOKED_CHANNEL = TOKENS_CHANNEL   # listened to by models.change_feed.ChangeFeed
 #: NOTIFY on `scoped(REVOKED_CHANNEL, <the schema of api_token>)`, named in SQL.
-REVOKED_NOTIFY_SQL = (
-    "SELECT pg_notify(%s || left(encode(sha256(convert_to(n.nspname::text, 'UTF8')), 'hex'), 16), "
-    "'') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-    "WHERE c.oid = to_regclass('api_token')")
+REVOKED_NOTIFY_SQL = f"SELECT pg_notify(%s || {suffix_of('api_token')}, '')"
 TOUCH_EVERY = timedelta(minutes=1)
 
 
