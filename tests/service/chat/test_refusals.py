@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
+from service.chat.signature import MAX_AGE_S
 from tests.service.chat.conftest import OWNER, Guild, Platform, start_chat_server
 from tests.service.http.harness import Response, wait_until
 
@@ -39,8 +40,11 @@ def refused_requests(platform: Platform, payload: dict[str, Any]) -> dict[str, R
     good = platform.headers(body)
     altered = body.replace(b'"list"', b'"lisT"')
     assert altered != body
-    old = str(int(time.time()) - 301)
-    future = str(int(time.time()) + 301)
+    # Well outside the window, and made when sent: `int(time.time()) + 301`
+    # made before the requests ahead of it was inside the window again once
+    # the second had turned (the exact bound is test_signature.py's).
+    def skewed(seconds: int) -> dict[str, str]:
+        return platform.headers(body, timestamp=str(int(time.time()) + seconds))
     return {
         "no signature": platform.post(body, {k: v for k, v in good.items()
                                              if k != "X-Signature-Ed25519"}),
@@ -51,8 +55,8 @@ def refused_requests(platform: Platform, payload: dict[str, Any]) -> dict[str, R
         "body altered after signing": platform.post(altered, good),
         "timestamp altered after signing": platform.post(
             body, {**good, "X-Signature-Timestamp": str(int(good["X-Signature-Timestamp"]) + 1)}),
-        "old timestamp": platform.post(body, platform.headers(body, timestamp=old)),
-        "future timestamp": platform.post(body, platform.headers(body, timestamp=future)),
+        "old timestamp": platform.post(body, skewed(-MAX_AGE_S - 30)),
+        "future timestamp": platform.post(body, skewed(MAX_AGE_S + 30)),
         "signature not hex": platform.post(body, {**good, "X-Signature-Ed25519": "zz" * 64}),
         "empty body": platform.post(b"", platform.headers(body)),
     }
