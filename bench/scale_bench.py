@@ -31,7 +31,10 @@ and past 256 per run slot they are answered 503 `busy` by design.)
     python bench/scale_bench.py [--duration 10] [--warmup 5] [--workers 2]
                                 [--max-workers N] [--skip-fill DIR] [--no-cold-start]
 
-Needs `wrk` and `taskset`. The figures depend on the machine's load: say so
+`PYTHONPATH=DIR python bench/scale_bench.py ...` runs the servers on the
+`service`, `sandbox` and `models` packages found in DIR (another tree, for a
+before/after comparison: `git archive REV service sandbox models | tar -x -C
+DIR` plus the built `_memguard` module). Needs `wrk` and `taskset`. The figures depend on the machine's load: say so
 when recording them.
 """
 from __future__ import annotations
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import sqlite3
 import subprocess
@@ -175,6 +179,8 @@ def lua_file(tmp: Path, name: str, paths: list[str]) -> str:
 
 def serve(db: str, cfg: Path, port: int, workers: int) -> subprocess.Popen[str]:
     env = {**SERVE_ENV, "PYTHONUNBUFFERED": "1", "PATH": "/usr/bin:/bin"}
+    if os.environ.get("PYTHONPATH"):  # PYTHONPATH=DIR: the server runs the tree in DIR
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     proc = subprocess.Popen(["taskset", "-c", "1", LOGIC, "--database-url", db, "--config",
                              str(cfg), "serve", "--port", str(port), "--workers", str(workers)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
