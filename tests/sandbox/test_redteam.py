@@ -734,6 +734,11 @@ attempt("setpriority_user", lambda: os.setpriority(os.PRIO_USER, os.getuid(), 19
 attempt("sched_setaffinity_sibling", lambda: os.sched_setaffinity(SIB, {0}))
 attempt("sched_setscheduler_sibling",
         lambda: os.sched_setscheduler(SIB, os.SCHED_IDLE, os.sched_param(0)))
+# its own scheduling policy: workers stay SCHED_BATCH (a waking one never preempts the service)
+attempt("sched_setscheduler_self",
+        lambda: os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0)))
+sc("sched_setattr_self", 314, 0, 0, 0)
+res["policy"] = os.sched_getscheduler(0)
 sc("ioprio_set_user", 251, 3, os.getuid(), 0)
 sc("migrate_pages", 256, SIB, 8, 0, 0)
 sc("move_pages", 279, SIB, 0, 0, 0, 0, 0)
@@ -821,7 +826,8 @@ OS_DENIED = [
     "creat", "name_to_handle_at", "open_by_handle_at", "memfd_create", "utimensat", "setxattr",
     # R7: other processes of the same uid
     "prlimit_sibling", "prlimit_parent", "setpriority_sibling", "setpriority_user",
-    "sched_setaffinity_sibling", "sched_setscheduler_sibling", "ioprio_set_user",
+    "sched_setaffinity_sibling", "sched_setscheduler_sibling", "sched_setscheduler_self",
+    "sched_setattr_self", "ioprio_set_user",
     "migrate_pages", "move_pages",
     # R8: terminal injection, also with garbage in the upper half of the request
     "tiocsti", "tiocsti_high_bits", "tioclinux",
@@ -858,6 +864,7 @@ def test_os_layer_details(os_probe: dict[str, Any]) -> None:
     assert os_probe["dev_tty"] == errno.ENXIO
     assert os_probe["dumpable"] == 0
     assert os_probe["status"]["Seccomp"] == "2" and os_probe["status"]["NoNewPrivs"] == "1"
+    assert os_probe["policy"] == os.SCHED_BATCH
     if ROOT:
         assert os_probe["status"]["CapEff"] == "0000000000000000"
     assert os_probe["fds"][:4] == [0, 1, 2, 3] and len(os_probe["fds"]) <= 5
