@@ -42,6 +42,10 @@ log = logging.getLogger("logic.targets")
 PROBE_GAP_S = 0.1
 #: Lookups waiting for a query thread; past it a lookup is refused (TargetsUnavailable).
 MAX_PENDING = 256
+#: A lookup that found the connection lost while the change feed still listens
+#: waits this long at most for the feed's thread to notice the same loss (it
+#: does within milliseconds when the server went away: see `TargetCache.fetch`).
+FEED_NOTICE_S = 1.0
 #: How long remembered answers are served once the change feed's connection
 #: broke (`database.outage_serve_s`); 0: never (fail closed).
 OUTAGE_SERVE_S = 30.0
@@ -287,6 +291,11 @@ class TargetCache:
             found = await asyncio.get_running_loop().run_in_executor(
                 self._executor, load_target, guild_id, script_id, self._plans)
         except (OperationalError, InterfaceError) as err:
+            if feed is not None and feed.healthy and connection_lost(err):
+                # This lookup saw the server go away before the feed's thread
+                # did: without the wait, the feed could not vouch yet and the
+                # request would get 503 although its answer was remembered.
+                await _feed_noticed(feed)
             return self._failed(err, key)
         finally:
             self._pending -= 1
@@ -366,3 +375,10 @@ class TargetCache:
         """Stop the lookup threads."""
         if self._executor is not None:
             self._executor.shutdown(wait=False)
+
+
+async def _feed_noticed(feed: ChangeFeed) -> None:
+    """Until the feed no longer listens, `FEED_NOTICE_S` at most."""
+    deadline = time.monotonic() + FEED_NOTICE_S
+    while feed.healthy and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)

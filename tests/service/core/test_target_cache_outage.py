@@ -183,6 +183,42 @@ def test_remembered_answers_are_served_for_outage_serve_s_after_the_feed_broke_a
         feed.stop()
 
 
+def test_a_lookup_that_sees_the_server_go_before_the_feed_does_is_still_answered_from_memory(
+        private_db: tuple[PrivatePostgres, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race of a server that stops under load: a lookup (its endpoint's
+    answer remembered, but the feed's socket already readable, so not trusted)
+    queries and finds the server gone while the feed's thread has not yet
+    marked its connection lost. It waits for the feed, then is answered from
+    memory like every request after it, never 503."""
+    from models.change_feed import ChangeFeed
+
+    pg, db = private_db
+    gid, sid = _enabled_endpoint()
+    feed = ChangeFeed.for_database(db, retry_s=0.1).start()
+    try:
+        assert feed.healthy
+        cache = TargetCache(feed=feed, outage_serve_s=3600)
+        assert poll(lambda: _answer(cache, gid, sid) is cache.lookup(gid, sid))
+        remembered = cache.lookup(gid, sid)
+        # The feed's thread notices the loss 0.3 s late (a busy host).
+        noticed = feed._lost
+
+        def late() -> None:
+            time.sleep(0.3)
+            noticed()
+
+        monkeypatch.setattr(feed, "_lost", late)
+        db.close()
+        pg.stop("fast")
+        assert poll(lambda: feed.generation is None, 5)  # the goodbye is waiting
+        assert feed.healthy, "the feed's thread has not marked the loss yet"
+        assert _answer(cache, gid, sid) is remembered
+        assert not feed.healthy and feed.vouched_until is not None
+        assert _answer(cache, gid, sid) is remembered
+    finally:
+        feed.stop()
+
+
 def _lost_feed_with_a_stale_answer(db: Any) -> tuple[TargetCache, str, str]:
     """A cache that remembers an enabled endpoint, a feed lost while the server
     stays up, and the endpoint disabled since (this node heard nothing of it).
