@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -194,17 +195,18 @@ def test_a_lookup_that_sees_the_server_go_before_the_feed_does_is_still_answered
 
     pg, db = private_db
     gid, sid = _enabled_endpoint()
+    release = threading.Event()
     feed = ChangeFeed.for_database(db, retry_s=0.1).start()
     try:
         assert feed.healthy
         cache = TargetCache(feed=feed, outage_serve_s=3600)
         assert poll(lambda: _answer(cache, gid, sid) is cache.lookup(gid, sid))
         remembered = cache.lookup(gid, sid)
-        # The feed's thread notices the loss 0.3 s late (a busy host).
+        # The feed's thread marks the loss only when released (a busy host).
         noticed = feed._lost
 
         def late() -> None:
-            time.sleep(0.3)
+            release.wait(10)
             noticed()
 
         monkeypatch.setattr(feed, "_lost", late)
@@ -212,10 +214,13 @@ def test_a_lookup_that_sees_the_server_go_before_the_feed_does_is_still_answered
         pg.stop("fast")
         assert poll(lambda: feed.generation is None, 5)  # the goodbye is waiting
         assert feed.healthy, "the feed's thread has not marked the loss yet"
+        # Released 0.3 s into the lookup, whose query has failed by then.
+        threading.Timer(0.3, release.set).start()
         assert _answer(cache, gid, sid) is remembered
-        assert not feed.healthy and feed.vouched_until is not None
+        assert release.is_set() and not feed.healthy and feed.vouched_until is not None
         assert _answer(cache, gid, sid) is remembered
     finally:
+        release.set()
         feed.stop()
 
 
