@@ -105,6 +105,7 @@ class ChangeFeed:
         self._vouched: tuple[int, float] | None = None
         self._conn: Any = None
         self._poller: select.poll | None = None
+        self._watched = -1   # the duplicate of the connection's socket that `_poller` polls
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reconnects = 0
@@ -149,7 +150,14 @@ class ChangeFeed:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._healthy = False
         self._drop()
+        self._close_watched()
+
+    def _close_watched(self) -> None:
+        watched, self._watched = self._watched, -1
+        if watched >= 0:
+            os.close(watched)
 
     @property
     def healthy(self) -> bool:
@@ -180,7 +188,9 @@ class ChangeFeed:
                 self._connect()
                 self._listen_loop()
             except Exception as err:  # noqa: BLE001 - any failure means: cannot vouch
-                if self._healthy or self.reconnects == 0:
+                was_healthy = self._healthy
+                self._lost()   # first: a lookup meanwhile must see the loss at once
+                if was_healthy or self.reconnects == 0:
                     log.warning("change feed lost (%s): endpoint lookups query the database "
                                 "until it is back", type(err).__name__)
             self._lost()
@@ -201,9 +211,16 @@ class ChangeFeed:
                     # only (no trigger sends it for that node): heard, so a
                     # revocation during a rolling upgrade is never missed.
                     cur.execute(f'LISTEN "{channel}"')
+        # The hot path polls its own duplicate of the socket: libpq closes the
+        # connection's descriptor when it reads the server's goodbye, and that
+        # number, reused by any new descriptor, must never pass for the feed's.
+        # The duplicate stays open (end of file: "do not trust") until the next
+        # connection's replaces it or the feed stops.
+        watched = os.dup(conn.fileno())
         poller = select.poll()
-        poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
-        self._conn, self._poller = conn, poller
+        poller.register(watched, select.POLLIN | select.POLLERR | select.POLLHUP)
+        self._close_watched()
+        self._conn, self._poller, self._watched = conn, poller, watched
         # Anything remembered before this LISTEN may have missed a change.
         self._generation += 1
         self._healthy = True

@@ -305,19 +305,20 @@ class _Zygote:
 def _batch_scheduling() -> None:
     """Put the fork server, and so every worker it forks, under SCHED_BATCH.
 
-    A waking SCHED_BATCH task never preempts the task running on its core
-    (it waits for that task to block or for the scheduler tick); its share
-    of the CPU is unchanged.  So a job sent to a worker no longer suspends
-    the service in the middle of its event loop turn: the service finishes
-    the turn (reading, answering, sending the other jobs that are ready) and
-    the worker runs when the service waits.  On a core shared by the service
-    and its workers that is fewer context switches per request
-    (docs/performance.md), and a script's wake-ups cannot cut into the
-    service's turn.  Not a security layer: a kernel without the policy
-    leaves the default one.
+    A waking SCHED_BATCH task does not preempt the task running on its core
+    (it runs when that task blocks or at the scheduler tick, a few ms); its
+    share of the CPU is unchanged.  So a job sent to a worker no longer
+    suspends the service inside that send: the service goes on with its
+    event-loop turn (reading, answering, sending the other jobs that are
+    ready) and the worker runs when the service waits.  On a core shared by
+    the service and its workers that is fewer context switches per request
+    (docs/performance.md).  Only from the default policy: a service run
+    under SCHED_IDLE (or BATCH) leaves its workers there, never above itself.
+    Not a security layer: a kernel without the policy leaves the default one.
     """
     try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        if os.sched_getscheduler(0) == os.SCHED_OTHER:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except (AttributeError, OSError):
         pass
 

@@ -195,6 +195,8 @@ class TargetCache:
         self._down_since: float | None = None
         self._retry_at = 0.0
         self._probing = False
+        # (loop, task) of the wait for the feed to notice a loss a lookup saw first.
+        self._noticing: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
 
     @property
     def database_down(self) -> bool:
@@ -272,6 +274,15 @@ class TargetCache:
         """The answer after a query on a lookup thread (remembered when the feed vouches).
 
         Raises `TargetsUnavailable`."""
+        noticing = self._noticing
+        if noticing is not None and noticing[0] is asyncio.get_running_loop() \
+                and not noticing[1].done():
+            # Another lookup saw the server go before the feed did: no query
+            # until the feed says so (or its bound passed), then as usual.
+            await asyncio.shield(noticing[1])
+        return await self._fetch(guild_id, script_id, waited=False)
+
+    async def _fetch(self, guild_id: str, script_id: str, waited: bool) -> InvokeTarget | None:
         key = (guild_id, script_id)
         feed = self._feed
         version = feed.generation if feed is not None else None
@@ -291,17 +302,25 @@ class TargetCache:
             found = await asyncio.get_running_loop().run_in_executor(
                 self._executor, load_target, guild_id, script_id, self._plans)
         except (OperationalError, InterfaceError) as err:
-            if feed is not None and feed.healthy and connection_lost(err):
-                # This lookup saw the server go away before the feed's thread
-                # did: without the wait, the feed could not vouch yet and the
-                # request would get 503 although its answer was remembered.
-                await _feed_noticed(feed)
-            return self._failed(err, key)
+            if waited or feed is None or not feed.healthy or not connection_lost(err):
+                return self._failed(err, key)
+            lost_first = True
+        else:
+            lost_first = False
         finally:
             self._pending -= 1
             if probe:
                 self._probing = False
                 self._retry_at = self._clock() + PROBE_GAP_S
+        if lost_first:
+            # This lookup saw the server go before the feed's thread did: the
+            # feed cannot vouch yet, so its answer would be 503 although it was
+            # remembered. Wait for the feed (shared by every lookup meanwhile,
+            # holding no lookup slot), then start again: an old error must not
+            # decide, the server may be back (or have answered) by then.
+            assert feed is not None
+            await self._feed_notices(feed)
+            return await self._fetch(guild_id, script_id, waited=True)
         self._reachable()
         if version is not None and version == self._version and self._conn is feed:
             self._store(key, found)
@@ -370,6 +389,14 @@ class TargetCache:
             log.warning("the database is reachable again after %.1f s: endpoint lookups query "
                         "it again", self._clock() - self._down_since)
             self._down_since = None
+
+    async def _feed_notices(self, feed: ChangeFeed) -> None:
+        """The one wait of this loop for the feed to notice the loss (see `fetch`)."""
+        loop = asyncio.get_running_loop()
+        noticing = self._noticing
+        if noticing is None or noticing[0] is not loop or noticing[1].done():
+            noticing = self._noticing = (loop, asyncio.ensure_future(_feed_noticed(feed)))
+        await asyncio.shield(noticing[1])
 
     def close(self) -> None:
         """Stop the lookup threads."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -238,12 +240,14 @@ def test_start_reports_hardening_and_workers() -> None:
     run_with_pool(scenario)
 
 
+@pytest.mark.skipif(os.sched_getscheduler(0) != os.SCHED_OTHER,
+                    reason="the tests run under another scheduling policy than the default, "
+                           "which the workers then keep (see the next test)")
 def test_workers_run_under_batch_scheduling_and_the_service_does_not() -> None:
     """A waking worker must not preempt the service mid-turn (docs/performance.md):
     the fork server and every worker (after a job, so after its hardening; also
     the spares forked while the pool serves new guilds) are SCHED_BATCH; the
     service keeps its own policy."""
-    service_policy = os.sched_getscheduler(0)
 
     async def scenario(pool: Pool) -> None:
         seen: set[int] = set()
@@ -259,9 +263,34 @@ def test_workers_run_under_batch_scheduling_and_the_service_does_not() -> None:
             except ProcessLookupError:  # a spare that ended meanwhile
                 pass
         assert policies == {os.SCHED_BATCH}
-        assert os.sched_getscheduler(0) == service_policy != os.SCHED_BATCH
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
     run_with_pool(scenario)
+
+
+def test_a_service_under_sched_idle_never_gets_workers_above_itself() -> None:
+    """SCHED_BATCH beats SCHED_IDLE outright: a service run under SCHED_IDLE
+    keeps its fork server and workers under SCHED_IDLE too (a looping script
+    would otherwise starve it)."""
+    probe = (
+        "import asyncio, os\n"
+        "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+        "from sandbox.pool import Pool\n"
+        "from tests.sandbox.poolkit import ECHO, LIMITS, event, ref\n"
+        "pool = Pool(size=1)\n"
+        "pool.start()\n"
+        "async def main():\n"
+        "    ok = await pool.run(ref(ECHO), event(), LIMITS)\n"
+        "    assert ok.error_kind is None\n"
+        "    pids = [pool._zygote_pid, *pool.worker_pids]\n"
+        "    print(sorted({os.sched_getscheduler(pid) for pid in pids}))\n"
+        "    await pool.stop()\n"
+        "asyncio.run(main())\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__)))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str([os.SCHED_IDLE])
 
 
 def test_service_signal_handlers_do_not_reach_the_zygote() -> None:

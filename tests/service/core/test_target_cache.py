@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
@@ -336,6 +337,41 @@ def test_postgresql_a_lost_feed_means_querying_never_stale(db, endpoint, feed, m
     assert _wait(lambda: feed.healthy and feed.reconnects > 1)
     core.enable_endpoint(OWNER, gid, sid)
     assert _wait(lambda: must(cache(gid, sid)).enabled is True)
+
+
+@POSTGRES_ONLY
+def test_postgresql_a_lost_feed_is_never_trusted_again_when_its_descriptor_number_is_reused(
+        db, endpoint, feed, monkeypatch):
+    """libpq closes the feed's socket when it reads the server's goodbye; until
+    the feed's thread marks the loss, a new descriptor (a client's connection,
+    a lookup thread's reconnect) may take that number. It must never pass for
+    the feed's socket and make the cache trust answers the feed no longer
+    vouches for."""
+    import socket
+    gid, sid = endpoint
+    cache = TargetCache(feed=feed)
+    assert must(cache(gid, sid)).enabled
+    fd = feed._conn.fileno()
+    release = threading.Event()
+    noticed = feed._lost
+    monkeypatch.setattr(feed, "_lost", lambda: (release.wait(30), noticed()))
+    taken: list[tuple[Any, Any]] = []
+    try:
+        assert _terminate_listener(db) >= 1
+        # libpq read the goodbye and closed its descriptor; the loss is not marked yet.
+        assert _wait(lambda: not os.path.exists(f"/proc/self/fd/{fd}")), "libpq closed it"
+        assert feed.healthy
+        while not any(s.fileno() == fd for pair in taken for s in pair) and len(taken) < 64:
+            taken.append(socket.socketpair())   # lowest free numbers first: takes fd
+        assert any(s.fileno() == fd for pair in taken for s in pair)
+        assert feed.generation is None, "a reused descriptor number passed for the feed's"
+        core.disable_endpoint(OWNER, gid, sid)
+        assert must(cache(gid, sid)).enabled is False
+    finally:
+        release.set()
+        for pair in taken:
+            for s in pair:
+                s.close()
 
 
 @POSTGRES_ONLY

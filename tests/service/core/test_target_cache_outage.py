@@ -184,6 +184,59 @@ def test_remembered_answers_are_served_for_outage_serve_s_after_the_feed_broke_a
         feed.stop()
 
 
+class _LateFeed:
+    """A lookup racing the feed: the feed's thread marks its connection lost
+    only when the test releases it, and `failed` is set when a lookup's query
+    has failed (so the lookup is then waiting for the feed)."""
+
+    def __init__(self, feed: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        from service.core import invoke_target
+
+        self.release = threading.Event()
+        self.failed = threading.Event()
+        noticed, query = feed._lost, invoke_target.load_target
+
+        def late() -> None:
+            self.release.wait(30)
+            noticed()
+
+        def watched_query(*args: Any) -> Any:
+            try:
+                return query(*args)
+            except Exception:
+                self.failed.set()
+                raise
+
+        monkeypatch.setattr(feed, "_lost", late)
+        monkeypatch.setattr(invoke_target, "load_target", watched_query)
+        # The wait lasts until the test releases the feed, however slow the host.
+        monkeypatch.setattr(invoke_target, "FEED_NOTICE_S", 30.0)
+
+    def lookup(self, cache: TargetCache, gid: str, sid: str) -> tuple[threading.Thread, list[Any]]:
+        """A lookup on its own thread; its answer (or exception) lands in the list."""
+        out: list[Any] = []
+
+        def run() -> None:
+            try:
+                out.append(_answer(cache, gid, sid))
+            except Exception as exc:  # noqa: BLE001 - the test looks at it
+                out.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread, out
+
+
+def _remembering_cache(db: Any, gid: str, sid: str) -> tuple[Any, TargetCache, Any]:
+    from models.change_feed import ChangeFeed
+
+    feed = ChangeFeed.for_database(db, retry_s=0.1).start()
+    assert feed.healthy
+    cache = TargetCache(feed=feed, outage_serve_s=3600)
+    assert poll(lambda: _answer(cache, gid, sid) is cache.lookup(gid, sid))
+    return feed, cache, cache.lookup(gid, sid)
+
+
 def test_a_lookup_that_sees_the_server_go_before_the_feed_does_is_still_answered_from_memory(
         private_db: tuple[PrivatePostgres, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """The race of a server that stops under load: a lookup (its endpoint's
@@ -191,36 +244,53 @@ def test_a_lookup_that_sees_the_server_go_before_the_feed_does_is_still_answered
     queries and finds the server gone while the feed's thread has not yet
     marked its connection lost. It waits for the feed, then is answered from
     memory like every request after it, never 503."""
-    from models.change_feed import ChangeFeed
-
     pg, db = private_db
     gid, sid = _enabled_endpoint()
-    release = threading.Event()
-    feed = ChangeFeed.for_database(db, retry_s=0.1).start()
+    feed, cache, remembered = _remembering_cache(db, gid, sid)
+    late = _LateFeed(feed, monkeypatch)
     try:
-        assert feed.healthy
-        cache = TargetCache(feed=feed, outage_serve_s=3600)
-        assert poll(lambda: _answer(cache, gid, sid) is cache.lookup(gid, sid))
-        remembered = cache.lookup(gid, sid)
-        # The feed's thread marks the loss only when released (a busy host).
-        noticed = feed._lost
-
-        def late() -> None:
-            release.wait(10)
-            noticed()
-
-        monkeypatch.setattr(feed, "_lost", late)
         db.close()
         pg.stop("fast")
         assert poll(lambda: feed.generation is None, 5)  # the goodbye is waiting
+        thread, out = late.lookup(cache, gid, sid)
+        assert late.failed.wait(30), "the lookup's query failed"
+        thread.join(0.3)
+        assert thread.is_alive() and not out, "the lookup waits for the feed"
         assert feed.healthy, "the feed's thread has not marked the loss yet"
-        # Released 0.3 s into the lookup, whose query has failed by then.
-        threading.Timer(0.3, release.set).start()
-        assert _answer(cache, gid, sid) is remembered
-        assert release.is_set() and not feed.healthy and feed.vouched_until is not None
+        late.release.set()
+        thread.join(30)
+        assert out == [remembered]
+        assert not feed.healthy and feed.vouched_until is not None
         assert _answer(cache, gid, sid) is remembered
     finally:
-        release.set()
+        late.release.set()
+        feed.stop()
+
+
+def test_a_lookup_waiting_for_the_feed_reads_afresh_a_server_that_came_back(
+        private_db: tuple[PrivatePostgres, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server went, came back and committed a change while the lookup
+    waited for the feed: the lookup asks again and gets the change, never
+    the remembered answer on the strength of its first, old failure."""
+    pg, db = private_db
+    gid, sid = _enabled_endpoint()
+    feed, cache, remembered = _remembering_cache(db, gid, sid)
+    assert remembered.enabled
+    late = _LateFeed(feed, monkeypatch)
+    try:
+        db.close()
+        pg.stop("fast")
+        assert poll(lambda: feed.generation is None, 5)
+        thread, out = late.lookup(cache, gid, sid)
+        assert late.failed.wait(30)
+        pg.start()
+        core.disable_endpoint(OWNER, gid, sid)   # committed while the lookup waits
+        assert thread.is_alive() and not out
+        late.release.set()
+        thread.join(30)
+        assert len(out) == 1 and out[0] is not remembered and out[0].enabled is False, out
+    finally:
+        late.release.set()
         feed.stop()
 
 
