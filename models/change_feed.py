@@ -193,7 +193,7 @@ class ChangeFeed:
                 if was_healthy or self.reconnects == 0:
                     log.warning("change feed lost (%s): endpoint lookups query the database "
                                 "until it is back", type(err).__name__)
-            self._lost()
+            self._lost()   # also when the loop ended on stop (no exception); idempotent
             self._drop()
             self._stop.wait(self._retry_s)
 

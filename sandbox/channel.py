@@ -52,6 +52,7 @@ class ScriptRef:
         if type(self.key) is not str or type(self.version) is not int or type(self.source) is not str:
             raise TypeError("ScriptRef needs key: str, version: int, source: str")
 
+
 class RequestState:
     """One ``pool.run`` call: its future, what to run and its deadline."""
 
