@@ -2,6 +2,7 @@
 from models.audit import AuditRecord
 from models.db import BaseModel, connect, database
 from models.guild import Guild, GuildManager
+from models.interaction import SeenInteraction
 from models.record import ErrorRecord, RequestRecord
 from models.script import Endpoint, Script, ScriptVersion
 from models.session import DashboardSession
@@ -11,8 +12,8 @@ from models.token import ApiToken, LoginToken
 #: Every table, in creation order (parents first).
 ALL_MODELS = (Guild, GuildManager, Script, Endpoint, RequestRecord, ErrorRecord,
               AuditRecord, StatBucket, StatIp, ApiToken, LoginToken, DashboardSession,
-              ScriptVersion, StatSketch)
+              ScriptVersion, StatSketch, SeenInteraction)
 
 __all__ = ["ALL_MODELS", "ApiToken", "AuditRecord", "BaseModel", "DashboardSession", "Endpoint",
            "ErrorRecord", "Guild", "GuildManager", "LoginToken", "RequestRecord", "Script",
-           "ScriptVersion", "StatBucket", "StatIp", "StatSketch", "connect", "database"]
+           "ScriptVersion", "SeenInteraction", "StatBucket", "StatIp", "StatSketch", "connect", "database"]

@@ -4,7 +4,10 @@ Order, each step ending the request when it fails:
 1. the signature, its headers and the timestamp (`service.chat.signature`):
    401 `unauthorized` before the body is parsed or the database touched;
 2. the body parses as an interaction: 400 `invalid_body`;
-3. PING is answered PONG; an interaction id seen before is 401 (a replay);
+3. PING is answered PONG; an interaction id seen before is 401 (a replay):
+   first in this process's memory, then in the database, so a replay sent to
+   another front process or node, or after a restart, is refused too
+   (`service.core.interactions`);
 4. a command is dispatched through the command table (`service.chat.commands`)
    to the service layer on the chat thread pool.  Its reply goes back inline
    when it is ready within `chat.answer_within_ms` (default 2 s; the platform
@@ -29,6 +32,7 @@ from service.chat.commands import LOGIC, Reply, Subcommand
 from service.chat.followup import FollowUps, WebhookFollowUps
 from service.chat.signature import SignatureError, SignatureVerifier
 from service.chat.subcommands import Call
+from service.core import interactions
 from service.core.access import Actor
 from service.core.errors import CoreError
 from service.http.base import BaseHandler
@@ -62,6 +66,11 @@ class ChatFront:
         # on threads of their own (each with its own database connection).
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-chat")
         self._pending: set[asyncio.Task[None]] = set()
+
+    async def first_seen(self, interaction_id: str) -> bool:
+        """Whether no process or node sharing the database answered this id before."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, interactions.first_seen, interaction_id, self.verifier.max_age_s)
 
     def execute(self, subcommand: Subcommand, call: Call) -> Reply:
         try:
@@ -123,7 +132,7 @@ class InteractionsHandler(BaseHandler):
         if interaction.type == protocol.PING:
             self.write_json(protocol.pong())
             return
-        if not front.verifier.first_time(interaction.id):
+        if not front.verifier.first_time(interaction.id) or not await front.first_seen(interaction.id):
             raise SignatureRefusedError(log_message="interaction refused: replayed id")
         if interaction.type == protocol.APPLICATION_COMMAND:
             await self._command(interaction)

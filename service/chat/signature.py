@@ -9,9 +9,9 @@ checks, before the body is parsed and before the database is touched:
   seconds no more than five minutes away from now (a captured request cannot
   be replayed later);
 - the signature verifies against the configured public key (PyNaCl);
-- the interaction's id was not seen in the last five minutes (a captured
-  request cannot be replayed within the window either: in one process; the
-  window still bounds it across nodes).
+- the interaction's id was not seen in the last ten minutes by this process
+  (`first_time`, a memory check before the database's: see
+  `service.core.interactions` for every process and node).
 """
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ class SignatureVerifier:
     def __init__(self, public_key_hex: str, max_age_s: int = MAX_AGE_S) -> None:
         self._key = VerifyKey(bytes.fromhex(public_key_hex))
         self._max_age = max_age_s
+        #: How far a timestamp may be from now (seconds), either way.
+        self.max_age_s = max_age_s
         self._seen: OrderedDict[str, float] = OrderedDict()
 
     def verify(self, signature: str | None, timestamp: str | None, body: bytes,

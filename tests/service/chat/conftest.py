@@ -29,7 +29,12 @@ from tests.service.http.harness import Response, Server
 APP_ID = "900000000000000001"
 OWNER, MANAGER, STRANGER = "111111111111111111", "222222222222222222", "333333333333333333"
 _guild_ids = itertools.count(70_000_000)
-_snowflakes = itertools.count(800_000_000_000_000_000)
+
+
+def _snowflake() -> str:
+    """A fresh interaction id: random, since every server of a test session shares one
+    database, where an id once answered is refused forever after (a replay)."""
+    return str(10**18 + secrets.randbelow(10**18))
 
 
 def options_for(path: tuple[str, ...], options: dict[str, str], focused: str | None) -> list[Any]:
@@ -72,7 +77,7 @@ class Platform:
                     path: tuple[str, ...] = (), options: dict[str, str] | None = None,
                     focused: str | None = None) -> dict[str, Any]:
         payload: dict[str, Any] = {
-            "id": str(next(_snowflakes)), "application_id": APP_ID, "type": kind,
+            "id": _snowflake(), "application_id": APP_ID, "type": kind,
             "token": "aW50ZXJhY3Rpb246" + secrets.token_urlsafe(48), "version": 1,
             "channel_id": "600000000000000001", "locale": "en-US",
             "data": {"id": "500000000000000001", "name": path[0] if path else "logic", "type": 1,
@@ -157,7 +162,10 @@ def start_chat_server(env: Env, tmp_path: Path, key: SigningKey | None, *,
         lines.append(f'api_url = "{api_url}"')
     if answer_within_ms is not None:
         lines.append(f"answer_within_ms = {answer_within_ms}")
-    config = tmp_path / f"chat-{uuid.uuid4().hex[:8]}.toml"
+    name = f"chat-{uuid.uuid4().hex[:8]}"
+    # Each server its own records journal: several may share one database.
+    lines += ["[records]", f'journal = "{tmp_path / (name + "-journal")}"']
+    config = tmp_path / f"{name}.toml"
     config.write_text("\n".join(lines) + "\n" + CONFIG)
     return Server(database_url or env.database_url, str(config),
                   extra_args=["--workers", "1"]).start()

@@ -1,12 +1,17 @@
 """`/logic` against a real `logic serve`, the platform played by a real Ed25519 key pair."""
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+from nacl.signing import SigningKey
 
-from tests.service.chat.conftest import MANAGER, OWNER, STRANGER, Guild, Platform
+from tests.service.chat.conftest import (MANAGER, OWNER, STRANGER, Guild, Platform,
+                                         start_chat_server)
+from tests.service.http.conftest import Env
 from tests.service.http.harness import Response
 
 EPHEMERAL = 64
@@ -276,12 +281,51 @@ def test_replayed_interaction_is_refused(platform: Platform, make_guild: Any) ->
     g: Guild = make_guild()
     payload = platform.interaction(2, guild_id=g.guild_id, user_id=OWNER,
                                    path=("logic", "script", "list"))
-    import json
     body = json.dumps(payload).encode()
     headers = platform.headers(body)
     assert platform.post(body, headers).status == 200
     again = platform.post(body, headers)
     assert again.status == 401 and again.code == "unauthorized"
+
+
+def test_a_replay_sent_to_another_process_or_after_a_restart_is_refused(
+        http_env: Env, tmp_path: Path, make_guild: Any) -> None:
+    """Two front processes on one database, then one of them restarted: the signed
+    request that regenerated the owner's secret is refused everywhere after its first
+    answer, and the secret it made is still the one in force."""
+    from models import Endpoint
+    g: Guild = make_guild()
+    key = SigningKey.generate()
+    first = start_chat_server(http_env, tmp_path, key)
+    second = start_chat_server(http_env, tmp_path, key)
+    servers = [first, second]
+    try:
+        one, two = Platform(first, key), Platform(second, key)
+        payload = one.interaction(2, guild_id=g.guild_id, user_id=OWNER,
+                                  path=("logic", "script", "secret"), options={"script": g.name})
+        body = json.dumps(payload).encode()
+        headers = one.headers(body)
+        answered = one.post(body, headers)
+        assert answered.status == 200 and "lsk_" in answered.json["data"]["content"]
+        hint = Endpoint.get(Endpoint.script_id == _script_pk(g)).secret_hint
+        assert hint and answered.json["data"]["content"].count(hint) >= 1
+        again = two.post(body, headers)
+        assert again.status == 401 and again.code == "unauthorized"
+        first.stop()
+        servers.remove(first)
+        restarted = start_chat_server(http_env, tmp_path, key)
+        servers.append(restarted)
+        after = Platform(restarted, key).post(body, headers)
+        assert after.status == 401 and after.code == "unauthorized"
+        assert Endpoint.get(Endpoint.script_id == _script_pk(g)).secret_hint == hint
+    finally:
+        for srv in servers:
+            srv.stop()
+
+
+def _script_pk(g: Guild) -> int:
+    from models import Script
+    return int(Script.get(Script.public_id == g.script_id).id)
 
 
 def test_signed_garbage_is_400(platform: Platform) -> None:
