@@ -212,9 +212,12 @@ class InvokeRequest(ScriptRun, RequestAnswers, httputil.HTTPMessageDelegate):
         found = ctx.load_target.lookup(guild_id, script_id)
         if isinstance(found, NeedsQuery):  # PostgreSQL: the query runs off the loop
             if wait:
-                # A throttled address: a lookup at most a second old will do.
+                # A throttled address: a lookup at most a second old will do
+                # to refuse it, never to let it in (a secret regenerated or an
+                # endpoint disabled within that second): a request it would
+                # admit is looked up afresh.
                 known, target = ctx.recent_targets.get(guild_id, script_id)
-                if known:
+                if known and not self._admits(target):
                     return self._checked(wait, target)
             return self._fetched(wait, guild_id, script_id)
         return self._checked(wait, found)
@@ -227,6 +230,12 @@ class InvokeRequest(ScriptRun, RequestAnswers, httputil.HTTPMessageDelegate):
         step = self._checked(wait, target)
         if step is not None:
             await step
+
+    def _admits(self, target: InvokeTarget | None) -> bool:
+        """Whether checks 2-5 pass on `target` without a hash (a secret verified before)."""
+        return (target is not None and target.enabled and ip_allowed(self.ip, target.whitelist)
+                and self.context.verifier.cached(target.endpoint_id, target.secret_hash,
+                                                 presented_secret(self.headers)))
 
     def _checked(self, wait: int, target: InvokeTarget | None) -> Awaitable[None] | None:
         """Checks 2 (the answer of the lookup) to 7."""

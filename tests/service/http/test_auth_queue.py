@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from service.core.secrets import hash_secret_argon2 as hash_secret, verify_secret
@@ -120,3 +121,43 @@ def test_ipv6_addresses_of_one_64_share_the_throttle(make_server, make_endpoint)
     other = server.request(ep.path, json_body={}, secret="lsk_wrong",
                            headers={"X-Forwarded-For": "2001:db8:1:3::1"})
     assert other.status == 401
+
+
+def test_a_throttled_address_is_never_let_in_by_a_lookup_from_before_a_change(
+        server: Server, make_endpoint, regenerate, source_ip, bind) -> None:
+    """A throttled caller's short lookup memory may refuse it, never admit it: the
+    old secret of an endpoint whose secret was just regenerated, or of one just
+    disabled, is not answered 200 during that memory's second."""
+    from service.core import endpoints
+    from service.core.access import Actor
+    from tests.service.http.conftest import OWNER
+
+    ep = make_endpoint(source=ECHO)
+    ip = source_ip()
+    assert server.request_from(ip, ep.path, json_body={}, secret=ep.secret).status == 200
+    for n in range(21):
+        server.request_from(ip, ep.path, json_body={}, secret=f"lsk_wrong{n}")
+    # A change elsewhere: on PostgreSQL the next lookup queries, and the throttled
+    # caller's memory keeps its answer for a second.
+    make_endpoint(source=ECHO)
+    assert server.request_from(ip, ep.path, json_body={}, secret=ep.secret).status == 200
+    regenerate(ep)
+    time.sleep(0.1)  # the change notification reaches the server
+    answers = [server.request_from(ip, ep.path, json_body={}, secret=ep.secret).status
+               for _ in range(5)]
+    assert 200 not in answers, answers
+
+    # The same for an endpoint switched off.
+    other = make_endpoint(source=ECHO)
+    ip = source_ip()
+    assert server.request_from(ip, other.path, json_body={}, secret=other.secret).status == 200
+    for n in range(21):
+        server.request_from(ip, other.path, json_body={}, secret=f"lsk_wrong{n}")
+    make_endpoint(source=ECHO)
+    assert server.request_from(ip, other.path, json_body={}, secret=other.secret).status == 200
+    bind()
+    endpoints.disable_endpoint(Actor.user(OWNER), other.guild_id, other.script_id)
+    time.sleep(0.1)
+    answers = [server.request_from(ip, other.path, json_body={}, secret=other.secret).status
+               for _ in range(5)]
+    assert 200 not in answers, answers
