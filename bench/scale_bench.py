@@ -103,11 +103,22 @@ def source(n: int) -> str:
     return SCRIPT.replace('"ok": True', f'"ok": True, "n": {n}')
 
 
+def stored_secret() -> str:
+    """What the tree under test stores for SECRET under the servers' cookie secret: its
+    keyed verifier with the argon2id hash (made once, shared by every endpoint), or
+    the SHA-256 digest of trees from before keyed verifiers."""
+    from service.core import secrets
+    if hasattr(secrets, "configure"):
+        secrets.configure(SERVE_ENV["LOGIC_SERVER_COOKIE_SECRET"])
+        return str(secrets.hash_secret(SECRET))
+    return "sha256$" + hashlib.sha256(SECRET.encode()).hexdigest()
+
+
 def fill(db_path: Path, cfg: Path) -> None:
     """The schema through `logic db upgrade`, then 100,000 endpoints by bulk insert."""
     url = f"sqlite:///{db_path}"
     logic(url, str(cfg), "db", "upgrade")
-    verifier = "sha256$" + hashlib.sha256(SECRET.encode()).hexdigest()
+    verifier = stored_secret()
     now = "2026-01-01 00:00:00"
     con = sqlite3.connect(db_path)
     t0 = time.perf_counter()

@@ -82,7 +82,10 @@ class State:
         """Connect the models; refuse a database that is behind."""
         from models.db import DatabaseURLError, connect
         from models.migrate import Runner, SchemaBehindError
+        from service.core import secrets
         url = self.settings.database.url
+        # The secrets' keyed verifier: `logic secret regenerate` stores one.
+        secrets.configure(self.settings.server.cookie_secret)
         try:
             db = connect(url)
             db.connect(reuse_if_open=True)

@@ -59,6 +59,7 @@ def setup_demo(settings: Settings) -> Demo:
 
     db = connect(settings.database.url)
     Runner(db).upgrade()
+    secrets.configure(settings.server.cookie_secret)
     operator, owner = Actor.operator(), Actor.user(DEMO_OWNER_ID)
     try:
         guilds.create_guild(operator, DEMO_GUILD_ID, DEMO_OWNER_ID, "pro", plans=settings.plans)

@@ -1,23 +1,35 @@
 """Endpoint secrets: generate, hash, verify.
 
-A secret is `lsk_` + 32 random bytes, URL-safe.  Only its verifier and a
-4-character hint are stored: `sha256$` + the hex SHA-256 of the secret (one
-hash, about a microsecond to check, so the invoke path never waits for a
-verification; docs/security.md "Secret verification" says why that is enough
-for 256 random bits). Hashes made before this are argon2id strings: they
-still verify (tens of milliseconds, off the event loop) and are replaced by
-the SHA-256 verifier the first time the right secret is presented
-(`upgrade_secret_hash`). the secret itself is returned once to the owner
-and never stored, logged or audited.  Only the guild owner may create or
-regenerate it; regeneration replaces the hash in one UPDATE, so every node
-sees the new hash on its next lookup (and a verification cache keyed by the
-hash misses at once).
+A secret is `lsk_` + 32 random bytes, URL-safe.  Stored are a 4-character
+hint and one string holding two things (docs/security.md "Secret
+verification"):
+
+    hmac-sha256$<key id>$<64 hex>$argon2id$v=19$m=19456,t=2,p=1$<salt>$<hash>
+
+- an argon2id hash of the secret (the record at rest);
+- a keyed fast verifier: HMAC-SHA256 of the secret under a key derived from
+  the configuration's `server.cookie_secret` (about a microsecond to check,
+  so the invoke path never waits), tagged with that key's id (the first 8
+  hex digits of the key's own SHA-256).
+
+A verifier made under another key (the cookie secret was changed), a bare
+argon2id hash (secrets made before verifiers, or by a process with no key)
+and a legacy unkeyed `sha256$` digest still verify: the first two through
+argon2id (tens of milliseconds, off the event loop), the last by comparing
+digests; each is rewritten in the form above the first time the right
+secret is presented (`upgrade_secret_hash`), so no unkeyed hash of a secret
+that has been used stays stored.  The secret itself is returned once to the
+owner and never stored, logged or audited.  Only the guild owner may create
+or regenerate it; regeneration replaces the stored string in one UPDATE, so
+every node sees it on its next lookup (and a verification cache keyed by
+the stored string misses at once).
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
 import logging
+import re
 import secrets as _random
 from typing import Any
 
@@ -35,7 +47,7 @@ log = logging.getLogger("logic.core")
 SECRET_PREFIX = "lsk_"
 HINT_CHARS = 4
 
-# Legacy hashes: argon2id with OWASP's baseline parameters (m=19 MiB, t=2, p=1): ~20-30 ms of
+# argon2id with OWASP's baseline parameters (m=19 MiB, t=2, p=1): ~20-30 ms of
 # one core per hash. The secret has 256 bits of entropy, so the stretching is
 # not what protects it; the cost matters because unknown secrets are hashed
 # on the request path (at most 20 per IP per minute, see service.http.ratelimit).
@@ -50,59 +62,128 @@ def new_secret() -> str:
     return SECRET_PREFIX + _random.token_urlsafe(32)
 
 
-FAST_PREFIX = "sha256$"
+KEYED_PREFIX = "hmac-sha256$"
+LEGACY_PREFIX = "sha256$"
+#: Domain separation: the verifier key is not the cookie-signing key itself.
+_KEY_LABEL = b"logic-endpoints secret verifier v1"
+_KEYED = re.compile(r"hmac-sha256\$([0-9a-f]{8})\$([0-9a-f]{64})(\$argon2id\$.+)", re.S)
+_LEGACY = re.compile(r"sha256\$[0-9a-f]{64}")
+
+
+class _VerifierKey:
+    """The keyed verifier's key for this process (none until `configure`)."""
+
+    def __init__(self) -> None:
+        self.mac: hmac.HMAC | None = None
+        self.kid = ""
+
+
+_key = _VerifierKey()
+
+
+def configure(server_secret: str) -> None:
+    """Take the verifier key from the configuration's `server.cookie_secret`
+    (empty: no key; new hashes are argon2id alone until a keyed process sees them)."""
+    if not server_secret:
+        _key.mac, _key.kid = None, ""
+        return
+    key = hmac.new(server_secret.encode("utf-8"), _KEY_LABEL, hashlib.sha256).digest()
+    _key.mac = hmac.new(key, digestmod=hashlib.sha256)
+    _key.kid = hashlib.sha256(key).hexdigest()[:8]
+
+
+def _mac_hex(secret: str) -> str:
+    assert _key.mac is not None
+    mac = _key.mac.copy()
+    mac.update(secret.encode("utf-8", "surrogatepass"))
+    return mac.hexdigest()
+
+
+def _with_verifier(argon2_hash: str, secret: str) -> str:
+    """`argon2_hash` with the keyed verifier of `secret` in front (the hash alone
+    when this process has no key)."""
+    if _key.mac is None:
+        return argon2_hash
+    return f"{KEYED_PREFIX}{_key.kid}${_mac_hex(secret)}{argon2_hash}"
 
 
 def hash_secret(secret: str) -> str:
-    """The stored verifier of `secret`: `sha256$` + hex SHA-256."""
-    return FAST_PREFIX + hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
+    """What is stored for `secret`: keyed verifier + argon2id hash (tens of ms)."""
+    return _with_verifier(_hasher.hash(secret), secret)
 
 
 def hash_secret_argon2(secret: str) -> str:
-    """The argon2id hash string of `secret`, as stored before the SHA-256 verifier
-    (kept for tests of the migration and of the argon2 queue)."""
+    """The bare argon2id hash string of `secret` (as stored by a process with no
+    key, and before verifiers existed; kept for tests of the upgrade and the queue)."""
     return _hasher.hash(secret)
 
 
 def is_fast(secret_hash: str | None) -> bool:
-    """True for a SHA-256 verifier (checked inline), False for argon2 or nothing."""
-    return secret_hash is not None and secret_hash.startswith(FAST_PREFIX)
+    """True when `verify_fast` decides for `secret_hash` without argon2: a keyed
+    verifier under this process's key, or a legacy SHA-256 digest."""
+    if secret_hash is None:
+        return False
+    if secret_hash.startswith(KEYED_PREFIX):
+        return _key.mac is not None and secret_hash[12:20] == _key.kid
+    return secret_hash.startswith(LEGACY_PREFIX)
 
 
 def verify_fast(secret_hash: str, presented: str) -> bool:
-    """Check a SHA-256 verifier in constant time (the caller made sure `is_fast`)."""
-    return hmac.compare_digest(secret_hash.encode("ascii", "replace"),
-                               hash_secret(presented).encode("ascii"))
+    """Check a verifier in constant time (the caller made sure `is_fast`)."""
+    if secret_hash.startswith(LEGACY_PREFIX):
+        expected = LEGACY_PREFIX + hashlib.sha256(
+            presented.encode("utf-8", "surrogatepass")).hexdigest()
+        return hmac.compare_digest(secret_hash.encode("ascii", "replace"),
+                                   expected.encode("ascii"))
+    return hmac.compare_digest(secret_hash[21:85].encode("ascii", "replace"),
+                               _mac_hex(presented).encode("ascii"))
+
+
+def _argon2_part(secret_hash: str) -> str:
+    found = _KEYED.fullmatch(secret_hash)
+    return found.group(3) if found else secret_hash
 
 
 def verify_secret(secret_hash: str | None, presented: str) -> bool:
-    """True when `presented` matches `secret_hash`.  For an argon2 hash CPU-heavy:
-    call it off the event loop.  Never raises for a bad or missing hash."""
+    """True when `presented` matches `secret_hash`.  Without a verifier under this
+    process's key CPU-heavy (argon2id): call it off the event loop.  Never raises
+    for a bad or missing hash."""
     if not secret_hash or not presented:
         return False
     if is_fast(secret_hash):
         return verify_fast(secret_hash, presented)
     try:
-        return _hasher.verify(secret_hash, presented)
+        return _hasher.verify(_argon2_part(secret_hash), presented)
     except (VerifyMismatchError, VerificationError, InvalidHashError):
         return False
 
 
+def upgraded_hash(secret_hash: str, secret: str) -> str:
+    """What `secret_hash` (just verified against `secret`) should be stored as now:
+    the argon2id hash kept (made once for a legacy digest) with a verifier under
+    this process's key in front."""
+    if _LEGACY.fullmatch(secret_hash):
+        return hash_secret(secret)
+    return _with_verifier(_argon2_part(secret_hash), secret)
+
+
 def upgrade_secret_hash(endpoint_id: int, old_hash: str, secret: str) -> bool:
-    """Replace a verified argon2 hash by the SHA-256 verifier of the same secret.
+    """Rewrite a verified hash in the current form (`upgraded_hash`).
 
     Only while the row still holds `old_hash` (a secret regenerated meanwhile
     is never overwritten); the caller has just verified `secret` against it.
     Returns True when the row changed.
     """
-    if is_fast(old_hash):
+    new_hash = upgraded_hash(old_hash, secret)
+    if new_hash == old_hash:
         return False
     with database.connection_context():
-        changed = (Endpoint.update(secret_hash=hash_secret(secret))
+        changed = (Endpoint.update(secret_hash=new_hash)
                    .where((Endpoint.id == endpoint_id) & (Endpoint.secret_hash == old_hash))
                    .execute())
     if changed:
-        log.info("endpoint %s: argon2 secret hash replaced by its SHA-256 verifier", endpoint_id)
+        log.info("endpoint %s: secret hash rewritten as argon2id with a keyed verifier",
+                 endpoint_id)
     return bool(changed)
 
 

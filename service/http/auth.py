@@ -1,17 +1,19 @@
 """Endpoint secret checks for the invoke path.
 
-A stored SHA-256 verifier (`sha256$...`, every secret made or used since it
-exists) is checked inline by `check()`, in constant time: about a
-microsecond, no queue, no thread. A legacy argon2id hash costs tens of
-milliseconds, so it runs in a thread pool,
-at most once per (endpoint, stored hash, presented secret). For both, a
-positive result is cached in memory keyed by the stored hash, so a regenerated secret (a new
-hash) misses the cache on the very next request on every node. Concurrent
-requests presenting the same secret share one verification. Only a SHA-256
-digest of the presented secret is kept, and it is compared in constant time.
-After a successful argon2 verification `upgrade` (if given) replaces the
-stored hash by the SHA-256 verifier, in the thread pool, so the next start
-has nothing slow left to verify for that endpoint.
+A stored keyed verifier under this process's key (every secret made or used
+since it exists, see `service.core.secrets`) is checked inline by `check()`,
+in constant time: about a microsecond, no queue, no thread. Anything else (a
+bare argon2id hash, a verifier under another key) costs an argon2id
+verification of tens of milliseconds, so it runs in a thread pool, at most
+once per (endpoint, stored hash, presented secret). For both, a positive
+result is cached in memory keyed by the stored hash, so a regenerated secret
+(a new hash) misses the cache on the very next request on every node.
+Concurrent requests presenting the same secret share one verification. Only
+a SHA-256 digest of the presented secret is kept in memory, and it is
+compared in constant time. After a successful slow verification `upgrade`
+(if given) rewrites the stored hash with a verifier under this process's
+key, in the thread pool, so the next start has nothing slow left to verify
+for that endpoint.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 
-from service.core.secrets import is_fast, verify_fast
+from service.core.secrets import LEGACY_PREFIX, is_fast, verify_fast
 
 log = logging.getLogger("logic.http")
 
@@ -109,6 +111,9 @@ class SecretVerifier:
             # Checked inline (about a microsecond): no queue, no thread.
             ok = verify_fast(stored_hash, secret)
             if ok:
+                if stored_hash.startswith(LEGACY_PREFIX):
+                    # An unkeyed digest at rest: rewritten (argon2id made once).
+                    self._start_upgrade(endpoint_id, stored_hash, secret)
                 self._remember(endpoint_id, stored_hash, digest)
             return ok
         key = (endpoint_id, stored_hash, digest)
@@ -132,12 +137,15 @@ class SecretVerifier:
         finally:
             self._inflight.pop(key, None)
         if ok:
-            if self._upgrade is not None:
-                upgrading = loop.run_in_executor(self._executor, self._upgrade, endpoint_id,
-                                                 stored_hash, secret)
-                upgrading.add_done_callback(_log_upgrade_failure)
+            self._start_upgrade(endpoint_id, stored_hash, secret)
             self._remember(endpoint_id, stored_hash, digest)
         return ok
+
+    def _start_upgrade(self, endpoint_id: int, stored_hash: str, secret: str) -> None:
+        if self._upgrade is not None:
+            upgrading = asyncio.get_running_loop().run_in_executor(
+                self._executor, self._upgrade, endpoint_id, stored_hash, secret)
+            upgrading.add_done_callback(_log_upgrade_failure)
 
     def _remember(self, endpoint_id: int, stored_hash: str, digest: bytes) -> None:
         self._cache[endpoint_id] = (stored_hash, digest)
@@ -174,7 +182,7 @@ class SecretVerifier:
 
 def _log_upgrade_failure(done: "asyncio.Future[object]") -> None:
     if not done.cancelled() and done.exception() is not None:
-        log.warning("could not replace an argon2 secret hash by its SHA-256 verifier: %s",
+        log.warning("could not rewrite a secret hash with a keyed verifier: %s",
                     type(done.exception()).__name__)
 
 

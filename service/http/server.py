@@ -130,7 +130,9 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                on_ready: Callable[[], None] | None = None) -> None:
     from service.core.invoke_target import TargetCache
     from service.core.records import write_batch
-    from service.core.secrets import upgrade_secret_hash, verify_secret
+    from service.core.secrets import configure, upgrade_secret_hash, verify_secret
+
+    configure(settings.server.cookie_secret)   # the secrets' keyed verifier
 
     # PostgreSQL: a LISTEN connection lets the endpoint lookup cache (SQLite
     # has PRAGMA data_version instead); started after the pool's fork.
