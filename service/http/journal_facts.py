@@ -15,7 +15,7 @@ from typing import Any
 from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
 from service.http.auth import presented_secret
 from service.http.event import parse_query, visible_headers
-from service.http.redaction import Redactor
+from service.http.redaction import REDACTED, Redactor, hides
 
 #: The fields of a journaled request, in order (see `JournaledRequest`).
 FIELDS = ("endpoint_id", "keep", "error_logs", "accepted", "request_id", "started", "finished",
@@ -77,7 +77,9 @@ def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...
         return facts
     query, headers, body, response_headers, response_body = (
         facts[10], facts[11], facts[12], facts[14], facts[15])
-    if not _holds(secret, facts, query, headers, body, response_headers, response_body):
+    hidden = _hidden(secret, facts, headers)
+    if not hidden and not _holds(secret, facts, query, headers, body, response_headers,
+                                 response_body):
         return facts
     redact = Redactor(secret)
     out = list(facts)
@@ -90,7 +92,24 @@ def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...
     for index in (16, 17, 19, 21):
         if out[index]:
             out[index] = redact.text(out[index])
+    for index, name in hidden:
+        if index == 11:
+            out[11] = {**out[11], name: REDACTED}
+        else:
+            out[index] = REDACTED.encode() if isinstance(out[index], bytes) else REDACTED
     return tuple(out)
+
+
+def _hidden(secret: str, facts: tuple[Any, ...],
+            headers: dict[str, str]) -> list[tuple[int, str]]:
+    """(fact index, header name or "") of every value holding `secret` only in an
+    encoded form (`redaction.hides`): such a value is kept as ``[redacted]`` whole."""
+    found = [(11, name) for name, value in headers.items() if hides(secret, value)]
+    for index in (12, 13, 15, 16, 17, 19, 21):
+        value = facts[index]
+        if value and hides(secret, value):
+            found.append((index, ""))
+    return found
 
 
 def _holds(secret: str, facts: tuple[Any, ...], query: dict[str, Any], headers: dict[str, str],

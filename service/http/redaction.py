@@ -4,7 +4,9 @@
   value contains the endpoint's secret, or whose name looks like a credential
   (`secret`, `token`, `key`, `password`, `auth`, ... as a word of the name),
   is kept as ``[redacted]``; the secret itself is cut out of bodies, the
-  script's output and error messages wherever it appears.
+  script's output and error messages wherever it appears, and a value that
+  holds it only in an encoded form (percent-encoding, JSON ``\\u`` escapes,
+  UTF-16 text: `hides`) is replaced whole by ``[redacted]``.
 - The service log (`RedactingFormatter`): anything shaped like a secret or a
   token (``lsk_...``, ``lat_...``, ``Bearer ...``) is replaced, including in
   tracebacks — a last line of defence behind never logging request content.
@@ -16,6 +18,7 @@ import functools
 import logging
 import re
 from typing import Any
+from urllib.parse import unquote_plus
 
 REDACTED = "[redacted]"
 
@@ -78,6 +81,35 @@ class Redactor:
         if self.secret is None and not any(map(credential_name, values)):
             return values
         return {name: self.value(name, value) for name, value in values.items()}
+
+
+_U_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
+_UTF16 = ("utf-16", "utf-16-le", "utf-16-be")
+
+
+def _unescaped(match: re.Match[str]) -> str:
+    return chr(int(match.group(1), 16))
+
+
+def hides(secret: str, value: bytes | str) -> bool:
+    """Whether `value` holds `secret` in an encoded form a literal search misses:
+    percent-encoded (a form body, a URL in a header), as JSON ``\\u`` escapes, or
+    as UTF-16 text. Cheap when none of their marks is present (the usual case)."""
+    if isinstance(value, bytes):
+        if b"\x00" in value:
+            for codec in _UTF16:
+                try:
+                    text = value.decode(codec)
+                except UnicodeDecodeError:
+                    continue
+                if secret in text or hides(secret, text):
+                    return True
+        if b"%" not in value and b"\\u" not in value:
+            return False
+        value = value.decode("utf-8", "replace")
+    if "%" in value and secret in unquote_plus(value):
+        return True
+    return "\\u" in value and secret in _U_ESCAPE.sub(_unescaped, value)
 
 
 #: Secret- and token-shaped text in a log line.

@@ -227,3 +227,35 @@ on endpoint(event):
     segments = sorted(journal.rglob("segment-*.journal"))
     assert any(b'"copy": "[redacted]"' in p.read_bytes() for p in segments)  # it was journaled
     assert not any(ep.secret.encode() in p.read_bytes() for p in segments)
+
+
+def test_a_secret_the_body_holds_only_encoded_is_redacted_too(server: Server, make_endpoint,
+                                                               read_history) -> None:
+    """JSON ``\\u`` escapes, percent-encoding and UTF-16 hide the secret from a
+    literal search; history keeps such a body, header, reply or output as [redacted]."""
+    ep = make_endpoint(source="""
+on endpoint(event):
+    print(event.rawBody)
+    event.header("Content-Type", "text/plain")
+    event.reply(event.rawBody)
+""")
+    escaped = "\\u%04x" % ord(ep.secret[0]) + ep.secret[1:]
+    percent = "".join("%%%02X" % ord(c) for c in ep.secret)
+    bodies = [
+        (("{\"copy\": \"" + escaped + "\"}").encode(), "application/json"),
+        (("q=" + percent).encode(), "application/x-www-form-urlencoded"),
+        (("copy " + ep.secret).encode("utf-16"), "text/plain; charset=utf-16"),
+    ]
+    from tests.service.http.harness import wait_until
+    for n, (body, content_type) in enumerate(bodies, 1):
+        resp = server.request(ep.path, body=body, secret=ep.secret,
+                              headers={"Content-Type": content_type,
+                                       "Referer": "https://example.com/?k=" + percent})
+        assert resp.status == 200, resp.body
+        assert wait_until(lambda n=n: len(read_history(ep)) == n)
+    for record in read_history(ep):
+        assert record["body"] == "[redacted]"
+        everything = json.dumps(record)
+        assert ep.secret not in everything and percent not in everything
+        assert escaped not in everything
+        assert record["headers"]["referer"] == "[redacted]"
