@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tests.service.api.conftest import ECHO, MANAGER_ID, OWNER_ID, STRANGER_ID, assert_error
+from tests.service.http.harness import wait_until
 
 BROKEN = "on endpoint(event):\n    event.reply(1\n\non endpoint(event):\n    pass\n"
 
@@ -51,6 +52,22 @@ def test_plan_change_dry_run_and_downgrade(world) -> None:
     assert_error(w.operator("PATCH", g, {"plan": "gold"}), 400, "unknown_plan")
     actions = [a["action"] for a in w.manager("GET", f"{g}/audit").json["items"]]
     assert actions[0] == "plan.changed" and "endpoint.disabled" in actions
+
+
+def test_a_dry_run_logs_no_plan_change(world, server) -> None:
+    w = world()
+    g = f"/guilds/{w.guild_id}"
+    start = len(server.log_lines)
+    dry = w.operator("PATCH", g + "?dryRun=true", {"plan": "free"})
+    assert dry.status == 200 and dry.json["dryRun"] and dry.json["plan"] == "free"
+    assert w.owner("GET", g).json["plan"] == "pro"
+    done = w.operator("PATCH", g, {"plan": "plus"})
+    assert done.status == 200 and not done.json["dryRun"]
+    # The server logs in order: once the real change is in the log, a line the
+    # dry run wrote before it would be too.
+    log = lambda: "".join(server.log_lines[start:])  # noqa: E731
+    assert wait_until(lambda: f"guild {w.guild_id} plan pro -> plus" in log())
+    assert f"guild {w.guild_id} plan pro -> free" not in log()
 
 
 def test_managers_are_the_owners_to_change(world) -> None:
