@@ -36,6 +36,29 @@ def test_guilds_by_role(world) -> None:
     assert w.operator.as_user(MANAGER_ID)("GET", g).status == 200
 
 
+PRO_LIMITS = {"endpoints": 9, "memoryKb": 4096, "requestsPerMinute": 120, "bodyBytes": 1048576,
+              "history": 200, "errorLogs": True, "ipWhitelist": True, "advancedStats": True,
+              "timeLimitMs": 1000}
+
+
+def test_a_guild_shows_its_plans_limits(world) -> None:
+    w = world()
+    g = f"/guilds/{w.guild_id}"
+    assert w.manager("GET", g).json["limits"] == PRO_LIMITS
+    listed = [x for x in w.owner("GET", "/guilds").json["items"] if x["guildId"] == w.guild_id]
+    assert listed[0]["limits"] == PRO_LIMITS
+    # A dry run shows the new plan's limits; the guild keeps its own.
+    dry = w.operator("PATCH", g + "?dryRun=true", {"plan": "plus"}).json["limits"]
+    assert dry == {**PRO_LIMITS, "endpoints": 3, "memoryKb": 512, "requestsPerMinute": 30,
+                   "bodyBytes": 131072, "history": 20, "ipWhitelist": False,
+                   "advancedStats": False}
+    assert w.owner("GET", g).json["limits"] == PRO_LIMITS
+    assert w.operator("PATCH", g, {"plan": "free"}).json["limits"] == {
+        k: (False if isinstance(v, bool) else 0) for k, v in PRO_LIMITS.items()}
+    doc = w.owner("GET", "/openapi.json").json
+    assert set(doc["components"]["schemas"]["PlanLimits"]["properties"]) == set(PRO_LIMITS)
+
+
 def test_plan_change_dry_run_and_downgrade(world) -> None:
     w = world()
     g = f"/guilds/{w.guild_id}"
