@@ -27,7 +27,7 @@ def int_between(lo: int, hi: int) -> Callable[[Any], int]:
         if isinstance(value, bool):
             raise ValueError("expected an integer")
         if isinstance(value, str):
-            if not re.fullmatch(r"-?\d+", value.strip()):
+            if not re.fullmatch(r"-?[0-9]+", value.strip()):
                 raise ValueError("expected an integer")
             value = int(value)
         if not isinstance(value, int):

@@ -1,15 +1,10 @@
 """`/api/v1/me`, guilds, managers and the audit log."""
 from __future__ import annotations
 
-from typing import Any
-
-from models import database
 from service.api import schemas
 from service.api.base import APIHandler
 from service.api.spec import operation
 from service.core import guilds, pages
-from service.core.access import Actor
-from service.plans import Plan
 
 
 class MeHandler(APIHandler):
@@ -51,17 +46,8 @@ class GuildHandler(APIHandler):
     async def patch(self, guildId: str) -> None:
         b = self.body(schemas.GuildPatch)
         dry = self.query(schemas.DryRunQuery).dryRun
-        fn = plan_preview if dry else guilds.set_plan
-        self.reply(await self.call(fn, self.actor, guildId, b.plan, plans=self.plans))
-
-
-def plan_preview(actor: Actor, guild_id: str, plan: str, *, plans: dict[str, Plan]) -> Any:
-    """`set_plan` in a transaction that is rolled back: what it would do."""
-    with database.atomic() as tx:
-        result = guilds.set_plan(actor, guild_id, plan, plans=plans)
-        tx.rollback()
-    result["dryRun"] = True
-    return result
+        self.reply(await self.call(guilds.set_plan, self.actor, guildId, b.plan,
+                                   plans=self.plans, dry_run=dry))
 
 
 class ManagerHandler(APIHandler):

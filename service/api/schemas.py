@@ -92,6 +92,22 @@ class Me(_Out):
     expiresAt: str | None
 
 
+class PlanLimits(_Out):
+    """The settings of the guild's plan (as `[plans.NAME]` names them, in camelCase;
+    0 or false: not included)."""
+
+    endpoints: int = Field(description="Enabled endpoints per guild.")
+    memoryKb: int = Field(description="Script memory per invocation, KB.")
+    requestsPerMinute: int = Field(description="Requests per endpoint, sliding 60 s.")
+    bodyBytes: int = Field(description="Request body limit, bytes.")
+    history: int = Field(description="Request records kept per endpoint.")
+    errorLogs: bool = Field(description="Error log kept.")
+    ipWhitelist: bool = Field(description="IP whitelist allowed (and enforced).")
+    advancedStats: bool = Field(description="Latency percentiles, per-minute and per-hour "
+                                            "series, top caller IPs.")
+    timeLimitMs: int = Field(description="Script time limit per invocation, ms.")
+
+
 class Guild(_Out):
     guildId: str
     ownerId: str
@@ -99,6 +115,7 @@ class Guild(_Out):
     managers: list[str]
     endpointsEnabled: int
     endpointsAllowed: int
+    limits: PlanLimits
     createdAt: str
     disabled: list[str] | None = Field(None, description="After a plan change: endpoints disabled.")
 

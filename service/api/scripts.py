@@ -36,7 +36,7 @@ class ScriptsHandler(APIHandler):
 
     @operation("createScript", "Create a script (its endpoint starts disabled)",
                "owner, manager, operator", schemas.Script, status=201, body=schemas.ScriptCreate,
-               errors=(422,), links={op: (op, {"guildId": "$response.body#/guildId",
+               errors=(409, 422), links={op: (op, {"guildId": "$response.body#/guildId",
                                                "scriptId": "$response.body#/logicScriptId"})
                                      for op in ("getScript", "updateScript", "getEndpoint",
                                                 "patchEndpoint", "testCall", "listHistory",
@@ -60,7 +60,7 @@ class ScriptHandler(APIHandler):
         self.reply(shown)
 
     @operation("updateScript", "Replace the source and/or rename", "owner, manager, operator",
-               schemas.Script, body=schemas.ScriptUpdate, errors=(412, 422),
+               schemas.Script, body=schemas.ScriptUpdate, errors=(409, 412, 422),
                request_headers={"If-Match": "The ETag read: refused with 412 if another "
                                             "editor saved since."},
                response_headers={"ETag": "The new version, quoted."})

@@ -66,7 +66,7 @@ def fields(pairs: Sequence[tuple[str, Any]]) -> str:
     return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in pairs)
 
 
-_RELATIVE = re.compile(r"^(\d+)\s*([smhd])$")
+_RELATIVE = re.compile(r"^([0-9]{1,9})\s*([smhd])$")
 
 
 def parse_since(text: str | None) -> datetime | None:
@@ -75,17 +75,17 @@ def parse_since(text: str | None) -> datetime | None:
     if text is None:
         return None
     match = _RELATIVE.match(text.strip().lower())
-    if match:
-        n, unit = int(match.group(1)), match.group(2)
-        delta = {"s": timedelta(seconds=n), "m": timedelta(minutes=n), "h": timedelta(hours=n),
-                 "d": timedelta(days=n)}[unit]
-        return datetime.now(timezone.utc) - delta
     try:
+        if match:
+            n, unit = int(match.group(1)), match.group(2)
+            delta = {"s": timedelta(seconds=n), "m": timedelta(minutes=n),
+                     "h": timedelta(hours=n), "d": timedelta(days=n)}[unit]
+            return datetime.now(timezone.utc) - delta
         when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: use 30m, 2h, 7d or a date such as 2026-01-31T12:00",
-                                 param_hint="--since") from None
-    return when if when.tzinfo is not None else when.astimezone()
+        return when if when.tzinfo is not None else when.astimezone()
+    except (ValueError, OverflowError):
+        raise click.BadParameter(f"{text!r}: use 30m, 2h, 7d or a date such as 2026-01-31T12:00"
+                                 " (years 1 to 9999)", param_hint="--since") from None
 
 
 def warn(message: str) -> None:

@@ -27,16 +27,14 @@ def token_create(state: State, user_id: str | None, operator: bool, as_json: boo
 
 
 @token.command("revoke")
-@click.argument("token_id", type=int)
+@click.argument("token_id")
 @json_option
 @pass_state
-def token_revoke(state: State, token_id: int, as_json: bool) -> None:
+def token_revoke(state: State, token_id: str, as_json: bool) -> None:
     """Revoke an API token by id."""
     def revoke() -> dict[str, Any]:
-        core.revoke_api_token(core.Actor.operator(), token_id)
-        return {}
-    run_core(state, revoke)
-    emit({"id": token_id, "revoked": True}, as_json)
+        return {"id": core.revoke_api_token(core.Actor.operator(), token_id), "revoked": True}
+    emit(run_core(state, revoke), as_json)
 
 
 @cli.command("login-link")

@@ -1,8 +1,9 @@
 """Chart series for the dashboard: requests per time slot, by status class.
 
-Every plan with endpoints gets these two series (the statistics buckets are
-written for every request); the finer reads of plans with advanced
-statistics (percentiles, top IPs) stay in `service.core.reads.stats`.
+The series are advanced statistics: only plans with `advanced_stats` get
+them, as the admin API's `/stats` gives `perMinute` and `perHour` only to
+those plans (`service.core.reads.stats`, which also holds the percentiles and
+top IPs).
 Slots without requests are present with zero counts, so a chart has a fixed
 width: the last 60 minutes, and the last 30 days by hour.
 """
@@ -15,7 +16,8 @@ from models import Endpoint, StatBucket
 from models.clock import iso, utcnow
 from models.stats import HOUR, MINUTE
 from service.core.access import Actor, guild_and_script
-from service.plans import DEFAULT_PLANS, Plan
+from service.core.errors import QuotaError
+from service.plans import DEFAULT_PLANS, Plan, resolve_plan
 
 CLASSES = ("2xx", "3xx", "4xx", "5xx")
 
@@ -46,9 +48,13 @@ def request_series(actor: Actor, guild_id: str, script_id: str, *,
                    now: datetime | None = None) -> dict[str, Any]:
     """`{"perMinute": 60 slots, "perHour": 720 slots}`, each slot
     `{"time", "2xx", "3xx", "4xx", "5xx"}`, oldest first.  Who may read:
-    owner, managers, operator.  Raises `NotFoundError`, `PermissionDeniedError`."""
-    del plans  # every plan with endpoints has these; kept for the common signature
-    _, script, _ = guild_and_script(actor, guild_id, script_id, "read statistics")
+    owner, managers, operator.  Raises `NotFoundError`, `PermissionDeniedError`,
+    `QuotaError` (`plan_feature`: the plan has no advanced statistics)."""
+    guild, script, _ = guild_and_script(actor, guild_id, script_id, "read statistics")
+    plan = resolve_plan(plans, guild.plan)
+    if not plan.advanced_stats:
+        raise QuotaError(f"plan {plan.name} does not include advanced statistics",
+                         code="plan_feature")
     endpoint = Endpoint.get(Endpoint.script == script.id)
     now = now or utcnow()
     minute = now.replace(second=0, microsecond=0)

@@ -24,8 +24,19 @@ def _check_plan(plans: Mapping[str, Plan], name: str) -> Plan:
     return plans[name]
 
 
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def plan_limits(plan: Plan) -> dict[str, Any]:
+    """A plan's settings in the API's camelCase (`memory_kb` -> `memoryKb`);
+    0 or false means the plan does not include it."""
+    return {_camel(key): getattr(plan, key) for key in PLAN_KEYS}
+
+
 def guild_view(guild: Guild, plans: Mapping[str, Plan]) -> dict[str, Any]:
-    """The JSON shape of a guild."""
+    """The JSON shape of a guild, with its plan's `limits`."""
     managers = [m.user_id for m in GuildManager.select(GuildManager.user_id)
                 .where(GuildManager.guild == guild.id).order_by(GuildManager.user_id)]
     plan = resolve_plan(plans, guild.plan)
@@ -34,7 +45,8 @@ def guild_view(guild: Guild, plans: Mapping[str, Plan]) -> dict[str, Any]:
                .count())
     return {"guildId": guild.id, "ownerId": guild.owner_id, "plan": guild.plan,
             "managers": managers, "endpointsEnabled": enabled,
-            "endpointsAllowed": plan.endpoints, "createdAt": iso(guild.created_at)}
+            "endpointsAllowed": plan.endpoints, "limits": plan_limits(plan),
+            "createdAt": iso(guild.created_at)}
 
 
 def create_guild(actor: Actor, guild_id: str, owner_id: str, plan: str | None = None, *,
@@ -135,6 +147,7 @@ def set_plan(actor: Actor, guild_id: str, plan: str, *,
     if dry_run:
         view["plan"] = plan
         view["endpointsAllowed"] = new_plan.endpoints
+        view["limits"] = plan_limits(new_plan)
         view["endpointsEnabled"] -= len(disabled)
     view.update({"disabled": disabled, "changes": changes, "whitelistsSuspended": suspended,
                  "whitelistsResumed": resumed, "dryRun": dry_run, "oldPlan": old})

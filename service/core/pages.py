@@ -21,11 +21,11 @@ from typing import Any, Callable, Mapping
 from peewee import Field
 
 from models import AuditRecord, ErrorRecord, Guild, GuildManager, RequestRecord, Script
-from models.clock import to_db
 from service.core.access import EDITORS, Actor, get_guild, require_role
 from service.core.audit import audit_view
 from service.core.errors import NotFoundError, QuotaError, ValidationError
 from service.core.guilds import guild_view
+from service.core.inputs import ascii_digits, user_time
 from service.core.reads import _endpoint_and_plan, error_view, in_history, record_view
 from service.core.record_queries import parse_status
 from service.core.scripts import script_view
@@ -49,7 +49,7 @@ def decode_cursor(cursor: str | None, kind: type) -> int | str | None:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         text = ""
-    if kind is int and text[:1] == "i" and text[1:].isdigit() and len(text) < 20:
+    if kind is int and text[:1] == "i" and ascii_digits(text[1:]):
         return int(text[1:])
     if kind is str and text[:1] == "s" and 0 < len(text) <= 65:
         return text[1:]
@@ -90,7 +90,7 @@ def parse_since(since: str | None) -> datetime | None:
                               code="invalid_since") from None
     if value.tzinfo is None:
         value = value.replace(tzinfo=timezone.utc)
-    return to_db(value)
+    return user_time(value, field="since", code="invalid_since")
 
 
 def history_page(actor: Actor, guild_id: str, script_id: str, *, limit: int | None = None,

@@ -13,9 +13,10 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from models import Endpoint, ErrorRecord, RequestRecord
-from models.clock import iso, to_db
+from models.clock import iso
 from service.core.access import Actor, guild_and_script
 from service.core.errors import NotFoundError, QuotaError, ValidationError
+from service.core.inputs import ascii_digits, user_time
 from service.core.reads import _endpoint_and_plan, error_view, in_history, record_view
 from service.core.records import ERROR_KEEP
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
@@ -34,7 +35,7 @@ def parse_status(spec: str | None) -> tuple[int, int] | None:
     if len(text) == 3 and text[0] in "12345" and text[1:] == "xx":
         low = int(text[0]) * 100
         return low, low + 99
-    if text.isdigit() and 100 <= int(text) <= 599:
+    if ascii_digits(text, 3) and 100 <= int(text) <= 599:
         return int(text), int(text)
     raise ValidationError(f"invalid status filter {spec!r}: use 2xx, 4xx, 5xx or a code such as 404",
                           code="invalid_status")
@@ -44,8 +45,9 @@ def history_page(actor: Actor, guild_id: str, script_id: str, *,
                  plans: Mapping[str, Plan] = DEFAULT_PLANS, limit: int | None = None,
                  status: str | None = None, since: datetime | None = None) -> dict[str, Any]:
     """`{"records": [...]}` newest first, filtered.  Raises `ValidationError`
-    (`invalid_status`), `NotFoundError`, `PermissionDeniedError`."""
+    (`invalid_status`, `invalid_since`), `NotFoundError`, `PermissionDeniedError`."""
     span = parse_status(status)
+    when = user_time(since, field="since", code="invalid_since") if since is not None else None
     endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read history", plans)
     if plan.history <= 0:
         return {"records": []}
@@ -53,8 +55,8 @@ def history_page(actor: Actor, guild_id: str, script_id: str, *,
     query = RequestRecord.select().where(in_history(endpoint.id, plan.history))
     if span is not None:
         query = query.where(RequestRecord.status.between(*span))
-    if since is not None:
-        query = query.where(RequestRecord.time >= to_db(since))
+    if when is not None:
+        query = query.where(RequestRecord.time >= when)
     query = query.order_by(RequestRecord.id.desc())
     if limit is not None:
         query = query.limit(limit)
@@ -89,6 +91,7 @@ def error_page(actor: Actor, guild_id: str, script_id: str, *,
     Raises `QuotaError` (`plan_feature`), `ValidationError`, `NotFoundError`,
     `PermissionDeniedError`."""
     span = parse_status(status)
+    when = user_time(since, field="since", code="invalid_since") if since is not None else None
     endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read error logs", plans)
     if not plan.error_logs:
         raise QuotaError(f"plan {plan.name} does not include error logs", code="plan_feature")
@@ -96,7 +99,7 @@ def error_page(actor: Actor, guild_id: str, script_id: str, *,
     if span is not None:
         kinds = [k for k, s in ERROR_STATUS.items() if span[0] <= s <= span[1]]
         query = query.where(ErrorRecord.kind.in_(kinds or [""]))
-    if since is not None:
-        query = query.where(ErrorRecord.time >= to_db(since))
+    if when is not None:
+        query = query.where(ErrorRecord.time >= when)
     query = query.order_by(ErrorRecord.id.desc()).limit(min(limit or ERROR_KEEP, ERROR_KEEP))
     return {"errors": [error_view(r) for r in query]}

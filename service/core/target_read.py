@@ -71,7 +71,7 @@ def load_target(guild_id: str, script_id: str,
                 plans: Mapping[str, Plan] = DEFAULT_PLANS) -> InvokeTarget | None:
     """The endpoint behind `POST /endpoints/{guild_id}/{script_id}`, or None."""
     # Cheap shape checks first: a malformed ID never reaches the database.
-    if not (guild_id.isdigit() and 0 < len(guild_id) <= 25
+    if not (guild_id.isascii() and guild_id.isdigit() and 0 < len(guild_id) <= 25
             and script_id.startswith("logic_") and len(script_id) == 28):
         return None
     db = database.obj

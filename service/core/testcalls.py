@@ -82,7 +82,8 @@ def new_test_request(method: str = "POST", headers: Mapping[str, str] | None = N
             raise ValidationError(f"at most {MAX_HEADERS} headers", code="invalid_headers")
         if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
             raise ValidationError(f"invalid header name {str(name)[:40]!r}", code="invalid_headers")
-        if not isinstance(value, str) or any(c in value for c in "\r\n\x00"):
+        if (not isinstance(value, str) or any(c in value for c in "\r\n\x00")
+                or not _encodable(value)):
             raise ValidationError(f"invalid value for header {name}", code="invalid_headers")
         if name.lower() not in SECRET_HEADERS:
             clean[name.lower()] = value
@@ -95,10 +96,27 @@ def new_test_request(method: str = "POST", headers: Mapping[str, str] | None = N
         raw = json.dumps(body, separators=(",", ":")).encode()
         clean.setdefault("content-type", "application/json")
     if isinstance(query, Mapping):
-        query_text = urlencode(list(_query_pairs(query)))
+        pairs = list(_query_pairs(query))
+        bad = next((n for n, v in pairs if not (_encodable(n) and _encodable(v))), None)
+        if bad is not None:
+            raise ValidationError(f"query argument {ascii(bad)[:40]} is not valid Unicode text "
+                                  "(a lone surrogate?)", code="invalid_query")
+        query_text = urlencode(pairs)
     else:
         query_text = (query or "").lstrip("?")
+        if not _encodable(query_text):
+            raise ValidationError("the query string is not valid Unicode text (a lone surrogate?)",
+                                  code="invalid_query")
     return TestRequest("POST", query_text, clean, raw)
+
+
+def _encodable(text: str) -> bool:
+    """False for text UTF-8 cannot encode (a lone surrogate, as JSON's "\\ud800" gives)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _query_pairs(query: Mapping[str, Any]) -> Any:

@@ -21,6 +21,7 @@ from models.db import is_postgres
 from service.core import audit
 from service.core.access import Actor, validate_user_id
 from service.core.errors import NotFoundError, PermissionDeniedError, ValidationError
+from service.core.inputs import ascii_digits, user_time
 
 log = logging.getLogger("logic.core")
 
@@ -49,7 +50,7 @@ def create_api_token(actor: Actor, user_id: str | None = None, *,
         validate_user_id(user_id)
     now = utcnow()
     if expires_at is not None:
-        expires_at = to_db(expires_at)
+        expires_at = user_time(expires_at, field="expiresAt", code="invalid_input")
         if expires_at <= now:
             raise ValidationError("expiresAt must be in the future", code="invalid_expiry")
     token = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -105,10 +106,17 @@ def authenticate_token(token: str) -> Actor | None:
     return identity.actor if identity is not None else None
 
 
-def revoke_api_token(actor: Actor, token_id: int) -> None:
-    """Revoke a token by id (operator only).  Raises `PermissionDeniedError`, `NotFoundError`."""
+def revoke_api_token(actor: Actor, token_id: int | str) -> int:
+    """Revoke a token by id (operator only): an int, or its ASCII digits as
+    the API and the CLI receive them.  Returns the id.  Raises
+    `PermissionDeniedError`, `NotFoundError` (`token_not_found`, also for an
+    id that is not ASCII digits: "١" never names token 1)."""
     if not actor.is_operator:
         raise PermissionDeniedError("only the operator may revoke API tokens")
+    if isinstance(token_id, str):
+        if not ascii_digits(token_id):
+            raise NotFoundError(f"token {token_id[:40]} not found", code="token_not_found")
+        token_id = int(token_id)
     with database.atomic():
         n = (ApiToken.update(revoked_at=utcnow())
              .where((ApiToken.id == token_id) & ApiToken.revoked_at.is_null()).execute())
@@ -122,6 +130,7 @@ def revoke_api_token(actor: Actor, token_id: int) -> None:
             # unscoped one for nodes of the release before.
             database.execute_sql(REVOKED_NOTIFY_SQL, (REVOKED_CHANNEL + "_",))
             database.execute_sql(f"NOTIFY {REVOKED_CHANNEL}")
+    return token_id
 
 
 def create_login_link(actor: Actor, user_id: str, base_url: str,

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from service.dashboard import auth, console, guilds, scripts
-from service.dashboard.base import STATIC, Dashboard, DashboardStaticHandler
+from service.dashboard.base import (STATIC, Dashboard, DashboardNotFoundHandler,
+                                    DashboardStaticHandler)
 
 G = r"([0-9]{1,25})"
 S = r"(logic_[A-Za-z0-9_-]{22})"
@@ -37,6 +38,9 @@ def routes(context: Any) -> list[tuple[str, Any, dict[str, Any]]]:
         (rf"/dashboard/{G}/scripts/{S}/secret", scripts.SecretHandler),
         (rf"/dashboard/{G}/scripts/{S}/test", console.ConsoleHandler),
         (rf"/dashboard/{G}/scripts/{S}/replay", console.ReplayHandler),
+        # Last: what the routes above do not match still answers as the dashboard.
+        (r"/login/.*", auth.MalformedLinkHandler),
+        (r"/dashboard/.*", DashboardNotFoundHandler),
     ]
     out: list[tuple[str, Any, dict[str, Any]]] = [
         (r"/dashboard/static/(.*)", DashboardStaticHandler, {"path": STATIC})]

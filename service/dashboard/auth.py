@@ -33,6 +33,21 @@ class LoginHandler(DashboardHandler):
         self.redirect("/dashboard", status=303)
 
 
+class MalformedLinkHandler(DashboardHandler):
+    """`GET /login/...` that no link can be (too long, other characters): refused
+    like a used link, consuming nothing, with the dashboard's headers."""
+
+    public = True
+
+    async def prepare(self) -> None:
+        self.request.path = "/login/…"      # as LoginHandler: never the path in a log
+        self.request.uri = "/login/…"
+
+    def get(self) -> None:
+        self.page("login.html", status=400, title="Login link refused", refused=True,
+                  logged_out=False)
+
+
 class LoginHelpHandler(DashboardHandler):
     """`GET /login`: where a visitor without a session lands."""
 

@@ -9,9 +9,11 @@
   header; the token is an HMAC of the session token, so it is bound to it.
 - Every answer carries a strict Content-Security-Policy (scripts and styles
   only from the dashboard's own static files, nothing inline, no frames),
-  `X-Frame-Options: DENY`, `Cache-Control: no-store` (so the back button
-  after logout shows nothing private), `Referrer-Policy: no-referrer` (a
-  login link never leaks through a Referer).
+  `X-Frame-Options: DENY`, `Referrer-Policy: no-referrer` (a login link
+  never leaks through a Referer), and, except a static file served,
+  `Cache-Control: no-store` (so the back button after logout shows nothing
+  private); so do the 404s of paths under `/dashboard` that no route
+  matches.
 - Service-layer calls run in a small thread pool (they do database I/O).
 """
 from __future__ import annotations
@@ -228,9 +230,32 @@ class DashboardHandler(BaseHandler):
         super().log_exception(typ, value, tb)
 
 
+class DashboardNotFoundHandler(DashboardHandler):
+    """Any path under `/dashboard` no route matches: the dashboard's 404 page, with
+    its headers (not the API's JSON 404), for every method and without a session."""
+
+    public = True
+
+    async def prepare(self) -> None:
+        raise PageError(404, "Not found.")
+
+
 class DashboardStaticHandler(StaticFileHandler):
-    """The dashboard's own CSS and JavaScript, with the same security headers."""
+    """The dashboard's own CSS and JavaScript, with the same security headers.
+
+    Caching: these files are the same for everyone and hold nothing private,
+    so unlike the pages they may be cached.  At the versioned URL the pages
+    link (`static_url`: `?v=` the file's modification time) Tornado allows ten
+    years (`max-age`), since a changed file gets a new URL; without a version
+    the browser revalidates each time (`no-cache`, by ETag).  Error answers
+    (an unknown file) are `no-store` like the pages.
+    """
 
     def set_default_headers(self) -> None:
         for name, value in SECURITY_HEADERS.items():
             self.set_header(name, value)
+        self.set_header("Cache-Control", "no-store")    # replaced when a file is served
+
+    def set_extra_headers(self, path: str) -> None:
+        if "v" not in self.request.arguments:
+            self.set_header("Cache-Control", "no-cache")

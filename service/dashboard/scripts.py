@@ -64,16 +64,21 @@ def load_script_page(actor: Actor, guild_id: str, script_id: str,
     except QuotaError:
         errors = None
     stats = core.stats(actor, guild_id, script_id, plans=plans)
-    series = request_series(actor, guild_id, script_id, plans=plans)
+    try:    # charts are advanced statistics: only the plans that include them
+        series: dict[str, Any] | None = request_series(actor, guild_id, script_id, plans=plans)
+    except QuotaError:
+        series = None
     plan = plans.get(guild["plan"])
     return {
         "guild": guild, "script": script, "endpoint": endpoint, "records": records,
         "errors": errors, "stats": stats, "plan": plan,
         "whitelist_plans": sorted(n for n, p in plans.items() if p.ip_whitelist),
-        "chart_minutes": bar_chart(series["perMinute"], title="Requests per minute, last hour",
-                                   label_every=10),
-        "chart_hours": bar_chart(series["perHour"], title="Requests per hour, last 30 days",
-                                 label_every=24 * 5, label="date"),
+        "chart_minutes": series and bar_chart(series["perMinute"],
+                                              title="Requests per minute, last hour",
+                                              label_every=10),
+        "chart_hours": series and bar_chart(series["perHour"],
+                                            title="Requests per hour, last 30 days",
+                                            label_every=24 * 5, label="date"),
         "legend": legend(),
     }
 

@@ -61,7 +61,7 @@ PREFIX = "/endpoints/"
 #: The one form of an endpoint's path: no trailing slash, no percent-encoding
 #: (anything else is 404, so history, statistics and limits see one form).
 _ROUTE = re.compile(r"/endpoints/([^/]+)/([^/]+)")
-_GUILD_ID = re.compile(r"\d{1,25}")
+_GUILD_ID = re.compile(r"[0-9]{1,25}")
 _SCRIPT_ID = re.compile(r"logic_[A-Za-z0-9_-]{22}")
 _ALLOW = "POST, OPTIONS"
 
@@ -342,7 +342,8 @@ class InvokeRequest(ScriptRun, RequestAnswers, httputil.HTTPMessageDelegate):
 
     def _too_long(self, cap: int) -> bool:
         declared = self.headers.get("content-length")
-        return declared is not None and (not declared.isdigit() or int(declared) > cap)
+        return declared is not None and (not (declared.isascii() and declared.isdigit())
+                                         or int(declared) > cap)
 
     # --- body: check 8 --------------------------------------------------------------
     def data_received(self, chunk: bytes) -> None:

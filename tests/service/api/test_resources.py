@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tests.service.api.conftest import ECHO, MANAGER_ID, OWNER_ID, STRANGER_ID, assert_error
+from tests.service.http.harness import wait_until
 
 BROKEN = "on endpoint(event):\n    event.reply(1\n\non endpoint(event):\n    pass\n"
 
@@ -35,6 +36,29 @@ def test_guilds_by_role(world) -> None:
     assert w.operator.as_user(MANAGER_ID)("GET", g).status == 200
 
 
+PRO_LIMITS = {"endpoints": 9, "memoryKb": 4096, "requestsPerMinute": 120, "bodyBytes": 1048576,
+              "history": 200, "errorLogs": True, "ipWhitelist": True, "advancedStats": True,
+              "timeLimitMs": 1000}
+
+
+def test_a_guild_shows_its_plans_limits(world) -> None:
+    w = world()
+    g = f"/guilds/{w.guild_id}"
+    assert w.manager("GET", g).json["limits"] == PRO_LIMITS
+    listed = [x for x in w.owner("GET", "/guilds").json["items"] if x["guildId"] == w.guild_id]
+    assert listed[0]["limits"] == PRO_LIMITS
+    # A dry run shows the new plan's limits; the guild keeps its own.
+    dry = w.operator("PATCH", g + "?dryRun=true", {"plan": "plus"}).json["limits"]
+    assert dry == {**PRO_LIMITS, "endpoints": 3, "memoryKb": 512, "requestsPerMinute": 30,
+                   "bodyBytes": 131072, "history": 20, "ipWhitelist": False,
+                   "advancedStats": False}
+    assert w.owner("GET", g).json["limits"] == PRO_LIMITS
+    assert w.operator("PATCH", g, {"plan": "free"}).json["limits"] == {
+        k: (False if isinstance(v, bool) else 0) for k, v in PRO_LIMITS.items()}
+    doc = w.owner("GET", "/openapi.json").json
+    assert set(doc["components"]["schemas"]["PlanLimits"]["properties"]) == set(PRO_LIMITS)
+
+
 def test_plan_change_dry_run_and_downgrade(world) -> None:
     w = world()
     g = f"/guilds/{w.guild_id}"
@@ -51,6 +75,22 @@ def test_plan_change_dry_run_and_downgrade(world) -> None:
     assert_error(w.operator("PATCH", g, {"plan": "gold"}), 400, "unknown_plan")
     actions = [a["action"] for a in w.manager("GET", f"{g}/audit").json["items"]]
     assert actions[0] == "plan.changed" and "endpoint.disabled" in actions
+
+
+def test_a_dry_run_logs_no_plan_change(world, server) -> None:
+    w = world()
+    g = f"/guilds/{w.guild_id}"
+    start = len(server.log_lines)
+    dry = w.operator("PATCH", g + "?dryRun=true", {"plan": "free"})
+    assert dry.status == 200 and dry.json["dryRun"] and dry.json["plan"] == "free"
+    assert w.owner("GET", g).json["plan"] == "pro"
+    done = w.operator("PATCH", g, {"plan": "plus"})
+    assert done.status == 200 and not done.json["dryRun"]
+    # The server logs in order: once the real change is in the log, a line the
+    # dry run wrote before it would be too.
+    log = lambda: "".join(server.log_lines[start:])  # noqa: E731
+    assert wait_until(lambda: f"guild {w.guild_id} plan pro -> plus" in log())
+    assert f"guild {w.guild_id} plan pro -> free" not in log()
 
 
 def test_managers_are_the_owners_to_change(world) -> None:

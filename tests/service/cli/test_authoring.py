@@ -283,3 +283,21 @@ def test_plan_change_dry_run_whitelist_and_audit(env: tuple[Cli, Path]) -> None:
     scripts = cli.out("script", "list", "1").splitlines()
     assert re.split(r"\s{2,}", scripts[0]) == ["ID", "NAME", "VERSION", "ENDPOINT", "UPDATED"]
     assert re.split(r"\s{2,}", scripts[1])[:4] == [first, "a", "1", "on"]
+
+
+def test_malformed_numbers_and_times_are_one_line_errors(env: tuple[Cli, Path]) -> None:
+    cli, tmp = env
+    sid = cli.json("script", "create", "1", "--name", "s", "--file",
+                   _file(tmp, "v2.py", V2))["logicScriptId"]
+    for since in ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-01:00", "999999999d"):
+        for command in ("history", "errors"):
+            refused = cli.run(command, "1", sid, "--since", since, code=2)
+            assert "out of range" in refused.stderr or "years 1 to 9999" in refused.stderr
+    for status in ("²00", "\u0665\u0660\u0660"):          # superscript two; Arabic-Indic 500
+        assert "invalid status filter" in cli.run("history", "1", sid, "--status", status,
+                                                  code=2).stderr
+    made = cli.json("token", "create", "--operator")
+    arabic = "".join(chr(0x660 + int(d)) for d in str(made["id"]))
+    assert "not found" in cli.run("token", "revoke", arabic, code=2).stderr
+    assert "not found" in cli.run("token", "revoke", "²", code=2).stderr
+    assert cli.json("token", "revoke", str(made["id"])) == {"id": made["id"], "revoked": True}

@@ -16,7 +16,7 @@ from tests.factories import OWNER, STRANGER, make_guild, make_script
 
 
 def test_series_count_by_status_class_in_fixed_slots(db):
-    gid = make_guild("plus")                      # no advanced statistics: charts all the same
+    gid = make_guild("pro")                       # the charts are advanced statistics
     sid = make_script(gid)
     endpoint_id = Endpoint.get(Endpoint.script == Script.get(Script.public_id == sid).id).id
     now = utcnow().replace(second=30, microsecond=0)
@@ -35,6 +35,15 @@ def test_series_count_by_status_class_in_fixed_slots(db):
     assert sum(p["2xx"] + p["4xx"] + p["5xx"] for p in hours) == 6
     with pytest.raises(core.NotFoundError):
         request_series(STRANGER, gid, sid)
+
+
+def test_series_are_advanced_statistics(db):
+    for plan in ("plus", "free"):
+        gid = make_guild(plan)
+        sid = make_script(gid)
+        with pytest.raises(core.QuotaError) as refused:
+            request_series(OWNER, gid, sid)
+        assert refused.value.code == "plan_feature"
 
 
 def test_status_classes():

@@ -95,6 +95,44 @@ def test_every_dashboard_page_carries_the_security_headers(site: Site, client: C
     csp_ok(resp.headers)
 
 
+def test_unrouted_dashboard_paths_answer_as_the_dashboard(site: Site, client: Client) -> None:
+    anonymous = Client(site.server)
+    client.login(site.link(OWNER))
+    for c in (anonymous, client):
+        for path in ("/dashboard/x", "/dashboard/111/", "/dashboard/111/scripts/nope",
+                     "/dashboard/static/missing.css"):
+            resp = c.get(path)
+            assert resp.status == 404, path
+            csp_ok(resp.headers)
+            assert resp.headers["cache-control"] == "no-store", path
+            assert resp.headers["content-type"].startswith("text/html"), path
+        # A link no token can be (too long, other characters) is refused like a used one.
+        for path in ("/login/" + "a" * 101, "/login/a.b", "/login/"):
+            resp = c.get(path)
+            assert resp.status == 400, path
+            csp_ok(resp.headers)
+            assert resp.headers["cache-control"] == "no-store"
+            assert "This login link is invalid, already used or expired" in resp.body.decode()
+    assert "a" * 101 not in site.server.log
+
+
+def test_static_files_carry_the_headers_and_a_stated_cache_policy(site: Site) -> None:
+    anonymous = Client(site.server)
+    page = anonymous.get("/login").body.decode()
+    linked = re.findall(r'(?:href|src)="(/dashboard/static/[^"]+\?v=[0-9]+)"', page)
+    assert linked, page[:500]
+    for path in linked:                    # the versioned URLs the pages link: cached
+        resp = anonymous.get(path)
+        assert resp.status == 200
+        csp_ok(resp.headers)
+        assert resp.headers["cache-control"] == "max-age=315360000", path
+    for path in ("/dashboard/static/dashboard.js", "/dashboard/static/dashboard.css"):
+        resp = anonymous.get(path)             # no version: revalidated each time
+        assert resp.status == 200 and resp.headers["cache-control"] == "no-cache", path
+        csp_ok(resp.headers)
+        assert resp.headers["etag"]
+
+
 def test_a_used_or_expired_link_is_refused(site: Site) -> None:
     from datetime import timedelta
     link = site.link(OWNER)
