@@ -313,8 +313,14 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
                 self._seat(req)
                 return req.future
         if sched.waiting >= self.max_queue:
-            self._c["busy_rejections"] += 1
-            raise PoolBusyError("sandbox queue is full")
+            # Full: the guild with the longest queue gives up its newest request,
+            # so no guild's backlog keeps another guild out; a guild whose own
+            # queue is the longest is refused.
+            crowded = sched.crowding(guild)
+            if crowded is None:
+                self._c["busy_rejections"] += 1
+                raise PoolBusyError("sandbox queue is full")
+            self._push_out(crowded)
         req.deadline = loop.time() + self.queue_timeout
         self._queued[req.future] = req
         if sched.push(req):

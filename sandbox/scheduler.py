@@ -205,6 +205,17 @@ class Scheduler:
         self._place(g)
         return True
 
+    def crowding(self, guild: str) -> Queued | None:
+        """When the queue is full: the newest waiting request of the guild with the
+        most waiting requests, if that guild has at least two more than ``guild``
+        (refusing it makes room for ``guild``'s; O(guilds), only while full)."""
+        g = self.guilds.get(guild)
+        have = len(g.queue) if g is not None else 0
+        top = max(self.guilds.values(), key=lambda s: len(s.queue), default=None)
+        if top is None or len(top.queue) < have + 2:
+            return None
+        return next(reversed(top.queue))
+
     def standing(self, guild: str) -> float:
         """Worker-seconds ``guild`` has left (negative: in debt; for operators and tests)."""
         g = self.guilds.get(guild)

@@ -115,6 +115,14 @@ class Ticking:
         if pending or waiting or self._homeless:
             self._ensure_tick()
 
+    def _push_out(self, req: RequestState) -> None:
+        """Refuse a queued request to make room in a full queue (``Scheduler.crowding``)."""
+        self._sched.cancel(req)
+        self._queued.pop(req.future, None)
+        if not req.future.done():
+            self._c["busy_rejections"] += 1
+            req.future.set_exception(PoolBusyError("sandbox queue is full"))
+
     def _timeout(self, w: WorkerHandle, req: RequestState, now: float) -> None:
         if req.kind == "job":
             self._c["timeouts"] += 1

@@ -103,7 +103,7 @@ async def run_test_call(context: AppContext, target: InvokeTarget, request: Test
         limits = Limits(time_ms=plan.time_limit_ms, memory_kb=plan.memory_kb)
         ref = ScriptRef(key=target.script_id, version=target.script_version, source=target.source)
         try:
-            future = context.pool.submit(ref, event, limits)
+            future = context.pool.submit(ref, event, limits, target.guild_id)
             outcome = await asyncio.shield(future)
         except (PoolBusyError, PoolClosedError):
             raise BusyError(headers={"Retry-After": "1"}) from None

@@ -239,3 +239,18 @@ def test_bad_settings_are_refused() -> None:
                    {"size": 1, "budget_s": -1}):
         with pytest.raises(ValueError):
             Scheduler(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_full_queue_makes_room_from_the_longest_guild_queue_only() -> None:
+    s = Scheduler(1)
+    a = [Req("A", n) for n in range(4)]
+    for r in a:
+        s.push(r)
+    s.push(Req("B", 0))
+    assert s.crowding("C") is a[-1]          # C has none: A's newest gives way
+    assert s.crowding("B") is a[-1]          # B has one, A four
+    assert s.crowding("A") is None           # A itself is the longest: refused
+    for n in range(1, 3):
+        s.push(Req("B", n))
+    assert s.crowding("B") is None           # three against four: no ping-pong
+    assert s.crowding("D") is a[-1]

@@ -258,6 +258,29 @@ def test_queue_timeout_and_cancellation_of_queued_requests() -> None:
     run_with_pool(scenario, size=1, queue_timeout_ms=300)
 
 
+def test_one_guilds_backlog_never_fills_the_queue_for_another_guild() -> None:
+    """The queue is full of guild A's requests: guild B's request is still queued
+    (A's newest gives way and is refused), and A asking for more is refused."""
+    async def scenario(pool: Pool) -> None:
+        a: list[Any] = []
+        while True:                                  # until A alone is refused: full
+            try:
+                a.append(pool.submit(ref(SPIN), event({"s": 0.4}), LIMITS, guild="A"))
+            except PoolBusyError:
+                break
+            assert len(a) < 100
+        assert pool.counters["queue_depth"] == 8
+        b = pool.submit(ref(ECHO), event(), LIMITS, guild="B")
+        with pytest.raises(PoolBusyError):
+            await a[-1]                              # A's newest made room for B
+        assert (await b).error_kind is None
+        outcomes = await asyncio.gather(*a[:-1], return_exceptions=True)
+        assert all(not isinstance(o, BaseException) and o.error_kind is None for o in outcomes)
+        assert pool.counters["busy_rejections"] == 2
+
+    run_with_pool(scenario, size=2, max_queue=8, queue_timeout_ms=20000)
+
+
 def test_a_guild_within_its_share_runs_beside_another_guilds_excess() -> None:
     # Guild A, alone, filled both run slots (one of them beyond its share)
     # and queued more; guild B's request runs at once beside A's excess

@@ -135,3 +135,35 @@ def test_test_body_over_the_plan_is_413(world) -> None:
     big = "x" * (131072 + 1)
     assert_error(w.manager("POST", w.script_path + "/test", {"body": big}), 413,
                  "payload_too_large")
+
+
+LOOP = "on endpoint(event):\n    while True:\n        pass\n"
+
+
+def test_test_calls_run_on_their_own_guilds_workers(world) -> None:
+    """A test call is the guild's own request to the sandbox: with two run slots and
+    half of them per guild, guild A's two looping test calls hold one slot and wait
+    in A's own queue, and guild B's test call runs at once on the other slot (were
+    test calls of every guild one tenant, B would wait behind A's calls, and its
+    script would run on workers that ran A's)."""
+    import threading
+    import time
+    a, b = world(), world()
+    assert a.owner("PUT", a.script_path, {"source": LOOP}).status == 200
+    done: dict[str, float] = {}
+    statuses: dict[str, int] = {}
+
+    def call(name: str, w, pause: float) -> None:
+        time.sleep(pause)
+        resp = w.manager("POST", w.script_path + "/test", {"body": {"n": 1}})
+        done[name], statuses[name] = time.monotonic(), resp.json["status"]
+
+    threads = [threading.Thread(target=call, args=("a1", a, 0.0)),
+               threading.Thread(target=call, args=("a2", a, 0.05)),
+               threading.Thread(target=call, args=("b", b, 0.3))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert statuses == {"a1": 504, "a2": 504, "b": 200}, statuses
+    assert done["b"] < min(done["a1"], done["a2"]), done
