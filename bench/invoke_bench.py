@@ -122,12 +122,14 @@ def main() -> None:
                           "LOGIC_RECORDS_JOURNAL": str(tmp / "before-journal")} if args.before
                          else {**env, "LOGIC_RECORDS_JOURNAL": "off"})
             plain_db, plain_cfg, plain_path, plain_lua = db, cfg, path, lua
-            if args.before and not _knows_env(args.before):
-                # An older tree that knows neither the cookie secret nor the
-                # journal's variable (and needs neither), and refuses a newer
-                # schema: it gets its own database, made by its own CLI.
-                other_env = {k: v for k, v in other_env.items()
-                             if k not in SERVE_ENV and k != "LOGIC_RECORDS_JOURNAL"}
+            if args.before:
+                # Another tree refuses a newer schema and may store secrets in
+                # another form: it gets its own database, made by its own CLI.
+                if not _knows_env(args.before):
+                    # Older still: it knows neither the cookie secret nor the
+                    # journal's variable (and needs neither).
+                    other_env = {k: v for k, v in other_env.items()
+                                 if k not in SERVE_ENV and k != "LOGIC_RECORDS_JOURNAL"}
                 (tmp / "before").mkdir()
                 plain_db, plain_cfg, plain_id, _, plain_lua = bench_endpoint(
                     tmp / "before", args.workers, env=other_env)
