@@ -36,7 +36,7 @@ from sandbox import protocol, zygote
 from sandbox.channel import RequestState, ScriptRef, WorkerHandle, readable
 from sandbox.codecache import source_digest
 from sandbox.compiling import COMPILER
-from sandbox.errors import PoolBusyError, PoolClosedError, ProtocolError, SpawnError
+from sandbox.errors import PoolClosedError, ProtocolError, SpawnError
 from sandbox.hardening import HardeningConfig
 from sandbox.limits import COMPILE_BUDGET_MS, Limits, current_address_space
 from sandbox.outcome import Outcome, failure
@@ -313,14 +313,7 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
                 self._seat(req)
                 return req.future
         if sched.waiting >= self.max_queue:
-            # Full: the guild with the longest queue gives up its newest request,
-            # so no guild's backlog keeps another guild out; a guild whose own
-            # queue is the longest is refused.
-            crowded = sched.crowding(guild)
-            if crowded is None:
-                self._c["busy_rejections"] += 1
-                raise PoolBusyError("sandbox queue is full")
-            self._push_out(crowded)
+            self._make_room(guild)
         req.deadline = loop.time() + self.queue_timeout
         self._queued[req.future] = req
         if sched.push(req):

@@ -115,8 +115,14 @@ class Ticking:
         if pending or waiting or self._homeless:
             self._ensure_tick()
 
-    def _push_out(self, req: RequestState) -> None:
-        """Refuse a queued request to make room in a full queue (``Scheduler.crowding``)."""
+    def _make_room(self, guild: str) -> None:
+        """The queue is full: the guild with the longest queue gives up its newest
+        request (``Scheduler.crowding``), so no guild's backlog keeps another guild
+        out. Raises PoolBusyError when ``guild``'s own queue is the longest."""
+        req: Any = self._sched.crowding(guild)
+        if req is None:
+            self._c["busy_rejections"] += 1
+            raise PoolBusyError("sandbox queue is full")
         self._sched.cancel(req)
         self._queued.pop(req.future, None)
         if not req.future.done():
