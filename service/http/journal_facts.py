@@ -92,32 +92,36 @@ def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...
     for index in (16, 17, 19, 21):
         if out[index]:
             out[index] = redact.text(out[index])
-    for index, name in hidden:
-        if index == 11:
-            out[11] = {**out[11], name: REDACTED}
+    for index, key in hidden:
+        if index in (10, 11):                  # a query parameter, a request header
+            out[index] = {**out[index], key: REDACTED}
+        elif index == 14:                      # a response header, by position
+            out[14] = [[n, REDACTED if i == key else v] for i, (n, v) in enumerate(out[14])]
         else:
             out[index] = REDACTED.encode() if isinstance(out[index], bytes) else REDACTED
     return tuple(out)
 
 
 def _hidden(secret: str, facts: tuple[Any, ...],
-            headers: dict[str, str]) -> list[tuple[int, str]]:
-    """(fact index, header name or "") of every value holding `secret` only in an
-    encoded form (`redaction.hides`): such a value is kept as ``[redacted]`` whole."""
-    found = []
-    for name, value in headers.items():    # plain loops and marks first: hot path
-        if ("%" in value or "\\u" in value) and hides(secret, value):
+            headers: dict[str, str]) -> list[tuple[int, Any]]:
+    """(fact index, query parameter or header name, response header position, or "")
+    of every value holding `secret` only in an encoded form (`redaction.hides`):
+    such a value is kept as ``[redacted]`` whole. Called only for a marked request."""
+    found: list[tuple[int, Any]] = []
+    for name, item in facts[10].items():
+        for value in (item if isinstance(item, list) else [item]):
+            if isinstance(value, str) and hides(secret, value):
+                found.append((10, name))
+                break
+    for name, value in headers.items():
+        if hides(secret, value):
             found.append((11, name))
+    for position, pair in enumerate(facts[14]):
+        if hides(secret, pair[1]):
+            found.append((14, position))
     for index in (12, 13, 15, 16, 17, 19, 21):
         value = facts[index]
-        if not value:
-            continue
-        if isinstance(value, bytes):
-            if b"%" not in value and b"\\u" not in value and b"\x00" not in value:
-                continue
-        elif "%" not in value and "\\u" not in value:
-            continue
-        if hides(secret, value):
+        if value and hides(secret, value):
             found.append((index, ""))
     return found
 
@@ -129,18 +133,15 @@ def _scan(secret: str, facts: tuple[Any, ...], query: dict[str, Any], headers: d
     carries a mark of an encoding that could hide it: `%`, `\\u`, a NUL byte).
     Hot path: a few substring tests over joined values, no call per value."""
     texts = "\n".join(headers.values())
+    if response_headers:
+        texts += "\n" + "\n".join([pair[1] for pair in response_headers])
+    if query:
+        texts += "\n" + "\n".join([str(item) for item in query.values()])
     if facts[13] or facts[16] or facts[17] or facts[19] or facts[21]:
-        texts += "\n".join([t for t in (facts[13], facts[16], facts[17], facts[19], facts[21])
+        texts += "\n" + "\n".join([t for t in (facts[13], facts[16], facts[17], facts[19], facts[21])
                             if t])
     found = secret in texts
     marked = "%" in texts or "\\" in texts
-    if not found:
-        for item in query.values():
-            if secret in str(item):
-                found = True
-        for pair in response_headers:
-            if secret in pair[1]:
-                found = True
     data = body if isinstance(body, bytes) else body.encode("utf-8", "replace")
     raw = secret.encode("utf-8", "surrogatepass")
     found = found or raw in data or raw in response_body

@@ -84,32 +84,60 @@ class Redactor:
 
 
 _U_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
-_UTF16 = ("utf-16", "utf-16-le", "utf-16-be")
+#: Decoding steps tried one after the other on a marked value (percent-encoding
+#: and ``\\u`` escapes, in either order, one inside the other): bounded work.
+DECODE_DEPTH = 2
+#: How much of a value is searched for an encoded secret: what history keeps
+#: of a body or an output (8 KB) and room for one encoded secret beyond it, so
+#: the search costs at most a few milliseconds even for a crafted megabyte.
+SCAN_CHARS = 9 * 1024
 
 
 def _unescaped(match: re.Match[str]) -> str:
     return chr(int(match.group(1), 16))
 
 
+def _utf16_texts(value: bytes) -> list[str]:
+    """`value` read as UTF-16 (both byte orders) from an even and an odd offset:
+    UTF-16 text inside other bytes (a multipart part) lines up in one of them.
+    Undecodable units become U+FFFD, so the rest still reads."""
+    return [value[start:].decode(codec, "replace")
+            for codec in ("utf-16-le", "utf-16-be") for start in (0, 1)]
+
+
+def _decoded_holds(secret: str, text: str, depth: int) -> bool:
+    if secret in text:
+        return True
+    if depth == 0:
+        return False
+    if "%" in text:
+        decoded = unquote_plus(text)
+        if decoded != text and _decoded_holds(secret, decoded, depth - 1):
+            return True
+    if "\\u" in text:
+        decoded = _U_ESCAPE.sub(_unescaped, text)
+        if decoded != text and _decoded_holds(secret, decoded, depth - 1):
+            return True
+    return False
+
+
 def hides(secret: str, value: bytes | str) -> bool:
     """Whether `value` holds `secret` in an encoded form a literal search misses:
-    percent-encoded (a form body, a URL in a header), as JSON ``\\u`` escapes, or
-    as UTF-16 text. Cheap when none of their marks is present (the usual case)."""
+    percent-encoded (a form body, a URL in a header), as JSON ``\\u`` escapes,
+    one inside the other, or as UTF-16 text at any alignment, within the first
+    `SCAN_CHARS` of `value`. Cheap when none of their marks is present (the
+    usual case)."""
+    value = value[:SCAN_CHARS]
     if isinstance(value, bytes):
-        if b"\x00" in value:
-            for codec in _UTF16:
-                try:
-                    text = value.decode(codec)
-                except UnicodeDecodeError:
-                    continue
-                if secret in text or hides(secret, text):
-                    return True
-        if b"%" not in value and b"\\u" not in value:
+        if 0 in value and any(_decoded_holds(secret, text, DECODE_DEPTH)
+                              for text in _utf16_texts(value)):
+            return True
+        if 37 not in value and 92 not in value:      # no "%", no "\\"
             return False
         value = value.decode("utf-8", "replace")
-    if "%" in value and secret in unquote_plus(value):
-        return True
-    return "\\u" in value and secret in _U_ESCAPE.sub(_unescaped, value)
+    # The plain secret is cut out where it stands (`Redactor`); what is left
+    # must not hold it encoded.
+    return _decoded_holds(secret, value.replace(secret, ""), DECODE_DEPTH)
 
 
 #: Secret- and token-shaped text in a log line.

@@ -259,3 +259,44 @@ on endpoint(event):
         assert ep.secret not in everything and percent not in everything
         assert escaped not in everything
         assert record["headers"]["referer"] == "[redacted]"
+
+
+def test_a_secret_hidden_deeper_is_redacted_too(server: Server, make_endpoint,
+                                                read_history) -> None:
+    """UTF-16 at an odd offset (a multipart part), two encodings one inside the
+    other, and a percent-encoded secret in a query parameter or a reply header."""
+    import base64
+    from urllib.parse import quote
+    ep = make_endpoint(source="""
+on endpoint(event):
+    event.header("X-Echo", event.query.get("h", ""))
+    event.reply("ok")
+""")
+    utf16 = ("copy " + ep.secret).encode("utf-16-le")
+    percent = "".join("%%%02X" % ord(c) for c in ep.secret)
+    escaped = "".join("\\u%04x" % ord(c) for c in ep.secret)
+    part = (b'--b\r\nContent-Disposition: form-data; name="f"; filename="ab.txt"\r\n'
+            b"Content-Type: text/plain; charset=utf-16le\r\n\r\n" + utf16 + b"\r\n--b--\r\n")
+    sends = [
+        ("", b"X" + utf16, "application/octet-stream"),
+        ("", utf16 + b"\x00\xd8", "application/octet-stream"),
+        ("", part, "multipart/form-data; boundary=b"),
+        ("", ("payload=" + quote('{"k":"' + escaped + '"}', safe="")).encode(),
+         "application/x-www-form-urlencoded"),
+        ("?h=" + quote(percent, safe=""), b"{}", "application/json"),
+    ]
+    from tests.service.http.harness import wait_until
+    for n, (query, body, content_type) in enumerate(sends, 1):
+        resp = server.request(ep.path + query, body=body, secret=ep.secret,
+                              headers={"Content-Type": content_type})
+        assert resp.status == 200, resp.body
+        assert wait_until(lambda n=n: len(read_history(ep)) == n)
+    for record in read_history(ep):
+        everything = json.dumps(record)
+        assert ep.secret not in everything and percent not in everything
+        body = record["body"]
+        if record["bodyEncoding"] == "base64":
+            assert ep.secret.encode("utf-16-le") not in base64.b64decode(body)
+        if record["query"]:
+            assert record["query"]["h"] == "[redacted]"
+            assert record["responseHeaders"]["x-echo"] == "[redacted]"
