@@ -132,7 +132,8 @@ class InteractionsHandler(BaseHandler):
         if interaction.type == protocol.PING:
             self.write_json(protocol.pong())
             return
-        if not front.verifier.first_time(interaction.id) or not await front.first_seen(interaction.id):
+        if (not front.verifier.first_time(interaction.id)
+                or not await front.first_seen(interaction.id)):
             raise SignatureRefusedError(log_message="interaction refused: replayed id")
         if interaction.type == protocol.APPLICATION_COMMAND:
             await self._command(interaction)
