@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sandbox.channel import WorkerHandle
 from sandbox.compiling import Compiling
 from sandbox.errors import ProtocolError
-from sandbox.limits import COMPILE_BUDGET_MS, MAX_RSS_GROWTH_BYTES
+from sandbox.limits import COMPILE_BUDGET_MS, MAX_RSS_GROWTH_BYTES, RESTART_COST_S
 from sandbox.outcome import from_result
 from sandbox.supervisor import Supervisor
 
@@ -123,8 +123,8 @@ class Inbox(Compiling, Supervisor):
         loop = self._loop
         assert loop is not None
         now = loop.time()
-        self._end(req, now - req.t0)
         if t == "xres":
+            self._end(req, now - req.t0)
             req.resolve((msg["ok"], msg.get("value")))
             self._replace(w, None, backoff=False)  # hooks may have changed it
             return
@@ -140,9 +140,11 @@ class Inbox(Compiling, Supervisor):
         # is lying or broken, and is replaced, so its charge against the memory
         # budget (what it may make the pool retire) stays bounded.
         grown_past = w.rss_last - w.rss_first > MAX_RSS_GROWTH_BYTES
+        retires = msg["exit"] or msg["over"] or grown_past
+        self._end(req, now - req.t0 + (RESTART_COST_S if retires else 0.0))
         req.resolve(from_result(msg["r"], msg["dur"], msg["peak"], req.waited,
                                 req.deprioritised))
-        if msg["exit"] or msg["over"] or grown_past or w.jobs >= w.max_jobs:
+        if retires or w.jobs >= w.max_jobs:
             self._replace(w, None, backoff=False)
         else:
             self._park(w, now)

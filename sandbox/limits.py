@@ -106,6 +106,13 @@ AS_SLACK_BYTES = 16 << 20
 #: Resident memory a worker may keep beyond its size at start-up; past it the
 #: worker retires after the job (caches a guild's scripts filled, fragments).
 MAX_RSS_GROWTH_BYTES = 64 << 20
+#: Worker-seconds a job is charged on top of its run time when its worker must
+#: go because of it (a memory kill, a time-out, a crash, script code left in a
+#: library cache, memory kept): about what starting the replacement costs
+#: (fork, hardening, first job: 4-6 ms of CPU, ~10 ms of wall time measured on
+#: 2-core hosts), so a guild that retires its worker every time pays for the
+#: pool's forks from its own budget.
+RESTART_COST_S = 0.010
 
 
 class ProcessMemory:

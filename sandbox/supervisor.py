@@ -21,7 +21,7 @@ import msgpack  # type: ignore[import-untyped]
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import SandboxError
 from sandbox.hardening import EXIT_NO_SECCOMP
-from sandbox.limits import MEMGUARD_AVAILABLE
+from sandbox.limits import MEMGUARD_AVAILABLE, RESTART_COST_S
 from sandbox.outcome import Outcome, failure
 from sandbox.scheduler import Scheduler
 from sandbox.ticking import Ticking
@@ -210,7 +210,9 @@ class Supervisor(Ticking):
         if req is not None:
             self._busy -= 1
             if self._loop is not None:
-                self._end(req, self._loop.time() - req.t0)
+                # Killed for its job (time-out, crash, protocol): the job also
+                # pays for its worker's replacement.
+                self._end(req, self._loop.time() - req.t0 + RESTART_COST_S)
             req.resolve(outcome or failure("crash", "sandbox worker was replaced", 0.0))
         if backoff:
             # Died before it was ready: the host's fault, retried with back-off.

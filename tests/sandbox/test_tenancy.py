@@ -299,6 +299,30 @@ def test_a_guild_within_its_share_runs_beside_another_guilds_excess() -> None:
     run_with_pool(scenario, size=2, queue_timeout_ms=5000)
 
 
+HOG = block("""
+rows = []
+while True:
+    rows.append("x" * 10000)
+""")
+
+
+def test_a_job_that_retires_its_worker_pays_for_the_restart() -> None:
+    """Each of guild A's jobs is memory-killed (its worker must go): A is charged
+    the replacement's start too, so five such jobs use up a 40 ms budget that
+    five ordinary jobs of guild B, taking as long to run, leave almost whole."""
+    async def scenario(pool: Pool) -> None:
+        for _ in range(5):
+            killed = await pool.run(ref(HOG), event(), Limits(1000, 512), guild="A")
+            assert killed.error_kind == "script_memory_exceeded"
+            await pool.run(ref(ECHO), event(), LIMITS, guild="B")
+        spent_a = 0.04 - pool._sched.standing("A")
+        spent_b = 0.04 - pool._sched.standing("B")
+        assert spent_a >= 5 * 0.010 - 0.004, (spent_a, spent_b)   # includes 5 restarts
+        assert spent_b < 0.02, spent_b
+
+    run_with_pool(scenario, size=2, guild_budget_s=0.04)
+
+
 def test_a_guild_over_its_budget_is_logged_once_and_served_last(
         caplog: pytest.LogCaptureFixture) -> None:
     async def scenario(pool: Pool) -> None:
