@@ -299,6 +299,10 @@ def test_a_guild_within_its_share_runs_beside_another_guilds_excess() -> None:
     run_with_pool(scenario, size=2, queue_timeout_ms=5000)
 
 
+LOOP = block("""
+while True:
+    pass
+""")
 HOG = block("""
 rows = []
 while True:
@@ -311,17 +315,24 @@ def test_a_job_that_retires_its_worker_pays_for_the_restart(monkeypatch) -> None
     replacement's start on top of its run time; guild B's ordinary jobs are not.
     (The charge is raised to 5 s here so that no host's timing can blur it.)"""
     import sandbox.inbox
+    import sandbox.supervisor
     monkeypatch.setattr(sandbox.inbox, "RESTART_COST_S", 5.0, raising=False)
+    monkeypatch.setattr(sandbox.supervisor, "RESTART_COST_S", 5.0, raising=False)
 
     async def scenario(pool: Pool) -> None:
         for _ in range(5):
             killed = await pool.run(ref(HOG), event(), Limits(1000, 512), guild="A")
             assert killed.error_kind == "script_memory_exceeded"
             await pool.run(ref(ECHO), event(), LIMITS, guild="B")
+        # A time-out kills the worker too: guild C pays for its replacement.
+        late = await pool.run(ref(LOOP), event(), Limits(100, 512), guild="C")
+        assert late.error_kind == "script_timeout"
         spent_a = 100.0 - pool._sched.standing("A")
         spent_b = 100.0 - pool._sched.standing("B")
+        spent_c = 100.0 - pool._sched.standing("C")
         assert spent_a >= 24.0, (spent_a, spent_b)       # five restarts (less the refill)
         assert spent_b < 5.0, spent_b                    # none for B
+        assert spent_c >= 5.0, spent_c
 
     run_with_pool(scenario, size=2, guild_budget_s=100.0)
 
