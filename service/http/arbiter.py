@@ -5,7 +5,7 @@ the main loop calls `handle_<name>`; each pass reaps dead fronts and spawns
 back to one front per slot (with a back-off while they keep dying).
 
 - One SO_REUSEPORT listening socket per front slot, bound here and kept open
-  for the arbiter's life: a replacement, or a reloaded front, accepts from its
+  until SIGTERM: a replacement, or a reloaded front, accepts from its
   predecessor's socket, so connections queued on it are never refused.
 - Nothing with a thread, an event loop or a database connection exists here
   when a front is forked (tornado's process.py rule): the front sets itself
@@ -322,6 +322,9 @@ class Arbiter:
         log.info("stopping: draining %d fronts", len(self.fronts))
         for front in self.fronts.values():
             self._signal(front.pid, signal.SIGTERM)
+        for slot in self.slots:   # no new connections (the fronts close their copies)
+            for sock in slot.sockets:
+                sock.close()
 
     handle_int = handle_term
 

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 from collections import Counter
@@ -311,6 +312,15 @@ def test_sigterm_drains_every_front(start, make_endpoint, history_of) -> None:
     assert wait_until(lambda: len(results) >= 1, timeout=60)
     assert server.proc is not None
     server.proc.send_signal(signal.SIGTERM)
+    assert len(results) < total
+    # No new connection while the fronts drain: refused at once, as with one process.
+    def refused() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
+        except ConnectionRefusedError:
+            return True
+        return False
+    assert wait_until(refused, timeout=5)
     assert len(results) < total
     for thread in threads:
         thread.join(60)
