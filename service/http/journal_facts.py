@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
+from service.core.secrets import SECRET_PREFIX
 from service.http.auth import presented_secret
 from service.http.event import parse_query, visible_headers
 from service.http.redaction import REDACTED, Redactor, hides
@@ -75,23 +76,16 @@ def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...
     """
     if not secret or not facts[3]:
         return facts
-    query, headers, body, response_headers, response_body = (
-        facts[10], facts[11], facts[12], facts[14], facts[15])
-    found, marked = _scan(secret, facts, query, headers, body, response_headers, response_body)
-    hidden = _hidden(secret, facts, headers) if marked else []
+    # The random part is what is secret: searched for with or without the prefix.
+    needle = (secret[len(SECRET_PREFIX):] if secret.startswith(SECRET_PREFIX)
+              and len(secret) > len(SECRET_PREFIX) + 16 else secret)
+    found, marked = _scan(needle, facts, facts[10], facts[11], facts[12], facts[14], facts[15])
+    hidden = _hidden(needle, facts, facts[11]) if marked else []
     if not found and not hidden:
         return facts
-    redact = Redactor(secret)
-    out = list(facts)
-    out[10] = redact.mapping(query)
-    out[11] = redact.mapping(headers)
-    out[12] = redact.data(body)
-    out[13] = redact.text(facts[13])
-    out[14] = [[n, redact.value(n, v)] for n, v in response_headers]
-    out[15] = redact.raw(response_body)
-    for index in (16, 17, 19, 21):
-        if out[index]:
-            out[index] = redact.text(out[index])
+    out = _cut(list(facts), Redactor(secret))
+    if needle != secret:
+        out = _cut(out, Redactor(needle))
     for index, key in hidden:
         if index in (10, 11):                  # a query parameter, a request header
             out[index] = {**out[index], key: REDACTED}
@@ -100,6 +94,20 @@ def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...
         else:
             out[index] = REDACTED.encode() if isinstance(out[index], bytes) else REDACTED
     return tuple(out)
+
+
+def _cut(out: list[Any], redact: Redactor) -> list[Any]:
+    """`out` (the facts as a list) with `redact`'s secret cut out of every value."""
+    out[10] = redact.mapping(out[10])
+    out[11] = redact.mapping(out[11])
+    out[12] = redact.data(out[12])
+    out[13] = redact.text(out[13])
+    out[14] = [[n, redact.value(n, v)] for n, v in out[14]]
+    out[15] = redact.raw(out[15])
+    for index in (16, 17, 19, 21):
+        if out[index]:
+            out[index] = redact.text(out[index])
+    return out
 
 
 def _hidden(secret: str, facts: tuple[Any, ...],

@@ -140,6 +140,32 @@ def hides(secret: str, value: bytes | str) -> bool:
     return _decoded_holds(secret, value.replace(secret, ""), DECODE_DEPTH)
 
 
+#: An endpoint secret's shape: its public prefix and 32 random bytes, URL-safe.
+SECRET_SHAPE = re.compile(r"lsk_[A-Za-z0-9_-]{43}")
+
+
+def shaped_redactors(*values: Any) -> list[Redactor]:
+    """A `Redactor` for every secret-shaped token among `values` (text, bytes, and
+    the values of mappings), and one for its random part (found without the
+    prefix too): for a request that presents no secret, such as a test call."""
+    found: set[str] = set()
+    for value in values:
+        items = value.values() if isinstance(value, dict) else [value]
+        for item in items:
+            text = (item.decode("latin-1") if isinstance(item, bytes)
+                    else item if isinstance(item, str) else str(item))
+            if "lsk_" in text:
+                found.update(SECRET_SHAPE.findall(text))
+    return [Redactor(part) for shape in sorted(found) for part in (shape, shape[4:])]
+
+
+def redact_all(redactors: list[Redactor], value: Any) -> Any:
+    """`value` (a mapping, text or bytes) through every redactor in turn."""
+    for redact in redactors:
+        value = redact.mapping(value) if isinstance(value, dict) else redact.data(value)
+    return value
+
+
 #: Secret- and token-shaped text in a log line.
 _SECRET_SHAPES = re.compile(r"\b(lsk|lat)_[A-Za-z0-9_\-]{6,}|(?i:\b(bearer|basic)\s+)[^\s'\",;]+")
 

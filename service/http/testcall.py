@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, ScriptRef
 from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
+from service.http.redaction import redact_all, shaped_redactors
 from service.http.base import error_body
 from service.http.errors import (OUTCOME_ERRORS, BusyError, PayloadTooLargeError,
                                  RateLimitedError, ServiceError)
@@ -163,17 +164,27 @@ class _Run:
             error = f"{outcome.error_kind}: {outcome.error_message or ''}".strip()
         elif result.error_code:
             error = result.error_code
+        query = parse_query(request.query) if request.query else {}
+        message = (outcome.error_message or "") if outcome is not None else ""
+        traceback = outcome.traceback if outcome is not None else None
+        # A test call presents no secret: any secret-shaped value it carries (the
+        # endpoint's own, pasted into a body) is redacted by its shape.
+        shaped = shaped_redactors(query, request.headers, request.body, result.body,
+                                  result.output, error, traceback)
+
+        def clean(value: Any) -> Any:
+            return redact_all(shaped, value) if shaped and value else value
         items.append(RequestRecordIn(
             endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
-            method=request.method, query=parse_query(request.query) if request.query else {},
-            headers=request.headers, body=request.body, ip=self.ip,
-            user_agent=request.headers.get("user-agent", ""), status=result.status,
-            response_headers=dict(result.headers), response_body=result.body,
-            duration_ms=result.duration_ms, output=result.output, error=error,
+            method=request.method, query=clean(query), headers=clean(request.headers),
+            body=clean(request.body), ip=self.ip,
+            user_agent=clean(request.headers.get("user-agent", "")), status=result.status,
+            response_headers=clean(dict(result.headers)), response_body=clean(result.body),
+            duration_ms=result.duration_ms, output=clean(result.output), error=clean(error),
             keep=target.plan.history, test=True))
         if outcome is not None and outcome.error_kind and target.plan.error_logs:
             items.append(ErrorRecordIn(
                 endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
-                kind=outcome.error_kind, message=outcome.error_message or "",
-                line=outcome.error_line, traceback=outcome.traceback))
+                kind=outcome.error_kind, message=clean(message),
+                line=outcome.error_line, traceback=clean(traceback)))
         return items

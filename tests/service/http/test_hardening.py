@@ -239,7 +239,7 @@ on endpoint(event):
     event.header("Content-Type", "text/plain")
     event.reply(event.rawBody)
 """)
-    escaped = "\\u%04x" % ord(ep.secret[0]) + ep.secret[1:]
+    escaped = ep.secret[:-1] + "\\u%04x" % ord(ep.secret[-1])
     percent = "".join("%%%02X" % ord(c) for c in ep.secret)
     bodies = [
         (("{\"copy\": \"" + escaped + "\"}").encode(), "application/json"),
