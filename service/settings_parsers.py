@@ -114,9 +114,40 @@ def db_url(value: Any) -> str:
 
 def storage(value: Any) -> str:
     url = text(value)
-    if urlparse(url).scheme not in ("memory", "redis", "rediss", "unix"):
+    scheme = urlparse(url).scheme
+    if scheme not in ("memory", "redis", "rediss", "unix"):
         raise ValueError('expected "memory://" or a redis://, rediss:// or unix:// URL')
+    if scheme != "memory":
+        _check_redis_url(url)
     return url
+
+
+def _check_redis_url(url: str) -> None:
+    """Refuse a Redis URL its client would refuse at start-up (a port that is no
+    number, a database or option of the wrong type), in one line that never
+    echoes the URL (it may hold a password)."""
+    parsed = urlparse(url)
+    database = parsed.path.strip("/")
+    if parsed.scheme != "unix" and database and not (database.isascii() and database.isdigit()):
+        raise ValueError("not a valid Redis URL: the database (the path) must be a number")
+    try:
+        from redis.connection import parse_url
+    except ImportError:   # the `redis` extra is not installed: the port at least
+        try:
+            urlparse(url).port
+        except ValueError:
+            raise ValueError("not a valid Redis URL: the port must be a number "
+                             "from 1 to 65535") from None
+        return
+    try:
+        options = parse_url(url)
+    except (ValueError, TypeError) as err:
+        reason = "the port must be a number from 1 to 65535" if "port" in str(err).lower() \
+            else "a database number or an option has the wrong type"
+        raise ValueError(f"not a valid Redis URL: {reason}") from None
+    port = options.get("port")
+    if port is not None and not 0 < port < 65536:
+        raise ValueError("not a valid Redis URL: the port must be a number from 1 to 65535")
 
 
 def on_storage_error(value: Any) -> str:

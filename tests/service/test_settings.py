@@ -107,11 +107,21 @@ time_limit_ms = 1000
     ("", {"LOGIC_RATELIMIT_STORAGE_TIMEOUT_MS": "5"},
      "env: bad value for LOGIC_RATELIMIT_STORAGE_TIMEOUT_MS"),
     ("[ratelimit]\nstorage = 'memcached://x'\n", {}, "config: bad value for ratelimit.storage"),
+    # A Redis URL its client would refuse: one line, never the URL (it may hold a password).
+    ("[ratelimit]\nstorage = 'redis://:pw0rd@127.0.0.1:notaport/1'\n", {},
+     "config: bad value for ratelimit.storage: not a valid Redis URL: the port"),
+    ("[ratelimit]\nstorage = 'redis://127.0.0.1:99999/0'\n", {},
+     "config: bad value for ratelimit.storage: not a valid Redis URL: the port"),
+    ("[ratelimit]\nstorage = 'redis://127.0.0.1:6379/x'\n", {},
+     "config: bad value for ratelimit.storage: not a valid Redis URL: the database"),
+    ("", {"LOGIC_RATELIMIT_STORAGE": "redis://127.0.0.1:6379/0?socket_timeout=pw0rd"},
+     "env: bad value for LOGIC_RATELIMIT_STORAGE: not a valid Redis URL"),
 ])
 def test_errors_are_one_line_naming_the_key(tmp_path, text, env, message):
     with pytest.raises(SettingsError) as err:
         load_settings(write(tmp_path, text), env, {})
     assert message in str(err.value) and "\n" not in str(err.value)
+    assert "pw0rd" not in str(err.value)
 
 
 def test_processes_default_auto_env_and_flag(tmp_path):
