@@ -80,10 +80,13 @@ def serve(state: State, host: str | None, port: int | None, workers: int | None,
     _configure_logging()
     run_dir = _run_dir(settings.server.process_count)
     from service.http.arbiter import FrontStartError
+    from service.http.journal import JournalUnusable
     from service.http.server import serve as run
 
     try:
         run(settings, reload=_reloader(state), run_dir=run_dir)
+    except JournalUnusable as err:
+        raise CommandError(str(err), EXIT_USAGE) from None
     except OSError as err:
         where = f"{settings.server.host}:{settings.server.port}"
         raise CommandError(f"cannot serve on {where}: {err.strerror or err}", EXIT_ERROR) from None

@@ -53,6 +53,10 @@ class JournalInUse(OSError):
     """Another running process owns the journal directory."""
 
 
+class JournalUnusable(Exception):
+    """The journal directory cannot be made or opened (the message names the key)."""
+
+
 class _Segment:
     """One segment file, open and mapped shared for as long as this process uses it."""
 
@@ -87,9 +91,13 @@ class Journal:
 
     def __init__(self, directory: str | Path, fsync: bool = False) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # One process per journal: another one's live segment is no leftover.
-        self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # One process per journal: another one's live segment is no leftover.
+            self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as err:
+            raise JournalUnusable(f"records.journal: cannot use {self.directory} as the "
+                                  f"records journal: {err.strerror or err}") from None
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.service.http.harness import LOGIC
 
 
@@ -112,6 +114,20 @@ def test_serve_reports_a_port_in_use(tmp_path: Path) -> None:
     assert proc.returncode == 1
     # One line, naming the address, before any worker was started.
     assert proc.stderr == f"logic: error: cannot serve on 127.0.0.1:{port}: Address already in use\n"
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_journal_that_cannot_be_used_is_named(tmp_path: Path, processes: str) -> None:
+    db = f"sqlite:///{tmp_path / 'x.db'}"
+    subprocess.run([LOGIC, "--database-url", db, "db", "upgrade"], check=True, capture_output=True)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    proc = subprocess.run([LOGIC, "--database-url", db, "serve", "--port", str(_free_port()),
+                           "--processes", processes], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "LOGIC_RECORDS_JOURNAL": str(a_file)})
+    assert proc.returncode == 2
+    assert proc.stderr == (f"logic: error: records.journal: cannot use {a_file} as the records "
+                           "journal: File exists\n")
 
 
 def test_a_database_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
