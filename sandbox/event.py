@@ -34,6 +34,10 @@ FORBIDDEN_HEADERS = frozenset({
     "clear-site-data", "nel", "report-to", "reporting-endpoints", "accept-ch",
     "critical-ch", "set-login", "origin-agent-cluster", "expect-ct", "public-key-pins",
     "public-key-pins-report-only", "service-worker-allowed", "x-sendfile",
+    # Browser state keyed by the origin or its URLs: a compression dictionary
+    # for later responses, a device-bound session, storage access, cache keys.
+    "use-as-dictionary", "sec-session-registration", "activate-storage-access",
+    "no-vary-search",
 })
 # Proxy-control headers: a reverse proxy in front (nginx's X-Accel-*, Apache's
 # and lighttpd's X-Sendfile*, LiteSpeed's X-LiteSpeed-*) obeys them, so a

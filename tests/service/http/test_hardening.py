@@ -69,6 +69,7 @@ def test_bad_header_value_is_400_without_traceback_or_value_in_log(server: Serve
     "X-Accel-Redirect", "X-Accel-Buffering", "X-Sendfile", "X-Sendfile-Type",
     "X-LiteSpeed-Location", "NEL", "Report-To", "Reporting-Endpoints", "Accept-CH",
     "Set-Login", "Origin-Agent-Cluster", "Expect-CT", "Public-Key-Pins",
+    "Use-As-Dictionary", "Sec-Session-Registration", "Activate-Storage-Access", "No-Vary-Search",
 ])
 def test_script_cannot_send_proxy_control_or_origin_wide_headers(server: Server, make_endpoint,
                                                                  name: str) -> None:

@@ -33,6 +33,8 @@ HOSTILE = {
     "Accept-CH": "Sec-CH-UA", "Set-Login": "logged-in", "Origin-Agent-Cluster": "?0",
     "Expect-CT": "max-age=1", "Public-Key-Pins": 'pin-sha256="x"; max-age=1',
     "Alt-Svc": 'h2="evil.example:443"', "Strict-Transport-Security": "max-age=1",
+    "Use-As-Dictionary": 'match="/*"', "Sec-Session-Registration": '(ES256);path="/x"',
+    "Activate-Storage-Access": "retry; allowed-origin=*", "No-Vary-Search": "params",
 }
 
 
