@@ -140,7 +140,7 @@ def _check_redis_url(url: str) -> None:
                              "from 1 to 65535") from None
         return
     try:
-        options = parse_url(url)
+        options = parse_url(url)  # type: ignore[no-untyped-call]
     except (ValueError, TypeError) as err:
         reason = "the port must be a number from 1 to 65535" if "port" in str(err).lower() \
             else "a database number or an option has the wrong type"
