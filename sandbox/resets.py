@@ -15,6 +15,12 @@ microsecond when nothing changed):
 * ``enum.Flag`` pseudo-members: ``type(re.I)(n)`` creates and keeps one per
   new value (finding 3); each reachable flag class's value map goes back to
   its warm contents.
+* ``re``'s compiled-pattern cache (``re._cache``): its oldest entries are
+  evicted first whatever their use, so whether a pattern compiled earlier
+  is still the same object told a later invocation, by value, which
+  patterns an earlier one had compiled (a stored counter, by a later red-team
+  pass); it goes back to its warm contents whenever an invocation added to
+  it, so each invocation compiles its own patterns afresh.
 * the module-global ``random`` generator, which library code uses
   (``statistics.NormalDist.samples``, finding 8): re-seeded from the OS when
   an invocation imports ``statistics`` (see ``sandbox.modules``).
@@ -31,6 +37,7 @@ import encodings
 import enum
 import os
 import random
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -41,6 +48,8 @@ _state: dict[str, Any] = {"installed": False, "dirty": False}
 _encodings_cache: dict[str, Any] = getattr(encodings, "_cache", {})
 _encodings_warm: dict[str, Any] = {}
 _flag_maps: list[tuple[dict[Any, Any], dict[Any, Any]]] = []
+_re_cache: dict[Any, Any] = getattr(re, "_cache", {})
+_re_warm: dict[Any, Any] = {}
 
 
 def _bounded_search(name: str) -> Any:
@@ -74,6 +83,8 @@ def install(flag_classes: Iterable[type[enum.Flag]] = ()) -> None:
     codecs.register(_bounded_search)
     _encodings_warm.clear()
     _encodings_warm.update(_encodings_cache)
+    _re_warm.clear()
+    _re_warm.update(_re_cache)
     for cls in flag_classes:
         members: dict[Any, Any] = cls._value2member_map_
         _flag_maps.append((members, dict(members)))
@@ -86,6 +97,10 @@ def after_invocation() -> None:
     if len(_encodings_cache) != len(_encodings_warm):
         _encodings_cache.clear()
         _encodings_cache.update(_encodings_warm)
+    if len(_re_cache) != len(_re_warm):
+        # Only an addition changes it: at its warm size it never evicts.
+        _re_cache.clear()
+        _re_cache.update(_re_warm)
     if _state["dirty"]:
         _state["dirty"] = False
         codecs.unregister(_bounded_search)  # also empties the interpreter's cache

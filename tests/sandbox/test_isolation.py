@@ -45,6 +45,46 @@ on endpoint(event):
     assert seen == [refused, [2, ["a"], False]] * len(attacks)
 
 
+RE_WRITER = '''import re, random
+on endpoint(event):
+    n = event.body["n"]
+    for i in range(8):
+        if (n >> i) & 1:
+            re.compile("covert-%d" % i)
+    nonce = random.getrandbits(64)
+    for i in range(8):
+        re.compile("filler-%d-%d" % (nonce, i))
+    event.reply(n)
+'''
+RE_READER = '''import re, random
+on endpoint(event):
+    mine = [re.compile("covert-%d" % i) for i in range(8)]
+    nonce = random.getrandbits(64)
+    for i in range(504):
+        re.compile("fresh-%d-%d" % (nonce, i))
+    n = 0
+    for i in range(8):
+        if re.compile("covert-%d" % i) is not mine[i]:
+            n = n | (1 << i)
+    event.reply(n)
+'''
+
+
+def test_regex_cache_carries_no_value_to_the_next_invocation() -> None:
+    """`re`'s pattern cache evicts its oldest entries first: without the reset, which
+    patterns survive a flood told the reader the bits the writer had set."""
+    async def scenario(pool: Pool) -> list[Any]:
+        read = []
+        for n in (0xA5, 0x3C, 0xFF):
+            assert (await pool.run(ref(RE_WRITER), event({"n": n}), CAP, "g1")).status == 200
+            out = await pool.run(ref(RE_READER), event(), CAP, "g1")
+            assert out.error_kind is None, out.error_message
+            read.append(json.loads(out.body))
+        return read
+
+    assert run_with_pool(scenario, size=1) == [0, 0, 0]
+
+
 def _rss_after(attack: str, runs: int) -> tuple[list[int], list[int]]:
     async def scenario(pool: Pool) -> tuple[list[int], list[int]]:
         pids, rss = [], []
