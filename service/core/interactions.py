@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from peewee import IntegrityError
 
@@ -45,7 +45,7 @@ def first_seen(interaction_id: str, window_s: int) -> bool:
     return True
 
 
-def _maybe_prune(before: object) -> None:
+def _maybe_prune(before: datetime) -> None:
     with _prune_lock:
         mono = time.monotonic()
         if mono - _prune["last"] < PRUNE_EVERY_S:

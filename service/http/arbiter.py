@@ -1,24 +1,21 @@
 """The arbiter: N front processes on one port (`server.processes` > 1), supervised.
 
-In the manner of gunicorn's arbiter: signal handlers only queue the signal and
-the main loop calls `handle_<name>`; each pass reaps dead fronts and spawns
-back to one front per slot (with a back-off while they keep dying).
+As gunicorn's arbiter: handlers only queue signals, the main loop calls `handle_<name>`;
+each pass reaps dead fronts and respawns one per slot (backing off while they die).
 
 - One SO_REUSEPORT listening socket per front slot, bound here and kept open
-  until SIGTERM: a replacement, or a reloaded front, accepts from its
-  predecessor's socket, so connections queued on it are never refused.
-- Nothing with a thread, an event loop or a database connection exists here
-  when a front is forked (tornado's process.py rule): the front sets itself
-  up after the fork (`service.http.front`).
+  until SIGTERM: a replacement or reloaded front accepts from its predecessor's.
+- Nothing with a thread, event loop or database connection exists here when a
+  front is forked (tornado's rule): it sets itself up after (`service.http.front`).
 - Records journal: front N writes DIR/front-N; a dead front's journal goes to
   the next front started, which replays it; the arbiter replays all at start.
 - `memory://` rate limits live in shared memory (`service.http.shared_windows`).
 - The per-run directory (`service.http.run_dir`, removed at exit) holds
   `metrics/` (PROMETHEUS_MULTIPROC_DIR); a dead front's live gauges go with it.
 
-Signals: SIGTERM/SIGINT drain every front, then exit; SIGHUP re-reads the
-configuration, starts new fronts, and once they all listen tells the old ones
-to hand over (`server.HANDOFF_SIGNAL`) and stop; SIGCHLD reaps.
+Signals: SIGTERM/SIGINT drain every front, then exit; SIGHUP re-reads the config,
+starts new fronts, and once all listen has the old ones hand over and stop
+(`server.HANDOFF_SIGNAL`); SIGCHLD reaps.
 """
 
 from __future__ import annotations
@@ -322,9 +319,8 @@ class Arbiter:
         log.info("stopping: draining %d fronts", len(self.fronts))
         for front in self.fronts.values():
             self._signal(front.pid, signal.SIGTERM)
-        for slot in self.slots:   # no new connections (the fronts close their copies)
-            for sock in slot.sockets:
-                sock.close()
+        for sock in (s for slot in self.slots for s in slot.sockets):
+            sock.close()   # no new connections (the fronts close their copies)
 
     handle_int = handle_term
 
