@@ -10,7 +10,7 @@ database that is behind).  A command module attaches to `cli` (and is listed
 in `service/cli/__init__.py`), e.g.:
 
     @cli.command()
-    @click.option("--port", type=int, default=None)
+    @click.option("--port", type=WholeNumber(), default=None)
     @pass_state
     def serve(state: State, port: int | None) -> None:
         state.overrides["server.port"] = port      # before the first state.settings
@@ -49,6 +49,31 @@ else:
     core = _LazyModule("service.core")
 
 EXIT_ERROR, EXIT_USAGE, EXIT_DENIED, EXIT_QUOTA = 1, 2, 3, 4
+
+
+class WholeNumber(click.ParamType):
+    """A whole number written in ASCII digits, optionally bounded.
+
+    `type=int` would take whatever `int()` reads: other scripts' digits
+    (`٨٠٨٠`), underscores (`80_80`), signs and surrounding spaces."""
+
+    name = "integer"
+
+    def __init__(self, low: int | None = None, high: int | None = None) -> None:
+        self.low, self.high = low, high
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value)
+        if not (0 < len(text) <= 18 and text.isascii() and text.isdigit()):
+            self.fail(f"{text!r} is not a whole number in ASCII digits (0-9)", param, ctx)
+        number = int(text)
+        if self.low is not None and number < self.low:
+            self.fail(f"{number} is below the least allowed, {self.low}", param, ctx)
+        if self.high is not None and number > self.high:
+            self.fail(f"{number} is above the most allowed, {self.high}", param, ctx)
+        return number
 
 
 class CommandError(Exception):

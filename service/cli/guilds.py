@@ -5,7 +5,7 @@ from typing import Any
 
 import click
 
-from service.cli.base import core, State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
+from service.cli.base import core, State, actor_of, as_option, cli, emit, json_option, pass_state, run_core, WholeNumber
 from service.cli.output import local_time, table
 
 
@@ -114,7 +114,7 @@ def guild_remove_manager(state: State, guild_id: str, user_id: str, as_user: str
 
 @guild.command("audit")
 @click.argument("guild_id")
-@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--limit", default=100, show_default=True, type=WholeNumber(1, 1000))
 @as_option
 @json_option
 @pass_state

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from service.cli.base import (core, EXIT_USAGE, CommandError, State, actor_of, as_option, cli, emit,
-                              json_option, pass_state, run_core)
+                              json_option, pass_state, run_core, WholeNumber)
 from service.cli.output import local_time, table, warn
 
 
@@ -101,7 +101,7 @@ def script_versions(state: State, guild_id: str, script_id: str, as_user: str | 
 @script.command("rollback")
 @click.argument("guild_id")
 @click.argument("script_id")
-@click.argument("version", type=int)
+@click.argument("version", type=WholeNumber())
 @as_option
 @json_option
 @pass_state

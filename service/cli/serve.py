@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from service.cli.base import EXIT_ERROR, EXIT_USAGE, CommandError, State, cli, pass_state
+from service.cli.base import EXIT_ERROR, EXIT_USAGE, CommandError, State, WholeNumber, cli, pass_state
 
 
 def _configure_logging() -> None:
@@ -31,9 +31,9 @@ def _serve_options(func: F) -> F:
     func = click.option("--processes", default=None, metavar="N|auto",
                         help="Front processes sharing the port (default: config, else 1; "
                              "auto = CPU count).")(func)
-    func = click.option("--workers", type=int, default=None,
+    func = click.option("--workers", type=WholeNumber(1), default=None,
                         help="Sandbox worker processes (default: config, else CPU count).")(func)
-    func = click.option("--port", type=int, default=None, help="Port (default 8080).")(func)
+    func = click.option("--port", type=WholeNumber(0, 65535), default=None, help="Port (default 8080).")(func)
     func = click.option("--host", default=None, help="Address to bind (default 127.0.0.1).")(func)
     return func
 

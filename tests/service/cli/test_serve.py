@@ -140,3 +140,26 @@ def test_a_database_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
                          "script", "list", "1"], capture_output=True, text=True, timeout=60)
     assert pg.returncode == 1 and "postgresql://u@127.0.0.1:1/nodb" in pg.stderr
     assert "hunter2" not in pg.stderr
+
+
+@pytest.mark.parametrize("args, shown", [
+    (["serve", "--port", "٨٠٨٠"], "'--port': '٨٠٨٠' is not a whole number in ASCII digits (0-9)"),
+    (["serve", "--port", "80_80"], "'--port': '80_80' is not a whole number in ASCII digits"),
+    (["serve", "--port", "70000"], "'--port': 70000 is above the most allowed, 65535"),
+    (["serve", "--workers", "0"], "'--workers': 0 is below the least allowed, 1"),
+    (["demo", "--port", " 8080"], "'--port': ' 8080' is not a whole number in ASCII digits"),
+    (["history", "1", "2", "--limit", "２"], "'--limit': '２' is not a whole number"),
+    (["guild", "audit", "1", "--limit", "5000"], "'--limit': 5000 is above the most allowed, 1000"),
+    (["script", "rollback", "1", "2", "+1"], "'VERSION': '+1' is not a whole number"),
+])
+def test_numbers_are_ascii_digits_within_their_range(tmp_path: Path, args: list[str],
+                                                      shown: str) -> None:
+    """What `int()` would read from other scripts' digits, underscores, signs or
+    spaces is refused before anything starts or opens the database."""
+    db = tmp_path / "never.db"
+    proc = subprocess.run([LOGIC, "--database-url", f"sqlite:///{db}", *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("logic: error: Invalid value for ") and shown in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stdout == ""
+    assert not db.exists()
