@@ -14,7 +14,10 @@ Run: ``python bench/sandbox_bench.py`` (``--quick`` for a short run).
    shares workers between guilds (``guild_workers=False``, the behaviour
    before per-guild workers) and through the default pool (a worker never
    serves two guilds), in the same run; plus the forks and retirements the
-   default pool needed (``--guilds`` picks the counts).
+   default pool needed (``--guilds`` picks the counts), and the default
+   pool's CPU per invocation: all processors' busy time (so run it on an
+   otherwise idle machine), the service's share and the rest (workers,
+   fork server, kernel threads).
 """
 from __future__ import annotations
 
@@ -121,8 +124,20 @@ async def bench_pool(pool: Pool, n: int, concurrency: int) -> tuple[float, float
     return rate, cpu_us, latencies
 
 
-async def bench_guilds(pool: Pool, n: int, concurrency: int, guilds: int) -> float:
-    """Invocations/s with ``guilds`` guilds' requests interleaved round robin."""
+def busy_cpu_s() -> float:
+    """CPU time all processors spent busy since boot (/proc/stat), in seconds."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+async def bench_guilds(pool: Pool, n: int, concurrency: int, guilds: int,
+                       cpu: dict[str, float] | None = None) -> float:
+    """Invocations/s with ``guilds`` guilds' requests interleaved round robin.
+
+    ``cpu``, if given, gets the CPU per invocation of the measured part, in
+    µs: ``all`` (every processor's busy time: assumes a machine otherwise
+    idle) and ``service`` (this process: the pool's side)."""
     limits = Limits(time_ms=1000, memory_kb=512)
     event = make_event(BODY)
     refs = [ScriptRef(f"logic_bench_{g:05d}", 1, VALIDATE) for g in range(guilds)]
@@ -142,9 +157,13 @@ async def bench_guilds(pool: Pool, n: int, concurrency: int, guilds: int) -> flo
                 out = await pool.run(refs[g], event, limits)
             assert out.status == 200, out
 
-    t0 = time.perf_counter()
+    busy0, own0, t0 = busy_cpu_s(), time.process_time(), time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
-    return n / (time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    if cpu is not None:
+        cpu["all"] = (busy_cpu_s() - busy0) / n * 1e6
+        cpu["service"] = (time.process_time() - own0) / n * 1e6
+    return n / elapsed
 
 
 def run_plain(counts: list[int], n: int, concurrency: int, workers: int) -> None:
@@ -174,10 +193,12 @@ def run_tenancy(counts: list[int], n: int, concurrency: int, workers: int) -> No
             pool = Pool(size=workers, **options)  # type: ignore[arg-type]
             pool.start()
 
-            async def go(pool: Pool = pool, g: int = g
+            cpu: dict[str, float] = {}
+
+            async def go(pool: Pool = pool, g: int = g, cpu: dict[str, float] = cpu
                          ) -> tuple[float, dict[str, int], dict[str, float]]:
                 try:
-                    rate = await bench_guilds(pool, n, concurrency, g)
+                    rate = await bench_guilds(pool, n, concurrency, g, cpu)
                     return rate, pool.counters, getattr(pool, "spawn_steps", {})
                 finally:
                     await pool.stop()
@@ -191,7 +212,8 @@ def run_tenancy(counts: list[int], n: int, concurrency: int, workers: int) -> No
             rows[g].append(f"{rate:9,.0f} inv/s ({rate / base[label]:4.2f} of 1 guild)")
             if options == {}:
                 rows[g].append(f"workers {counters['workers']:4d}, retired {counters['retired']:6d}, "
-                               f"max {pool.max_workers}")
+                               f"max {pool.max_workers}; CPU/inv {cpu['all']:4.0f} us "
+                               f"(service {cpu['service']:3.0f}, workers {cpu['all'] - cpu['service']:3.0f})")
     print(f"  {'guilds':>6}  {'shared workers (before)':32}  {'per-guild workers (after)':32}")
     for g in counts:
         print(f"  {g:6d}  " + "  ".join(f"{c:32}" for c in rows[g]))

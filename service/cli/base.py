@@ -51,7 +51,13 @@ else:
 EXIT_ERROR, EXIT_USAGE, EXIT_DENIED, EXIT_QUOTA = 1, 2, 3, 4
 
 
-class WholeNumber(click.ParamType):
+if TYPE_CHECKING:
+    _IntParam = click.ParamType[int]      # generic from click 8.2 on
+else:
+    _IntParam = click.ParamType
+
+
+class WholeNumber(_IntParam):
     """A whole number written in ASCII digits, optionally bounded.
 
     `type=int` would take whatever `int()` reads: other scripts' digits
