@@ -86,10 +86,24 @@ def test_graceful_shutdown_answers_and_records_in_flight_requests(
     server = make_server(workers=4, queue_timeout_ms=20000)
     ep = make_endpoint(source=SLOW, plan="bench")
 
+    def in_pool() -> float:
+        """Requests the server's pool holds now: running plus queued."""
+        text = server.request("/metrics", method="GET").body.decode()
+        return sum(float(line.split()[1]) for line in text.splitlines()
+                   if line.startswith(("logic_sandbox_workers_busy ",
+                                       "logic_sandbox_queue_depth ")))
+
     async def run() -> list[tuple[int, bytes]]:
         tasks = [asyncio.ensure_future(_post(server.port, ep.path, ep.secret, {"n": i}))
                  for i in range(50)]
-        await asyncio.sleep(0.5)  # all 50 are in flight (4 workers x 0.3 s each)
+        # Signal once all 50 are in flight: in the pool or already answered
+        # (4 workers x 0.3 s each: most are still queued). A fixed pause could
+        # signal before a loaded server has read them all, and a shutting-down
+        # server answers what it had not read yet with 503.
+        loop, deadline = asyncio.get_running_loop(), time.monotonic() + 20
+        while (await loop.run_in_executor(None, in_pool)) + sum(t.done() for t in tasks) < 50:
+            assert time.monotonic() < deadline, "the 50 requests never all reached the pool"
+            await asyncio.sleep(0.02)
         server.proc.send_signal(15)  # type: ignore[union-attr]
         return list(await asyncio.gather(*tasks))
 
