@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -149,6 +150,15 @@ class Server:
             self.proc.kill()
             self.proc.wait(10)
         self._close_pipe()
+
+
+def connection_refused(port: int, timeout: float = 5.0) -> bool:
+    """True when a new connection to 127.0.0.1:`port` is refused (no listener)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=timeout).close()
+    except ConnectionRefusedError:
+        return True
+    return False
 
 
 def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> bool:

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.http.conftest import OWNER, Ep, Env
-from tests.service.http.harness import Server, wait_until
+from tests.service.http.harness import Server, connection_refused, wait_until
 from tests.service.http.test_nginx import CONF, NGINX, _free_port
 from tests.service.http.test_ratelimit import _redis_url
 
@@ -352,14 +352,7 @@ def test_a_draining_node_closes_a_trusted_proxys_connection_instead_of_answering
         assert srv.proc is not None
         srv.proc.send_signal(15)
 
-        def refused() -> bool:
-            try:
-                socket.create_connection(("127.0.0.1", srv.port), timeout=1).close()
-            except ConnectionRefusedError:
-                return True
-            return False
-
-        assert wait_until(refused)                      # draining: the listener is closed
+        assert wait_until(lambda: connection_refused(srv.port, timeout=1))  # listener closed
         try:
             got = proxy.recv(65536)                     # the proxy's: closed, no answer
         except ConnectionResetError:

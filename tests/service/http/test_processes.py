@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 from collections import Counter
@@ -25,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.service.http.conftest import CONFIG, OWNER, Env
-from tests.service.http.harness import LOGIC, Server, wait_until
+from tests.service.http.harness import LOGIC, Server, connection_refused, wait_until
 from tests.service.http.test_checks import ECHO
 from tests.service.http.test_lifecycle import SLOW
 
@@ -314,13 +313,7 @@ def test_sigterm_drains_every_front(start, make_endpoint, history_of) -> None:
     server.proc.send_signal(signal.SIGTERM)
     assert len(results) < total
     # No new connection while the fronts drain: refused at once, as with one process.
-    def refused() -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
-        except ConnectionRefusedError:
-            return True
-        return False
-    assert wait_until(refused, timeout=5)
+    assert wait_until(lambda: connection_refused(server.port), timeout=5)
     assert len(results) < total
     for thread in threads:
         thread.join(60)
