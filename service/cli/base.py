@@ -61,7 +61,9 @@ class WholeNumber(_IntParam):
     """A whole number written in ASCII digits, optionally bounded.
 
     `type=int` would take whatever `int()` reads: other scripts' digits
-    (`٨٠٨٠`), underscores (`80_80`), signs and surrounding spaces."""
+    (`٨٠٨٠`), underscores (`80_80`), signs and surrounding spaces.  The
+    digit rule is `service.core.inputs.ascii_digits`'s, written out here:
+    importing it would load the service layer before any argument is read."""
 
     name = "integer"
 
