@@ -10,9 +10,10 @@ of the process loses none either (service.http.journal).
 
 While the database is unreachable (a write fails with a connection error),
 entries stay queued, in order, and the writer retries (0.25 s, doubling to
-2 s); they are written once it answers, each exactly once. The queue is the
-bound (`max_queued`): past it, new entries are dropped and counted, with one
-warning per episode. Other write errors are retried twice, then that batch
+2 s); they are written once it answers, each exactly once. The bound
+(`max_queued`) counts every entry not yet written: queued, in the batch being
+written, or held by a batch that found the database down; past it, new
+entries are dropped and counted, with one warning per episode. Other write errors are retried twice, then that batch
 is dropped and counted.
 
 Entries are converted to records in the writer thread, and only as far as
@@ -116,6 +117,9 @@ class RecordWriter:
         self.failed_batches = 0
         self._sealed: list[Path] = []
         self._held: list[Any] = []
+        #: Entries of the batch being written now: still unwritten, so they count
+        #: towards `max_queued` (the batch becomes `_held` if the database is down).
+        self._in_flight = 0
         self._down_since: float | None = None
         self._dropped_at_outage = 0
         self._retry_s = RETRY_S
@@ -123,9 +127,9 @@ class RecordWriter:
 
     @property
     def pending(self) -> int:
-        """Entries not yet written: queued, or held back by a batch that found the
-        database unreachable (the buffer while it is down)."""
-        return len(self._queue) + len(self._held)
+        """Entries not yet written: queued, being written, or held back by a batch
+        that found the database unreachable (the buffer while it is down)."""
+        return len(self._queue) + self._in_flight + len(self._held)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="logic-records", daemon=True)
@@ -138,7 +142,7 @@ class RecordWriter:
         too slow), or was stopped, the entry is dropped and counted instead.
         """
         queue = self._queue
-        if len(queue) + len(self._held) >= self._max_queued or self._stopping:
+        if self.pending >= self._max_queued or self._stopping:
             self.dropped += 1
             if not self._overflowing and not self._stopping:
                 self._overflowing = True  # once per episode: not a line per request
@@ -245,9 +249,14 @@ class RecordWriter:
         while count > 0:
             batch = self._take_up_to(count)
             count -= len(batch)
-            if self._flush(batch):
-                self._held = batch
-                return False
+            # In `pending` from before the queue shrank (`_take_up_to` counts
+            # it) until it is held or written: the bound holds during a write.
+            try:
+                if self._flush(batch):
+                    self._held = batch
+                    return False
+            finally:
+                self._in_flight = 0
         return True
 
     def _seal(self) -> tuple[int, list[Path]]:
@@ -266,7 +275,9 @@ class RecordWriter:
 
     def _take_up_to(self, n: int) -> list[Any]:
         queue = self._queue
-        return [queue.popleft() for _ in range(min(n, len(queue), self._max_batch))]
+        take = min(n, len(queue), self._max_batch)
+        self._in_flight = take   # first: a put() meanwhile sees them in `pending`
+        return [queue.popleft() for _ in range(take)]
 
     def _flush(self, batch: list[Any]) -> bool:
         """Write `batch`; True when it must stay queued (the database is unreachable).

@@ -297,6 +297,33 @@ def test_past_the_bound_while_down_records_are_dropped_counted_and_logged_once(
     assert any("15 dropped while the buffer was full" in m for m in messages)
 
 
+def test_the_batch_being_written_counts_towards_the_bound(make_writer):
+    """While a batch is in the database's hands it is neither queued nor held:
+    the bound still counts it, so the write that finds the database down never
+    leaves more than `max_queued` entries in memory."""
+    inside, release = threading.Event(), threading.Event()
+    sink = Sink()
+    sink.error = InterfaceError
+
+    def slow_down(items: Sequence[Any]) -> None:
+        inside.set()
+        release.wait(10.0)
+        sink.fail_always = True       # the database went away during this write
+        sink(items)
+
+    writer = make_writer(slow_down, interval=0.02, max_queued=10)
+    for n in range(10):
+        writer.put(n)
+    writer.start()
+    assert inside.wait(10.0)          # all ten are being written
+    for n in range(10, 25):
+        writer.put(n)
+    assert writer.pending == 10 and writer.dropped == 15
+    release.set()
+    assert wait_for(lambda: writer.database_down, timeout=10.0)
+    assert writer.pending == 10 and writer.dropped == 15
+
+
 # --- back-pressure --------------------------------------------------------------------------
 
 def test_max_queued_drops_and_counts_the_excess(make_writer):
