@@ -114,7 +114,8 @@ def guild_remove_manager(state: State, guild_id: str, user_id: str, as_user: str
 
 @guild.command("audit")
 @click.argument("guild_id")
-@click.option("--limit", default=100, show_default=True, type=WholeNumber(1, 1000))
+@click.option("--limit", default=100, show_default=True, type=WholeNumber(1, 1000),
+              help="Show at most N entries, 1-1000.")
 @as_option
 @json_option
 @pass_state

@@ -13,7 +13,7 @@ from service.cli.base import core, State, actor_of, as_option, cli, emit, json_o
 from service.cli.output import duration, fields, local_time, parse_since, status_colour, table
 
 _filters = [
-    click.option("--limit", type=WholeNumber(1, 1000), default=None, help="Show at most N records."),
+    click.option("--limit", type=WholeNumber(1, 1000), default=None, help="Show at most N records, 1-1000."),
     click.option("--status", "status", metavar="4xx|5xx|CODE", default=None,
                  help="Only this status class (2xx, 4xx, 5xx) or code."),
     click.option("--since", metavar="WHEN", default=None,

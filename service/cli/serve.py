@@ -32,8 +32,9 @@ def _serve_options(func: F) -> F:
                         help="Front processes sharing the port (default: config, else 1; "
                              "auto = CPU count).")(func)
     func = click.option("--workers", type=WholeNumber(1), default=None,
-                        help="Sandbox worker processes (default: config, else CPU count).")(func)
-    func = click.option("--port", type=WholeNumber(0, 65535), default=None, help="Port (default 8080).")(func)
+                        help="Sandbox worker processes, 1 or more (default: config, else CPU "
+                             "count).")(func)
+    func = click.option("--port", type=WholeNumber(0, 65535), default=None, help="Port, 0-65535 (default 8080).")(func)
     func = click.option("--host", default=None, help="Address to bind (default 127.0.0.1).")(func)
     return func
 

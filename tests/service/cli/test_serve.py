@@ -163,3 +163,16 @@ def test_numbers_are_ascii_digits_within_their_range(tmp_path: Path, args: list[
     assert proc.stderr.startswith("logic: error: Invalid value for ") and shown in proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stdout == ""
     assert not db.exists()
+
+
+@pytest.mark.parametrize("args, shown", [
+    (["serve", "--help"], "Port, 0-65535"),
+    (["serve", "--help"], "Sandbox worker processes, 1 or more"),
+    (["history", "list", "--help"], "Show at most N records, 1-1000."),
+    (["guild", "audit", "--help"], "Show at most N entries, 1-1000."),
+])
+def test_help_states_each_numbers_range(args: list[str], shown: str) -> None:
+    """The ranges the checks above enforce are in the help, before anyone hits them."""
+    proc = subprocess.run([LOGIC, *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert shown in " ".join(proc.stdout.split())
