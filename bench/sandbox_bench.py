@@ -13,17 +13,19 @@ Run: ``python bench/sandbox_bench.py`` (``--quick`` for a short run).
    interleaved round robin (each guild its own script), through a pool that
    shares workers between guilds (``guild_workers=False``, the behaviour
    before per-guild workers) and through the default pool (a worker never
-   serves two guilds), in the same run; plus the forks and retirements the
-   default pool needed (``--guilds`` picks the counts), and the default
-   pool's CPU per invocation: all processors' busy time (so run it on an
-   otherwise idle machine), the service's share and the rest (workers,
-   fork server, kernel threads).
+   serves two guilds), in the same run, each cell in a fresh process of its
+   own (a pool started after another in one process ran slower); plus the
+   forks and retirements the default pool needed (``--guilds`` picks the
+   counts), and the default pool's CPU per invocation: all processors' busy
+   time (so run it on an otherwise idle machine), the service's share and
+   the rest (workers, fork server, kernel threads).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import inspect
+import json
 import os
 import statistics
 import subprocess
@@ -181,38 +183,57 @@ def run_plain(counts: list[int], n: int, concurrency: int, workers: int) -> None
         print(f"  {g:6d}  {asyncio.run(go()):9,.0f} inv/s", flush=True)
 
 
+def run_cell(shared: bool, g: int, n: int, concurrency: int, workers: int) -> None:
+    """One tenancy cell, in a process of its own (--cell): prints one JSON line."""
+    pool = Pool(size=workers, **({"guild_workers": False} if shared else {}))  # type: ignore[arg-type]
+    pool.start()
+    cpu: dict[str, float] = {}
+
+    async def go() -> tuple[float, dict[str, int], dict[str, float]]:
+        try:
+            rate = await bench_guilds(pool, n, concurrency, g, cpu)
+            return rate, pool.counters, getattr(pool, "spawn_steps", {})
+        finally:
+            await pool.stop()
+
+    rate, counters, steps = asyncio.run(go())
+    print(json.dumps({"rate": rate, "counters": counters, "steps": steps, "cpu": cpu,
+                      "max_workers": pool.max_workers}), flush=True)
+
+
+def _cell(shared: bool, g: int, n: int, concurrency: int, workers: int) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--cell", "shared" if shared else "per-guild", "--guilds", str(g),
+         "--n", str(n), "--concurrency", str(concurrency), "--workers", str(workers)],
+        check=True, capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def run_tenancy(counts: list[int], n: int, concurrency: int, workers: int) -> None:
-    """Section 4: the before/after table."""
-    print(f"tenancy: {n} invocations per cell, {concurrency} in flight, {workers} run slots")
+    """Section 4: the before/after table.
+
+    Every cell runs in a fresh process of its own: a pool started after
+    another one in the same process serves one guild 20-25 % slower (seen on
+    an Intel host), which made every "of 1 guild" ratio of the later pool
+    look better than it was."""
+    print(f"tenancy: {n} invocations per cell, {concurrency} in flight, {workers} run slots, "
+          "each cell in a process of its own")
     rows: dict[int, list[str]] = {g: [] for g in counts}
     base: dict[str, float] = {}
     spawn_steps: list[str] = []
-    for label, options in (("shared workers (before)", {"guild_workers": False}),
-                           ("per-guild workers", {})):
+    for label, shared in (("shared workers (before)", True), ("per-guild workers", False)):
         for g in counts:
-            pool = Pool(size=workers, **options)  # type: ignore[arg-type]
-            pool.start()
-
-            cpu: dict[str, float] = {}
-
-            async def go(pool: Pool = pool, g: int = g, cpu: dict[str, float] = cpu
-                         ) -> tuple[float, dict[str, int], dict[str, float]]:
-                try:
-                    rate = await bench_guilds(pool, n, concurrency, g, cpu)
-                    return rate, pool.counters, getattr(pool, "spawn_steps", {})
-                finally:
-                    await pool.stop()
-
-            rate, counters, steps = asyncio.run(go())
-            if options == {} and steps.get("n"):
+            cell = _cell(shared, g, n, concurrency, workers)
+            rate, counters, steps, cpu = cell["rate"], cell["counters"], cell["steps"], cell["cpu"]
+            if not shared and steps.get("n"):
                 spawn_steps.append(f"  {g:6d} guilds: {steps['n']:5.0f} workers started, mean ms: "
                                    + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()
                                                if k != "n"))
             base.setdefault(label, rate)
             rows[g].append(f"{rate:9,.0f} inv/s ({rate / base[label]:4.2f} of 1 guild)")
-            if options == {}:
+            if not shared:
                 rows[g].append(f"workers {counters['workers']:4d}, retired {counters['retired']:6d}, "
-                               f"max {pool.max_workers}; CPU/inv {cpu['all']:4.0f} us "
+                               f"max {cell['max_workers']}; CPU/inv {cpu['all']:4.0f} us "
                                f"(service {cpu['service']:3.0f}, workers {cpu['all'] - cpu['service']:3.0f})")
     print(f"  {'guilds':>6}  {'shared workers (before)':32}  {'per-guild workers (after)':32}")
     for g in counts:
@@ -306,9 +327,13 @@ def main() -> None:
                              "baseline's pool then this tree's per-guild pool, and the median "
                              "of the K ratios (instead of the tables)")
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cell", choices=("shared", "per-guild"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     n = 3000 if args.quick else args.n
     counts = [int(c) for c in args.guilds.split(",") if c.strip()]
+    if args.cell:
+        run_cell(args.cell == "shared", counts[0], n, args.concurrency, args.workers)
+        return
     if args.plain:
         run_plain(counts, n, args.concurrency, args.workers)
         return

@@ -20,6 +20,12 @@ rotating over them until as many requests were answered), then `--warmup`
 seconds of the row's load; then `--duration` seconds measured. Prints req/s, p50/p99 and the ratio
 to the 1-endpoint row.
 
+`--paired K`: on a host whose speed drifts by 10-15 % within minutes, a
+row measured minutes after the 1-endpoint row compares two different
+machines. With K > 0 every row after its warm-up is measured K times, each
+time right after `--duration` seconds of the 1-endpoint load (whose worker
+stays warm throughout), and prints each pair's ratio and their median.
+
 Cold start: the server is stopped and started again (same database), and at
 once the load of the row "1,000 scripts / 100 guilds" starts (`--cold-connections`
 keep-alive connections, 16, from a client on CPU 0, 15 s): prints how many
@@ -30,6 +36,7 @@ and past 256 per run slot they are answered 503 `busy` by design.)
 
     python bench/scale_bench.py [--duration 10] [--warmup 5] [--workers 2]
                                 [--max-workers N] [--skip-fill DIR] [--no-cold-start]
+                                [--rows 1,2,3] [--paired K]
 
 `PYTHONPATH=DIR python bench/scale_bench.py ...` runs the servers on the
 `service`, `sandbox` and `models` packages found in DIR (another tree, for a
@@ -45,6 +52,7 @@ import json
 import os
 import random
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -280,6 +288,21 @@ def cold_start(db: str, cfg: Path, port: int, workers: int, connections: int,
               "request on", flush=True)
 
 
+def paired(url: str, tmp: Path, label: str, lua: str, args: argparse.Namespace) -> None:
+    """The row K times, each right after the 1-endpoint load: K ratios and their median."""
+    one = lua_file(tmp, "one", [big_path(1, 0)])
+    ratios = []
+    for _ in range(args.paired):
+        b = run_wrk(url, one, args.connections, args.duration)
+        r = run_wrk(url, lua, args.connections, args.duration)
+        ratios.append(r["rps"] / b["rps"])
+        print(f"  {label:<30} {r['rps']:>8,.0f} req/s  {ratios[-1]:5.2f} of 1 endpoint "
+              f"({b['rps']:,.0f} req/s, p99 {b['p99']:.2f} ms)  p50 {r['p50']:6.2f} ms  "
+              f"p99 {r['p99']:7.2f} ms  non-2xx {r['errors'] + b['errors']:.0f}", flush=True)
+    print(f"  {label:<30} median {statistics.median(ratios):.2f} of 1 endpoint over "
+          f"{len(ratios)} pairs ({min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=10, help="seconds measured per row")
@@ -294,6 +317,9 @@ def main() -> None:
                                                     "1-endpoint baseline)")
     parser.add_argument("--cold-connections", type=int, default=16,
                         help="connections of the cold-start case")
+    parser.add_argument("--paired", type=int, default=0, metavar="K",
+                        help="measure each row K times, each right after the 1-endpoint load, "
+                             "and print the median of the K ratios")
     args = parser.parse_args()
     tmp = Path(args.skip_fill or tempfile.mkdtemp(prefix="scale-bench-"))
     cfg = tmp / "scale.toml"
@@ -321,6 +347,9 @@ def main() -> None:
             lua = lua_file(tmp, "row", sequence)
             if args.warmup:
                 run_wrk(url, lua, args.connections, args.warmup)
+            if args.paired and n > 1:
+                paired(url, tmp, label, lua, args)
+                continue
             r = run_wrk(url, lua, args.connections, args.duration)
             base = base or r["rps"]
             print(f"  {label:<30} {r['rps']:>8,.0f} req/s  {r['rps'] / base:5.2f} of 1 endpoint  "
