@@ -13,8 +13,8 @@ entries stay queued, in order, and the writer retries (0.25 s, doubling to
 2 s); they are written once it answers, each exactly once. The bound
 (`max_queued`) counts every entry not yet written: queued, in the batch being
 written, or held by a batch that found the database down; past it, new
-entries are dropped and counted, with one warning per episode. Other write errors are retried twice, then that batch
-is dropped and counted.
+entries are dropped and counted, with one warning per episode. Other write
+errors are retried twice, then that batch is dropped and counted.
 
 Entries are converted to records in the writer thread, and only as far as
 they can be kept: a plan keeps the newest N requests of an endpoint, so of a
@@ -142,7 +142,7 @@ class RecordWriter:
         too slow), or was stopped, the entry is dropped and counted instead.
         """
         queue = self._queue
-        if self.pending >= self._max_queued or self._stopping:
+        if len(queue) + self._in_flight + len(self._held) >= self._max_queued or self._stopping:
             self.dropped += 1
             if not self._overflowing and not self._stopping:
                 self._overflowing = True  # once per episode: not a line per request
