@@ -327,7 +327,8 @@ def main() -> None:
                              "baseline's pool then this tree's per-guild pool, and the median "
                              "of the K ratios (instead of the tables)")
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--cell", choices=("shared", "per-guild"), help=argparse.SUPPRESS)
+    parser.add_argument("--cell", choices=("shared", "per-guild"),
+                        help="only one tenancy cell (the first of --guilds), printed as JSON")
     args = parser.parse_args()
     n = 3000 if args.quick else args.n
     counts = [int(c) for c in args.guilds.split(",") if c.strip()]
