@@ -147,7 +147,7 @@ class RecordWriter:
             if not self._overflowing and not self._stopping:
                 self._overflowing = True  # once per episode: not a line per request
                 log.warning("the records buffer is full (%d waiting): records of further "
-                            "requests are dropped and counted until it drains", len(queue))
+                            "requests are dropped and counted until it drains", self.pending)
             return
         journal = self._journal
         facts = getattr(entry, "journal_facts", None) if journal is not None else None
@@ -247,11 +247,11 @@ class RecordWriter:
                 return False
             self._held = []
         while count > 0:
-            batch = self._take_up_to(count)
-            count -= len(batch)
             # In `pending` from before the queue shrank (`_take_up_to` counts
             # it) until it is held or written: the bound holds during a write.
             try:
+                batch = self._take_up_to(count)
+                count -= len(batch)
                 if self._flush(batch):
                     self._held = batch
                     return False
