@@ -247,16 +247,8 @@ def run_tenancy(counts: list[int], n: int, concurrency: int, workers: int) -> No
 
 
 def _own_rate(guilds: int, n: int, concurrency: int, workers: int) -> float:
-    pool = Pool(size=workers)
-    pool.start()
-
-    async def go() -> float:
-        try:
-            return await bench_guilds(pool, n, concurrency, guilds)
-        finally:
-            await pool.stop()
-
-    return asyncio.run(go())
+    """This tree's per-guild pool, in a fresh process (as the tenancy cells)."""
+    return float(_cell(False, guilds, n, concurrency, workers)["rate"])
 
 
 def run_paired(counts: list[int], n: int, args: argparse.Namespace, k: int) -> None:

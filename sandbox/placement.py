@@ -10,23 +10,23 @@ cannot cross tenants).  Processes, at most ``max_workers`` of them:
 * *bound* workers: idle ones wait in their guild's list (``_guild_idle``)
   and in one least-recently-used order over all guilds (``_lru``).
 
-A request holding a run slot (``sandbox.scheduler``) takes an idle worker
-of its guild, else a spare; with neither it gives its run slot back and
-waits for a worker of its guild (``_homeless``, one request per guild, one
-spare forked for it), the scheduler holding the guild's other requests.  A run slot bounds the scripts that run, and a
-request waiting for a process start runs nothing: the slot serves guilds
-with warm workers meanwhile.  When the worker is ready the request goes
-back to the front of its guild's queue, and its guild to the front of the
-round robin (it had its turn), so it runs next.  The wait has the queue
-timeout, and the request can be withdrawn, as in the queue.  Spares are
+A request holding a run slot (``sandbox.scheduler``) takes an idle worker of
+its guild, else a spare; with neither it gives its run slot back and waits for
+a worker of its guild (``_homeless``, one request per guild, one spare forked
+for it), the scheduler holding the guild's other requests.  A run slot bounds
+the scripts that run, and a request waiting for a process start runs nothing:
+the slot serves guilds with warm workers meanwhile.  When the worker is ready
+the request goes back to the front of its guild's queue, and its guild to the
+front of the round robin (it had its turn), so it runs next.  The wait has the
+queue timeout, and the request can be withdrawn, as in the queue.  Spares are
 replenished by forking while there is room under ``max_workers``, else by
-retiring an idle bound worker: the least recently used of those that served
-a single job while they are at least an eighth of the idle workers, else the
+retiring an idle bound worker: the least recently used of those that served a
+single job while they are at least an eighth of the idle workers, else the
 least recently used (``_lru_victim``), so guilds called once make room for
 each other before popular guilds lose theirs.  A bound worker idle for
 ``idle_retire_s`` is retired too, so the pool shrinks when guilds go quiet.
-Memory: each worker is charged ``WORKER_BYTES`` plus what it reported it
-grew since its first job; no spare is forked past ``memory_budget``, and
+Memory: each worker is charged ``WORKER_BYTES`` plus what it reported it grew
+since its first job; no spare is forked past ``memory_budget``, and
 housekeeping retires least recently used idle workers while over it.
 
 Quarantine: a script version that crashed its worker ``crash_limit`` times
