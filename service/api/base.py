@@ -161,12 +161,24 @@ class APIHandler(BaseHandler):
         auth = self.request.headers.get("Authorization", "")
         scheme, _, token = auth.strip().partition(" ")
         token = token.strip()
-        identity = None
-        if scheme.lower() == "bearer" and token:
-            identity = await self._identity(token)
+        bearer = scheme.lower() == "bearer"
+        identity = self._remembered(token) if bearer and token else None
+        if identity is None and token:
+            # Looked up: counted as a failure before, given back if the token is
+            # good, so tokens sent all at once cannot outrun the throttle.
+            wait = await limits.aauth_attempt(ip)
+            if wait:
+                raise AuthThrottledError("Too many failed authentications from your address; "
+                                         "retry later.", headers={"Retry-After": str(wait)})
+            try:
+                if bearer:
+                    identity = await self._looked_up(token)
+            except BaseException:
+                await limits.aauth_refund(ip)   # not a wrong token: the lookup failed
+                raise
+            if identity is not None:
+                await limits.aauth_refund(ip)
         if identity is None:
-            if token:
-                await limits.aauth_failed(ip)
             raise UnauthorizedError("A valid API token is required (Authorization: Bearer lat_...).",
                                     headers={"WWW-Authenticate": "Bearer"})
         self.identity = identity
@@ -189,18 +201,23 @@ class APIHandler(BaseHandler):
         if len(self.request.body or b"") > self.body_cap:
             raise PayloadTooLargeError(f"The request body is larger than {self.body_cap} bytes.")
 
-    async def _identity(self, token: str) -> TokenIdentity | None:
+    def _remembered(self, token: str) -> TokenIdentity | None:
+        """The token's identity if the cache holds it (no database work)."""
         cache = self.api.tokens
         identity = cache.get(token)
-        if identity is None:
-            stamp = cache.stamp()
-            identity = await self.api.run(cache.lookup, token)
-            if identity is not None:
-                cache.put(token, identity, stamp)
-        else:
+        if identity is not None:
             due = cache.due_touch(token)
             if due is not None:   # lastUsedAt, at most once a minute, off the loop
                 self.api.executor.submit(self._touch, due)
+        return identity
+
+    async def _looked_up(self, token: str) -> TokenIdentity | None:
+        """The token's identity from the database (off the loop), then cached."""
+        cache = self.api.tokens
+        stamp = cache.stamp()
+        identity = await self.api.run(cache.lookup, token)
+        if identity is not None:
+            cache.put(token, identity, stamp)
         return identity
 
     @staticmethod

@@ -4,15 +4,19 @@ Order, each step ending the request when it fails:
 1. the signature, its headers and the timestamp (`service.chat.signature`):
    401 `unauthorized` before the body is parsed or the database touched;
 2. the body parses as an interaction: 400 `invalid_body`;
-3. PING is answered PONG; an interaction id seen before is 401 (a replay):
-   first in this process's memory, then in the database, so a replay sent to
-   another front process or node, or after a restart, is refused too
-   (`service.core.interactions`);
+3. PING is answered PONG; an interaction id seen before in this process's
+   memory is 401 (a replay);
 4. a command is dispatched through the command table (`service.chat.commands`)
-   to the service layer on the chat thread pool.  Its reply goes back inline
+   to the service layer on the chat thread pool, where its id is first
+   recorded in the database, so a replay sent to another front process or
+   node, or after a restart, is refused too (`service.core.interactions`;
+   401 when that answer comes within the budget). The reply goes back inline
    when it is ready within `chat.answer_within_ms` (default 2 s; the platform
-   allows 3); otherwise the answer is "deferred" (type 5, ephemeral) and the
-   reply follows through `service.chat.followup` when the command is done;
+   allows 3), counted from the request's arrival, so a busy database or busy
+   chat threads delay the answer past it never; otherwise the answer is
+   "deferred" (type 5, ephemeral) and the reply follows through
+   `service.chat.followup` when the command is done (a replay found late
+   gets no follow-up, and its command never runs);
 5. autocomplete (type 4) answers choices within the same budget, or none.
 
 The route exists only when `chat.public_key` is set: without a key every
@@ -67,20 +71,31 @@ class ChatFront:
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-chat")
         self._pending: set[asyncio.Task[None]] = set()
 
-    async def first_seen(self, interaction_id: str) -> bool:
-        """Whether no process or node sharing the database answered this id before."""
-        return await asyncio.get_running_loop().run_in_executor(
-            self.executor, interactions.first_seen, interaction_id, self.verifier.max_age_s)
+    def first_seen(self, interaction_id: str) -> bool:
+        """Whether no process or node sharing the database answered this id before
+        (blocking: on the chat threads)."""
+        return interactions.first_seen(interaction_id, self.verifier.max_age_s)
 
-    def execute(self, subcommand: Subcommand, call: Call) -> Reply:
+    def execute(self, interaction_id: str, subcommand: Subcommand | None,
+                call: Call | Reply) -> Reply | None:
+        """Record the id, then run the command; None for a replay (nothing runs)."""
+        if not self.first_seen(interaction_id):
+            return None
+        if isinstance(call, Reply) or subcommand is None:
+            return call if isinstance(call, Reply) else FAILED
         try:
             return commands.run(subcommand, call)
         except Exception:  # noqa: BLE001 - the member gets an answer, the log the trace
             log.exception("chat command %s failed", subcommand.name)
             return FAILED
 
-    def complete(self, subcommand: Subcommand, call: Call,
-                 focused: str | None) -> list[tuple[str, str]]:
+    def complete(self, interaction_id: str, subcommand: Subcommand | None, call: Call | Reply,
+                 focused: str | None) -> list[tuple[str, str]] | None:
+        """Record the id, then find the choices; None for a replay."""
+        if not self.first_seen(interaction_id):
+            return None
+        if isinstance(call, Reply) or subcommand is None:
+            return []
         try:
             return commands.complete(subcommand, call, focused)
         except Exception:  # noqa: BLE001
@@ -88,14 +103,20 @@ class ChatFront:
             return []
 
     def follow_up_later(self, interaction: protocol.Interaction,
-                        reply: asyncio.Future[Reply]) -> None:
+                        reply: asyncio.Future[Reply | None]) -> None:
         task = asyncio.ensure_future(self._follow_up(interaction, reply))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
     async def _follow_up(self, interaction: protocol.Interaction,
-                         reply: asyncio.Future[Reply]) -> None:
-        done = await reply
+                         reply: asyncio.Future[Reply | None]) -> None:
+        try:
+            done = await reply
+        except Exception as err:  # noqa: BLE001 - the id could not be recorded: nothing ran
+            log.error("chat interaction not answered: %s", type(err).__name__)
+            return
+        if done is None:
+            return  # a replay, found after the deferred answer: it gets nothing more
         try:
             await self.followups.edit_original(interaction.application_id, interaction.token,
                                                protocol.message_data(done.content, done.ephemeral))
@@ -117,6 +138,8 @@ class InteractionsHandler(BaseHandler):
 
     async def post(self) -> None:
         front = self.front
+        # The platform's clock for the answer starts when the request arrives.
+        deadline = asyncio.get_running_loop().time() + front.budget_s
         body = self.request.body
         if len(body) > MAX_BODY_BYTES:
             raise PayloadTooLargeError()
@@ -132,15 +155,21 @@ class InteractionsHandler(BaseHandler):
         if interaction.type == protocol.PING:
             self.write_json(protocol.pong())
             return
-        if (not front.verifier.first_time(interaction.id)
-                or not await front.first_seen(interaction.id)):
-            raise SignatureRefusedError(log_message="interaction refused: replayed id")
+        if not front.verifier.first_time(interaction.id):
+            raise self._replayed()
         if interaction.type == protocol.APPLICATION_COMMAND:
-            await self._command(interaction)
+            await self._command(interaction, deadline)
         elif interaction.type == protocol.AUTOCOMPLETE:
-            await self._autocomplete(interaction)
+            await self._autocomplete(interaction, deadline)
         else:
+            if not await asyncio.get_running_loop().run_in_executor(
+                    front.executor, front.first_seen, interaction.id):
+                raise self._replayed()
             raise InvalidBodyError("This interaction type is not handled here.")
+
+    @staticmethod
+    def _replayed() -> SignatureRefusedError:
+        return SignatureRefusedError(log_message="interaction refused: replayed id")
 
     def _call(self, interaction: protocol.Interaction) -> Call | Reply:
         if interaction.guild_id is None or interaction.user_id is None:
@@ -151,39 +180,45 @@ class InteractionsHandler(BaseHandler):
             return Reply(commands.refusal(err), True)
         return Call(actor, interaction.guild_id, interaction.options, self.front.settings)
 
-    async def _command(self, interaction: protocol.Interaction) -> None:
+    async def _command(self, interaction: protocol.Interaction, deadline: float) -> None:
         subcommand = LOGIC.find(interaction.path)
-        call = self._call(interaction)
-        if isinstance(call, Reply) or subcommand is None:
-            reply = call if isinstance(call, Reply) else commands.unknown(interaction.path)
-            self.write_json(protocol.message(reply.content, reply.ephemeral))
-            return
-        log.debug("%s chat /%s by %s in guild %s", self.request_id, " ".join(interaction.path),
-                  call.actor.label, call.guild_id)
-        running = asyncio.get_running_loop().run_in_executor(
-            self.front.executor, self.front.execute, subcommand, call)
+        call: Call | Reply = self._call(interaction)
+        if subcommand is None and isinstance(call, Call):
+            call = commands.unknown(interaction.path)
+        if isinstance(call, Call) and subcommand is not None:
+            log.debug("%s chat /%s by %s in guild %s", self.request_id,
+                      " ".join(interaction.path), call.actor.label, call.guild_id)
+        loop = asyncio.get_running_loop()
+        # The id is recorded on the chat threads, inside the budget: a database
+        # that makes the insert wait (or busy chat threads) defers the answer.
+        running = loop.run_in_executor(self.front.executor, self.front.execute,
+                                       interaction.id, subcommand, call)
         try:
-            done = await asyncio.wait_for(asyncio.shield(running), self.front.budget_s)
+            done = await asyncio.wait_for(asyncio.shield(running),
+                                          max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             # Ephemeral whatever the subcommand: the flag is fixed now, before
             # the outcome (maybe a secret, maybe a refusal) is known.
             self.write_json(protocol.deferred(ephemeral=True))
             self.front.follow_up_later(interaction, running)
             return
+        if done is None:
+            raise self._replayed()
         self.write_json(protocol.message(done.content, done.ephemeral))
 
-    async def _autocomplete(self, interaction: protocol.Interaction) -> None:
+    async def _autocomplete(self, interaction: protocol.Interaction, deadline: float) -> None:
         subcommand = LOGIC.find(interaction.path)
         call = self._call(interaction)
-        if isinstance(call, Reply) or subcommand is None:
-            self.write_json(protocol.choices([]))
-            return
-        running = asyncio.get_running_loop().run_in_executor(
-            self.front.executor, self.front.complete, subcommand, call, interaction.focused)
+        loop = asyncio.get_running_loop()
+        running = loop.run_in_executor(self.front.executor, self.front.complete, interaction.id,
+                                       subcommand, call, interaction.focused)
+        budget = min(deadline, loop.time() + AUTOCOMPLETE_BUDGET_S) - loop.time()
         try:
-            found = await asyncio.wait_for(asyncio.shield(running), AUTOCOMPLETE_BUDGET_S)
+            found = await asyncio.wait_for(asyncio.shield(running), max(0.0, budget))
         except asyncio.TimeoutError:
             found = []  # autocomplete cannot be deferred: no choices this time
+        if found is None:
+            raise self._replayed()
         self.write_json(protocol.choices(found))
 
 

@@ -6,6 +6,8 @@ nor the session appears in any URL.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from service.core.errors import NotFoundError
 from service.core.sessions import end_session, login
 from service.dashboard.base import DashboardHandler
@@ -16,10 +18,14 @@ class LoginHandler(DashboardHandler):
 
     public = True
 
-    async def get(self, token: str) -> None:
-        # The access log names the request path: never with the link's token in it.
+    def initialize(self, context: Any, dashboard: Any) -> None:  # type: ignore[override]
+        super().initialize(context, dashboard)
+        # The access log names the request path: never with the link's token in
+        # it, whatever the method (a HEAD or POST answered 405 is logged too).
         self.request.path = "/login/…"
         self.request.uri = "/login/…"
+
+    async def get(self, token: str) -> None:
         try:
             session_token, _ = await self.core(login, token, absolute=self.dashboard.absolute)
         except NotFoundError:

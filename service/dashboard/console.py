@@ -51,6 +51,10 @@ class ConsoleHandler(ScriptHandler):
         except ValueError as err:
             await self.show_console(guild_id, script_id, form, error=f"Not sent: {err}.")
             return
+        except RecursionError:
+            await self.show_console(guild_id, script_id, form,
+                                    error="Not sent: the JSON body is nested too deeply.")
+            return
         plans = self.dashboard.settings.plans
         try:
             request = await self.core_raw(testcalls.new_test_request, form["method"], headers,

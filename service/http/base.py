@@ -58,10 +58,20 @@ def status_message(status: int) -> str:
         return "Error."
 
 
+#: On every answer the connection makes itself, whatever the path (a dashboard
+#: page's too-large form too): nothing in it may run, be framed or be cached.
+CONNECTION_ERROR_HEADERS = [
+    ("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'; base-uri 'none'"),
+    ("X-Frame-Options", "DENY"), ("X-Content-Type-Options", "nosniff"),
+    ("Cache-Control", "no-store"),
+]
+
+
 def render_connection_error(status: int) -> tuple[list[tuple[str, str]], bytes]:
     """Errors the HTTP connection answers itself (malformed request, head too large...)."""
     request_id = new_request_id()
-    headers = [("Content-Type", "application/json"), ("X-Request-Id", request_id)]
+    headers = [("Content-Type", "application/json"), ("X-Request-Id", request_id),
+               *CONNECTION_ERROR_HEADERS]
     if status == 405:
         headers.append(("Allow", "POST, OPTIONS"))
     return (headers,

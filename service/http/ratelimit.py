@@ -225,6 +225,20 @@ class RateLimits:
             return 0
         return max(1, self._reset(count, oldest))
 
+    async def aauth_attempt(self, ip: str) -> int:
+        """`auth_attempt` on any storage.  Raises `LimitsUnavailable`."""
+        allowed, count, oldest = await self._ahit(f"auth:{self.auth_key(ip)}",
+                                                  AUTH_FAILURES_PER_MINUTE)
+        return 0 if allowed else max(1, self._reset(count, oldest))
+
+    async def aauth_refund(self, ip: str) -> None:
+        """`auth_refund` on any storage (never raises)."""
+        key = f"auth:{self.auth_key(ip)}"
+        if self._remote is not None and self._remote.down_since is None:
+            await self._remote.refund(key, AUTH_FAILURES_PER_MINUTE)
+        else:
+            self._windows.refund(key, AUTH_FAILURES_PER_MINUTE)
+
     async def aauth_failed(self, ip: str) -> None:
         """`auth_failed` on any storage (never raises: an uncounted failure is the lesser harm)."""
         try:
@@ -274,3 +288,18 @@ class RateLimits:
     def auth_failed(self, ip: str) -> None:
         """Record one wrong secret presented from `ip`."""
         self._windows.hit(f"auth:{self.auth_key(ip)}", AUTH_FAILURES_PER_MINUTE)
+
+    def auth_attempt(self, ip: str) -> int:
+        """Count a credential about to be checked the slow way as a failure of
+        `ip`, before the check: 0 if it may be checked, else the seconds to wait
+        (nothing counted).  A credential that proves right gives its count back
+        (`auth_refund`), a wrong one keeps it.  So checks in flight count:
+        a burst of wrong credentials sent at once cannot outrun the throttle."""
+        allowed, count, oldest = self._windows.hit(f"auth:{self.auth_key(ip)}",
+                                                   AUTH_FAILURES_PER_MINUTE)
+        return 0 if allowed else max(1, self._reset(count, oldest))
+
+    def auth_refund(self, ip: str) -> None:
+        """Give back the count `auth_attempt` took: the credential was right (or
+        could not be checked)."""
+        self._windows.refund(f"auth:{self.auth_key(ip)}", AUTH_FAILURES_PER_MINUTE)

@@ -127,3 +127,37 @@ def test_revocation_reaches_every_node(make_server, make_token) -> None:
     assert_error(Api(a, victim["token"])("GET", "/me"), 401, "unauthorized")
     # The other node: SQLite at once (data_version), PostgreSQL on NOTIFY delivery.
     assert wait_until(lambda: Api(b, victim["token"])("GET", "/me").status == 401, timeout=5)
+
+
+def test_wrong_tokens_sent_at_once_cannot_outrun_the_throttle(server, make_token,
+                                                               source_ip) -> None:
+    """A token that must be looked up counts against its address before the lookup:
+    60 wrong tokens sent at once from one address get at most 20 lookups (401), the
+    rest 429; a good token's lookup gives its count back."""
+    import threading
+    ip = source_ip()
+    results: list[int] = []
+    lock = threading.Lock()
+    start = threading.Barrier(60)
+
+    def one(n: int) -> None:
+        start.wait(10)
+        status = Api(server, "lat_" + f"{n:02d}" + "x" * 41, ip=ip)("GET", "/me").status
+        with lock:
+            results.append(status)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(60)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 60
+    assert results.count(401) <= 20, sorted(results)
+    assert results.count(401) + results.count(429) == 60, sorted(results)
+    other = source_ip()
+    for n in range(19):
+        assert Api(server, "lat_" + f"{n:02d}" + "y" * 41, ip=other)("GET", "/me").status == 401
+    good = make_token(OWNER_ID)["token"]          # looked up once: counted, then given back
+    assert Api(server, good, ip=other)("GET", "/me").status == 200
+    assert Api(server, "lat_" + "z" * 43, ip=other)("GET", "/me").status == 401
+    assert_error(Api(server, "lat_" + "w" * 43, ip=other)("GET", "/me"), 429, "auth_throttled")

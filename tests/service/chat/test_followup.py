@@ -73,3 +73,64 @@ def test_follow_up_to_a_platform_that_refuses_or_is_gone() -> None:
     api.close()
     gone = WebhookFollowUps(api.url)
     assert asyncio.run(gone.edit_original(APP_ID, "tok-2", data)) is False
+
+
+def test_a_database_that_makes_the_replay_record_wait_defers_the_answer(
+        http_env: Any, make_guild: Any, tmp_path: Path) -> None:
+    """The interaction id is recorded (the cross-process replay check) inside the
+    answer budget: while another connection holds the database's write lock the
+    platform still gets its answer in time, deferred, and the new secret follows
+    once the lock is gone, so it is never made and then lost. A replay sent meanwhile
+    runs nothing and gets no follow-up."""
+    import threading
+    import time
+
+    from models.db import open_database
+    g: Guild = make_guild()
+    api = PlatformAPI()
+    key = SigningKey.generate()
+    server = start_chat_server(http_env, tmp_path, key, api_url=api.url, answer_within_ms=500)
+    locker = open_database(http_env.database_url)
+    locker.connect()
+    try:
+        platform = Platform(server, key)
+        invoke = f"/endpoints/{g.guild_id}/{g.script_id}"
+        payload = platform.interaction(2, guild_id=g.guild_id, user_id=OWNER,
+                                       path=("logic", "script", "secret"),
+                                       options={"script": g.name})
+        postgres = http_env.database_url.startswith("postgres")
+        locked = threading.Event()
+        release = threading.Event()
+
+        def hold() -> None:
+            # SQLite: the transaction begins IMMEDIATE, holding the write lock.
+            with locker.atomic():
+                if postgres:
+                    locker.execute_sql("LOCK TABLE chat_interaction IN EXCLUSIVE MODE")
+                locked.set()
+                release.wait(20)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert locked.wait(10)
+        started = time.monotonic()
+        resp = platform.send(payload)
+        took = time.monotonic() - started
+        assert resp.status == 200 and resp.json == {"type": 5, "data": {"flags": 64}}
+        assert took < 2.5, f"answered after {took:.1f} s: the platform gives up at 3 s"
+        replay = platform.send(payload)          # the same signed request again
+        assert replay.status == 401
+        assert api.received == []                # nothing could run yet
+        release.set()
+        holder.join(20)
+        received = api.wait(1)
+        assert len(received) == 1
+        secret = re.findall(r"`(lsk_[A-Za-z0-9_-]{43})`", received[0].body["content"])[0]
+        assert server.request(invoke, json_body={}, secret=secret).status == 200
+        time.sleep(0.5)
+        assert len(api.received) == 1            # the replay got no follow-up
+    finally:
+        release.set()
+        locker.close()
+        server.stop()
+        api.close()

@@ -93,6 +93,16 @@ def test_every_dashboard_page_carries_the_security_headers(site: Site, client: C
     resp = client.post(f"/dashboard/{gid}/scripts/{sid}/endpoint", {"enabled": "on", "_xsrf": "x"})
     assert resp.status == 403
     csp_ok(resp.headers)
+    # A form too large for any handler is answered by the connection itself: its
+    # JSON error runs nothing, is never framed, never cached.
+    resp = client.post(f"/dashboard/{gid}/scripts/{sid}/endpoint",
+                       {"enabled": "on", "_xsrf": client.xsrf(), "pad": "a" * 2_000_000})
+    assert resp.status == 413
+    assert "default-src 'none'" in resp.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in resp.headers["content-security-policy"]
+    assert resp.headers["x-frame-options"] == "DENY"
+    assert resp.headers["x-content-type-options"] == "nosniff"
+    assert resp.headers["cache-control"] == "no-store"
 
 
 def test_unrouted_dashboard_paths_answer_as_the_dashboard(site: Site, client: Client) -> None:
@@ -328,6 +338,9 @@ def test_console_refusals_are_explained_and_strangers_learn_nothing(site: Site, 
     resp = client.post(f"{page}/test", {"method": "GET", "body": "", "kind": "text",
                                         "_xsrf": client.xsrf()})
     assert resp.status == 400 and b"Not sent: the invoke path runs POST requests only" in resp.body
+    resp = client.post(f"{page}/test", {"body": "[" * 5000, "kind": "json",
+                                        "_xsrf": client.xsrf()})
+    assert resp.status == 400 and b"Not sent: the JSON body is nested too deeply" in resp.body
     resp = client.post(f"/dashboard/{free}/scripts/{free_sid}/test",
                        {"body": "{}", "kind": "json", "_xsrf": client.xsrf()})
     assert resp.status == 400 and b"does not include endpoints" in resp.body

@@ -151,3 +151,45 @@ def test_a_throttled_address_is_never_let_in_by_a_lookup_from_before_a_change(
         answers = [server.request_from(ip, ep.path, json_body={}, secret=ep.secret).status
                    for _ in range(5)]
         assert 200 not in answers, (change.__name__, answers)
+
+
+def test_wrong_secrets_sent_at_once_cannot_outrun_the_throttle(make_server, make_endpoint,
+                                                                source_ip, argon2_secret) -> None:
+    """A wrong secret counts against its address before it is hashed, not after:
+    40 sent at once (argon2 takes ~20 ms each, so all would be in flight together)
+    from one address get at most 20 hashes, the rest 429; the right secret, checked
+    the slow way from another address, still gets in and costs that address nothing."""
+    # Queues long enough for all of them: only the throttle may refuse.
+    server: Server = make_server(extra="[ratelimit]\nauth_queue = 100\n"
+                                       "auth_queue_per_endpoint = 100")
+    ep = make_endpoint(source=ECHO)
+    argon2_secret(ep)  # a legacy argon2 hash: checked on the hashing threads
+    ip = source_ip()
+    results: list[int] = []
+    lock = threading.Lock()
+    start = threading.Barrier(40)
+
+    def one(n: int) -> None:
+        start.wait(10)
+        resp = server.request_from(ip, ep.path, json_body={}, secret=f"lsk_wrong{n}")
+        with lock:
+            results.append(resp.status)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 40
+    assert results.count(401) <= 20, sorted(results)
+    assert results.count(401) + results.count(429) == 40, sorted(results)
+    assert_error(server.request_from(ip, ep.path, json_body={}, secret="lsk_wrong"), 429,
+                 "auth_throttled")
+    other = source_ip()
+    for n in range(19):
+        assert server.request_from(other, ep.path, json_body={}, secret=f"lsk_x{n}").status == 401
+    # The right secret, hashed (first use): counted while checked, then given back.
+    assert server.request_from(other, ep.path, json_body={}, secret=ep.secret).status == 200
+    assert server.request_from(other, ep.path, json_body={}, secret="lsk_x19").status == 401
+    assert_error(server.request_from(other, ep.path, json_body={}, secret="lsk_x20"), 429,
+                 "auth_throttled")
