@@ -166,6 +166,39 @@ def test_max_batch_wakes_the_writer_before_the_interval(make_writer):
     assert sink.batches == [list(range(100))]
 
 
+class Hit:
+    """A statistics item of one endpoint, as `service.core.records.StatHit` is."""
+
+    def __init__(self, endpoint_id: int) -> None:
+        self.endpoint_id = endpoint_id
+
+
+def test_a_batch_over_many_endpoints_makes_the_next_wait_longer(make_writer):
+    """Requests spread over many endpoints each cost their own statistics rows
+    in a batch: after a batch over more than `spread_endpoints` endpoints the
+    writer waits `spread_interval`, so the next batch gathers more requests
+    per endpoint; a batch over few endpoints brings the short wait back."""
+    sink = Sink()
+    writer = make_writer(sink, interval=0.05, spread_interval=1.5, spread_endpoints=10)
+    writer.start()
+    for n in range(11):                       # 11 endpoints: spread
+        writer.put(Hit(n))
+    assert wait_for(lambda: writer.written == 11)
+    assert writer.next_wait == 1.5
+    time.sleep(0.05)                          # the writer is in its long wait now
+    put_at = time.monotonic()
+    writer.put(Hit(1))
+    time.sleep(0.5)                           # ten short intervals
+    assert writer.written == 11, "written before the long wait ended"
+    assert wait_for(lambda: writer.written == 12, timeout=3.0)
+    assert time.monotonic() - put_at < 3.0
+    assert writer.next_wait == 0.05           # one endpoint: the short wait again
+    for n in range(50):                       # many requests, few endpoints: short wait
+        writer.put(Hit(n % 10))
+    assert wait_for(lambda: writer.written == 62)
+    assert writer.next_wait == 0.05
+
+
 def test_writer_passes_expanded_records_to_write_batch(make_writer):
     """Recordable entries reach write_batch as their record items, not as entries."""
     sink = Sink()
