@@ -36,7 +36,13 @@ and past 256 per run slot they are answered 503 `busy` by design.)
 
     python bench/scale_bench.py [--duration 10] [--warmup 5] [--workers 2]
                                 [--max-workers N] [--skip-fill DIR] [--no-cold-start]
-                                [--rows 1,2,3] [--paired K]
+                                [--rows 1,2,3] [--paired K] [--cpu]
+
+`--cpu`: after each measured run, the server's CPU per request split three
+ways: its event-loop (main) thread, its other threads (the records writer,
+lookups, hashing) and its descendants (fork server and workers), from each
+task's exact run time (`/proc/PID/task/TID/schedstat`); a worker that exited
+during the run is not counted (only the Zipf row starts and retires workers).
 
 `PYTHONPATH=DIR python bench/scale_bench.py ...` runs the servers on the
 `service`, `sandbox` and `models` packages found in DIR (another tree, for a
@@ -288,17 +294,72 @@ def cold_start(db: str, cfg: Path, port: int, workers: int, connections: int,
               "request on", flush=True)
 
 
-def paired(url: str, tmp: Path, label: str, lua: str, args: argparse.Namespace) -> None:
+def cpu_split(server_pid: int) -> dict[tuple[str, int], float]:
+    """Seconds on a CPU so far of every task of the server and its descendants, keyed by
+    (part, task id): part is the server's main thread, its other threads, or the rest."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    family = {server_pid}
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in family and pid not in family:
+                family.add(pid)
+                grew = True
+    out: dict[tuple[str, int], float] = {}
+    for pid in family:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            part = ("workers" if pid != server_pid else "loop" if int(tid) == pid
+                    else "threads")
+            out[(part, int(tid))] = ns / 1e9
+    return out
+
+
+def measured(url: str, lua: str, args: argparse.Namespace,
+             server_pid: int) -> tuple[dict[str, float], str]:
+    """One measured wrk run, and with --cpu a line of the server's CPU per request."""
+    before = cpu_split(server_pid) if args.cpu else None
+    r = run_wrk(url, lua, args.connections, args.duration)
+    if before is None:
+        return r, ""
+    after = cpu_split(server_pid)
+    n = max(1.0, r["total"])
+    us = {"loop": 0.0, "threads": 0.0, "workers": 0.0}
+    for key, seconds in after.items():   # a task gone meanwhile: its last run time is lost
+        us[key[0]] += (seconds - before.get(key, 0.0)) / n * 1e6
+    return r, (f"event loop {us['loop']:.0f} us, other server threads {us['threads']:.0f} us, "
+               f"fork server and workers {us['workers']:.0f} us per request")
+
+
+def paired(url: str, tmp: Path, label: str, lua: str, args: argparse.Namespace,
+           server_pid: int) -> None:
     """The row K times, each right after the 1-endpoint load: K ratios and their median."""
     one = lua_file(tmp, "one", [big_path(1, 0)])
     ratios = []
     for _ in range(args.paired):
-        b = run_wrk(url, one, args.connections, args.duration)
-        r = run_wrk(url, lua, args.connections, args.duration)
+        b, b_cpu = measured(url, one, args, server_pid)
+        r, r_cpu = measured(url, lua, args, server_pid)
         ratios.append(r["rps"] / b["rps"])
         print(f"  {label:<30} {r['rps']:>8,.0f} req/s  {ratios[-1]:5.2f} of 1 endpoint "
               f"({b['rps']:,.0f} req/s, p99 {b['p99']:.2f} ms)  p50 {r['p50']:6.2f} ms  "
               f"p99 {r['p99']:7.2f} ms  non-2xx {r['errors'] + b['errors']:.0f}", flush=True)
+        if args.cpu:
+            print(f"      this row: {r_cpu}\n      1 endpoint: {b_cpu}", flush=True)
     print(f"  {label:<30} median {statistics.median(ratios):.2f} of 1 endpoint over "
           f"{len(ratios)} pairs ({min(ratios):.2f}-{max(ratios):.2f})", flush=True)
 
@@ -315,6 +376,9 @@ def main() -> None:
     parser.add_argument("--no-cold-start", action="store_true")
     parser.add_argument("--rows", default="", help="only these rows, e.g. 1,5,6 (1 = the "
                                                     "1-endpoint baseline)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="print the server's CPU per request of each measured run "
+                             "(event loop, other threads, workers)")
     parser.add_argument("--cold-connections", type=int, default=16,
                         help="connections of the cold-start case")
     parser.add_argument("--paired", type=int, default=0, metavar="K",
@@ -348,13 +412,15 @@ def main() -> None:
             if args.warmup:
                 run_wrk(url, lua, args.connections, args.warmup)
             if args.paired and n > 1:
-                paired(url, tmp, label, lua, args)
+                paired(url, tmp, label, lua, args, proc.pid)
                 continue
-            r = run_wrk(url, lua, args.connections, args.duration)
+            r, r_cpu = measured(url, lua, args, proc.pid)
             base = base or r["rps"]
             print(f"  {label:<30} {r['rps']:>8,.0f} req/s  {r['rps'] / base:5.2f} of 1 endpoint  "
                   f"p50 {r['p50']:6.2f} ms  p99 {r['p99']:7.2f} ms  non-2xx {r['errors']:.0f}",
                   flush=True)
+            if r_cpu:
+                print(f"      {r_cpu}", flush=True)
     finally:
         stop(proc)
     if not args.no_cold_start:
