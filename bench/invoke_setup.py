@@ -128,6 +128,42 @@ def core_seconds(cpu: int) -> float:
     return 0.0
 
 
+def cpu_split(server_pid: int) -> dict[tuple[str, int], float]:
+    """Seconds on a CPU so far of every task of the server and its descendants, keyed by
+    (part, task id): part is the server's main thread, its other threads, or the rest."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    family = {server_pid}
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in family and pid not in family:
+                family.add(pid)
+                grew = True
+    out: dict[tuple[str, int], float] = {}
+    for pid in family:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            part = ("workers" if pid != server_pid else "loop" if int(tid) == pid
+                    else "threads")
+            out[(part, int(tid))] = ns / 1e9
+    return out
+
+
 def run_wrk(url: str, lua: str, connections: int, duration: int) -> dict[str, float]:
     out = subprocess.run(
         ["taskset", "-c", "0", "wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency",

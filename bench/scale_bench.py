@@ -67,8 +67,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from invoke_setup import (BODY, LOGIC, SCRIPT, SERVE_ENV, free_port,  # noqa: E402
-                          logic, run_wrk, wait_listening)
+from invoke_setup import (BODY, LOGIC, SCRIPT, SERVE_ENV, cpu_split,  # noqa: E402
+                          free_port, logic, run_wrk, wait_listening)
 
 SECRET = "lsk_" + "s" * 43
 BIG_GUILDS = 100          # guilds 1..100, SCRIPTS_PER_BIG scripts each
@@ -292,42 +292,6 @@ def cold_start(db: str, cfg: Path, port: int, workers: int, connections: int,
     else:
         print(f"cold start: p99 under 50 ms from {under_from * 0.5:.1f} s after the first "
               "request on", flush=True)
-
-
-def cpu_split(server_pid: int) -> dict[tuple[str, int], float]:
-    """Seconds on a CPU so far of every task of the server and its descendants, keyed by
-    (part, task id): part is the server's main thread, its other threads, or the rest."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
-    family = {server_pid}
-    grew = True
-    while grew:
-        grew = False
-        for pid, ppid in parents.items():
-            if ppid in family and pid not in family:
-                family.add(pid)
-                grew = True
-    out: dict[tuple[str, int], float] = {}
-    for pid in family:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue
-            part = ("workers" if pid != server_pid else "loop" if int(tid) == pid
-                    else "threads")
-            out[(part, int(tid))] = ns / 1e9
-    return out
 
 
 def measured(url: str, lua: str, args: argparse.Namespace,
