@@ -6,7 +6,7 @@ import subprocess
 from datetime import datetime, timedelta, timezone
 
 from tests.service.api.conftest import OWNER_ID, Api, assert_error
-from tests.service.http.harness import LOGIC, wait_until
+from tests.service.http.harness import LOGIC, at_once, wait_until
 
 
 def test_no_or_bad_token_is_401_with_the_envelope(server, make_token, source_ip) -> None:
@@ -134,23 +134,9 @@ def test_wrong_tokens_sent_at_once_cannot_outrun_the_throttle(server, make_token
     """A token that must be looked up counts against its address before the lookup:
     60 wrong tokens sent at once from one address get at most 20 lookups (401), the
     rest 429; a good token's lookup gives its count back."""
-    import threading
     ip = source_ip()
-    results: list[int] = []
-    lock = threading.Lock()
-    start = threading.Barrier(60)
-
-    def one(n: int) -> None:
-        start.wait(10)
-        status = Api(server, "lat_" + f"{n:02d}" + "x" * 41, ip=ip)("GET", "/me").status
-        with lock:
-            results.append(status)
-
-    threads = [threading.Thread(target=one, args=(n,)) for n in range(60)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    results = at_once(60, lambda n: Api(server, "lat_" + f"{n:02d}" + "x" * 41,
+                                        ip=ip)("GET", "/me").status)
     assert len(results) == 60
     assert results.count(401) <= 20, sorted(results)
     assert results.count(401) + results.count(429) == 60, sorted(results)

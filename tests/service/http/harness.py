@@ -161,6 +161,27 @@ def connection_refused(port: int, timeout: float = 5.0) -> bool:
     return False
 
 
+def at_once(count: int, call: Any, timeout: float = 60.0) -> list[Any]:
+    """`call(n)` for n in range(count), each on its own thread, all released
+    together (a barrier): the results, in the order they came back."""
+    results: list[Any] = []
+    lock = threading.Lock()
+    start = threading.Barrier(count)
+
+    def one(n: int) -> None:
+        start.wait(10)
+        got = call(n)
+        with lock:
+            results.append(got)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return results
+
+
 def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from service.core.secrets import hash_secret_argon2 as hash_secret, verify_secret
 from service.http.auth import SecretVerifier
-from tests.service.http.harness import Server
+from tests.service.http.harness import Server, at_once
 from tests.service.http.test_checks import ECHO, assert_error
 
 
@@ -165,21 +165,8 @@ def test_wrong_secrets_sent_at_once_cannot_outrun_the_throttle(make_server, make
     ep = make_endpoint(source=ECHO)
     argon2_secret(ep)  # a legacy argon2 hash: checked on the hashing threads
     ip = source_ip()
-    results: list[int] = []
-    lock = threading.Lock()
-    start = threading.Barrier(40)
-
-    def one(n: int) -> None:
-        start.wait(10)
-        resp = server.request_from(ip, ep.path, json_body={}, secret=f"lsk_wrong{n}")
-        with lock:
-            results.append(resp.status)
-
-    threads = [threading.Thread(target=one, args=(n,)) for n in range(40)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    results = at_once(40, lambda n: server.request_from(ip, ep.path, json_body={},
+                                                        secret=f"lsk_wrong{n}").status)
     assert len(results) == 40
     assert results.count(401) <= 20, sorted(results)
     assert results.count(401) + results.count(429) == 40, sorted(results)
