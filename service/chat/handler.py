@@ -138,8 +138,8 @@ class InteractionsHandler(BaseHandler):
 
     async def post(self) -> None:
         front = self.front
-        # The platform's clock for the answer starts when the request arrives.
-        deadline = asyncio.get_running_loop().time() + front.budget_s
+        # The platform's clock for the answer started when the request arrived.
+        arrived = asyncio.get_running_loop().time() - self.request.request_time()
         body = self.request.body
         if len(body) > MAX_BODY_BYTES:
             raise PayloadTooLargeError()
@@ -158,9 +158,9 @@ class InteractionsHandler(BaseHandler):
         if not front.verifier.first_time(interaction.id):
             raise self._replayed()
         if interaction.type == protocol.APPLICATION_COMMAND:
-            await self._command(interaction, deadline)
+            await self._command(interaction, arrived + front.budget_s)
         elif interaction.type == protocol.AUTOCOMPLETE:
-            await self._autocomplete(interaction, deadline)
+            await self._autocomplete(interaction, arrived + AUTOCOMPLETE_BUDGET_S)
         else:
             if not await asyncio.get_running_loop().run_in_executor(
                     front.executor, front.first_seen, interaction.id):
@@ -212,14 +212,20 @@ class InteractionsHandler(BaseHandler):
         loop = asyncio.get_running_loop()
         running = loop.run_in_executor(self.front.executor, self.front.complete, interaction.id,
                                        subcommand, call, interaction.focused)
-        budget = min(deadline, loop.time() + AUTOCOMPLETE_BUDGET_S) - loop.time()
         try:
-            found = await asyncio.wait_for(asyncio.shield(running), max(0.0, budget))
+            found = await asyncio.wait_for(asyncio.shield(running),
+                                           max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
+            running.add_done_callback(_retrieved)   # late, and maybe failed: nobody waits
             found = []  # autocomplete cannot be deferred: no choices this time
         if found is None:
             raise self._replayed()
         self.write_json(protocol.choices(found))
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("chat interaction not answered: %s", type(future.exception()).__name__)
 
 
 def routes(context: AppContext) -> list[tuple[str, type[BaseHandler], dict[str, Any]]]:

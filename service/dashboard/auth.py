@@ -45,7 +45,8 @@ class MalformedLinkHandler(DashboardHandler):
 
     public = True
 
-    async def prepare(self) -> None:
+    def initialize(self, context: Any, dashboard: Any) -> None:  # type: ignore[override]
+        super().initialize(context, dashboard)
         self.request.path = "/login/…"      # as LoginHandler: never the path in a log
         self.request.uri = "/login/…"
 

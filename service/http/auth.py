@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 
 from service.core.secrets import LEGACY_PREFIX, is_fast, verify_fast
+from service.http.ratelimit import RateLimits
 
 log = logging.getLogger("logic.http")
 
@@ -57,6 +58,14 @@ def _digest(secret: str) -> bytes:
 
 class VerifierBusy(Exception):
     """The verification queue (or the endpoint's share of it) is full: nothing was hashed."""
+
+
+class Throttled(Exception):
+    """The address is past its wrong-secret allowance: nothing was checked."""
+
+    def __init__(self, wait: int) -> None:
+        super().__init__(wait)
+        self.wait = wait
 
 
 class SecretVerifier:
@@ -99,6 +108,15 @@ class SecretVerifier:
         hit = self._cache.get(endpoint_id)
         return (hit is not None and hit[0] == stored_hash
                 and hmac.compare_digest(hit[1], _digest(secret)))
+
+    def starts_check(self, endpoint_id: int, stored_hash: str | None, secret: str | None) -> bool:
+        """Whether `check` would start a slow verification for this secret now: not
+        cached, not checked inline, none running for the same secret."""
+        if not stored_hash or not secret or is_fast(stored_hash):
+            return False
+        if self.cached(endpoint_id, stored_hash, secret):
+            return False
+        return (endpoint_id, stored_hash, _digest(secret)) not in self._inflight
 
     async def check(self, endpoint_id: int, stored_hash: str | None, secret: str | None) -> bool:
         """True when `secret` matches the endpoint's stored hash; `VerifierBusy` when full."""
@@ -178,6 +196,52 @@ class SecretVerifier:
             else:
                 job.future.set_result(done.result())
         self._dispatch(loop)
+
+
+async def counted_check(verifier: SecretVerifier, limits: RateLimits, ip: str, endpoint_id: int,
+                        stored_hash: str | None, secret: str | None) -> bool:
+    """`verifier.check`, with wrong secrets counted against `ip`'s throttle.
+
+    A secret that starts a slow verification is counted as wrong before it
+    starts and the count is given back if it proves right (or nothing was
+    checked): wrong secrets sent all at once cannot start more verifications
+    than the throttle allows. A secret checked inline, or sharing a
+    verification already running for the same secret, costs no hash and is
+    counted only when wrong, so a client sending its right secret many times
+    at once is never throttled by itself. Raises `Throttled` (nothing was
+    checked), `VerifierBusy`, `LimitsUnavailable`.
+    """
+    shared: bool | None = None   # where the count was taken, when taken before the check
+    if secret is not None and verifier.starts_check(endpoint_id, stored_hash, secret):
+        if limits.remote:
+            wait, remote = await limits.aauth_attempt(ip)
+        else:
+            wait, remote = limits.auth_attempt(ip), False
+        if wait:
+            raise Throttled(wait)
+        shared = remote
+    try:
+        ok = await verifier.check(endpoint_id, stored_hash, secret)
+    except BaseException:
+        if shared is not None:
+            await _refund(limits, ip, shared)
+        raise
+    if shared is not None:
+        if ok:
+            await _refund(limits, ip, shared)
+    elif not ok and secret is not None:
+        if limits.remote:
+            await limits.aauth_failed(ip)
+        else:
+            limits.auth_failed(ip)
+    return ok
+
+
+async def _refund(limits: RateLimits, ip: str, shared: bool) -> None:
+    if limits.remote:
+        await limits.aauth_refund(ip, shared)
+    else:
+        limits.auth_refund(ip)
 
 
 def _log_upgrade_failure(done: "asyncio.Future[object]") -> None:

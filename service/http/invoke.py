@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from tornado import httputil
 
-from service.http.auth import VerifierBusy, presented_secret
+from service.http.auth import Throttled, VerifierBusy, counted_check, presented_secret
 from service.http.base import new_request_id
 from service.http.errors import (
     AuthThrottledError,
@@ -288,40 +288,19 @@ class InvokeRequest(ScriptRun, RequestAnswers, httputil.HTTPMessageDelegate):
         target = self.target
         assert target is not None
         ctx = self.context
-        limits = ctx.limits
-        counted = False
-        if secret is not None:
-            # Counted as a wrong secret before it is checked, given back if it
-            # is right: secrets sent all at once cannot outrun the throttle.
-            wait = (await limits.aauth_attempt(self.ip) if limits.remote
-                    else limits.auth_attempt(self.ip))
-            if wait:
-                raise AuthThrottledError(headers={"Retry-After": str(wait)})
-            counted = True
         try:
-            ok = await ctx.verifier.check(target.endpoint_id, target.secret_hash, secret)
+            ok = await counted_check(ctx.verifier, ctx.limits, self.ip, target.endpoint_id,
+                                     target.secret_hash, secret)
+        except Throttled as throttled:
+            raise AuthThrottledError(headers={"Retry-After": str(throttled.wait)}) from None
         except VerifierBusy:
-            await self._give_back(counted)   # nothing was checked
             raise BusyError("Too many secrets are being checked; retry shortly.",
                             headers={"Retry-After": "1"}) from None
-        except BaseException:
-            await self._give_back(counted)
-            raise
         if not ok:
             raise UnauthorizedError(headers={"WWW-Authenticate": "Bearer"})
-        await self._give_back(counted)
         step = self._authenticated()
         if step is not None:
             await step
-
-    async def _give_back(self, counted: bool) -> None:
-        """Undo `_verify`'s count: the secret was right, or never checked."""
-        if counted:
-            limits = self.context.limits
-            if limits.remote:
-                await limits.aauth_refund(self.ip)
-            else:
-                limits.auth_refund(self.ip)
 
     def _authenticated(self) -> Awaitable[None] | None:
         target = self.target

@@ -225,17 +225,29 @@ class RateLimits:
             return 0
         return max(1, self._reset(count, oldest))
 
-    async def aauth_attempt(self, ip: str) -> int:
-        """`auth_attempt` on any storage.  Raises `LimitsUnavailable`."""
-        allowed, count, oldest = await self._ahit(f"auth:{self.auth_key(ip)}",
-                                                  AUTH_FAILURES_PER_MINUTE)
-        return 0 if allowed else max(1, self._reset(count, oldest))
-
-    async def aauth_refund(self, ip: str) -> None:
-        """`auth_refund` on any storage (never raises)."""
+    async def aauth_attempt(self, ip: str) -> tuple[int, bool]:
+        """`auth_attempt` on any storage: (seconds to wait or 0, whether it was
+        counted in the shared storage: pass it to `aauth_refund`, so a count
+        taken in the fallback while Redis was down is given back there, and
+        the reverse).  Raises `LimitsUnavailable`."""
         key = f"auth:{self.auth_key(ip)}"
-        if self._remote is not None and self._remote.down_since is None:
-            await self._remote.refund(key, AUTH_FAILURES_PER_MINUTE)
+        limit = AUTH_FAILURES_PER_MINUTE
+        got = None
+        if self._remote is not None:
+            got = await self._remote.hit(key, limit)
+            if got is None and not self._open:
+                raise LimitsUnavailable()
+        shared = got is not None
+        allowed, count, oldest = got if got is not None else self._windows.hit(key, limit)
+        return (0 if allowed else max(1, self._reset(count, oldest))), shared
+
+    async def aauth_refund(self, ip: str, shared: bool) -> None:
+        """`auth_refund` on the storage `aauth_attempt` counted in (never raises;
+        while Redis is down a count taken there runs out with its window)."""
+        key = f"auth:{self.auth_key(ip)}"
+        if shared:
+            if self._remote is not None:
+                await self._remote.refund(key, AUTH_FAILURES_PER_MINUTE)
         else:
             self._windows.refund(key, AUTH_FAILURES_PER_MINUTE)
 

@@ -10,8 +10,8 @@ address), so when one spans more than `spread_endpoints` endpoints (requests
 spread over many scripts: each is in a batch only once or twice) the writer
 waits `spread_interval` for the next one, where the same endpoints' requests
 add up to the same rows; a batch over fewer endpoints brings the short wait
-back (docs/performance.md: a quarter of the writer's CPU with 1,000 endpoints
-in rotation). `stop()` writes everything still queued, so a
+back (docs/performance.md: with 1,000 endpoints in rotation the writer's CPU
+per request halves). `stop()` writes everything still queued, so a
 SIGTERM loses no record; with a `Journal` (as `logic serve` runs it) a crash
 of the process loses none either (service.http.journal).
 

@@ -147,3 +147,13 @@ def test_wrong_tokens_sent_at_once_cannot_outrun_the_throttle(server, make_token
     assert Api(server, good, ip=other)("GET", "/me").status == 200
     assert Api(server, "lat_" + "z" * 43, ip=other)("GET", "/me").status == 401
     assert_error(Api(server, "lat_" + "w" * 43, ip=other)("GET", "/me"), 429, "auth_throttled")
+
+
+def test_a_client_sending_its_good_token_many_times_at_once_is_never_throttled(
+        server, make_token, source_ip) -> None:
+    """60 calls at once with a good token the server has not looked up yet: they
+    share its lookup, and none is answered 429."""
+    token = make_token(OWNER_ID)["token"]
+    ip = source_ip()
+    results = at_once(60, lambda n: Api(server, token, ip=ip)("GET", "/me").status)
+    assert sorted(results) == [200] * 60

@@ -80,8 +80,9 @@ def test_a_database_that_makes_the_replay_record_wait_defers_the_answer(
     """The interaction id is recorded (the cross-process replay check) inside the
     answer budget: while another connection holds the database's write lock the
     platform still gets its answer in time, deferred, and the new secret follows
-    once the lock is gone, so it is never made and then lost. A replay sent meanwhile
-    runs nothing and gets no follow-up."""
+    once the lock is gone, so it is never made and then lost. The same signed
+    request replayed meanwhile to another front process is deferred too, then runs
+    nothing and gets no follow-up: one secret is made, one reply sent."""
     import threading
     import time
 
@@ -89,18 +90,19 @@ def test_a_database_that_makes_the_replay_record_wait_defers_the_answer(
     g: Guild = make_guild()
     api = PlatformAPI()
     key = SigningKey.generate()
-    server = start_chat_server(http_env, tmp_path, key, api_url=api.url, answer_within_ms=500)
+    first = start_chat_server(http_env, tmp_path, key, api_url=api.url, answer_within_ms=500)
+    second = start_chat_server(http_env, tmp_path, key, api_url=api.url, answer_within_ms=500)
     locker = open_database(http_env.database_url)
     locker.connect()
+    release = threading.Event()
     try:
-        platform = Platform(server, key)
+        platform, other = Platform(first, key), Platform(second, key)
         invoke = f"/endpoints/{g.guild_id}/{g.script_id}"
         payload = platform.interaction(2, guild_id=g.guild_id, user_id=OWNER,
                                        path=("logic", "script", "secret"),
                                        options={"script": g.name})
         postgres = http_env.database_url.startswith("postgres")
         locked = threading.Event()
-        release = threading.Event()
 
         def hold() -> None:
             # SQLite: the transaction begins IMMEDIATE, holding the write lock.
@@ -113,24 +115,26 @@ def test_a_database_that_makes_the_replay_record_wait_defers_the_answer(
         holder = threading.Thread(target=hold)
         holder.start()
         assert locked.wait(10)
-        started = time.monotonic()
-        resp = platform.send(payload)
-        took = time.monotonic() - started
-        assert resp.status == 200 and resp.json == {"type": 5, "data": {"flags": 64}}
-        assert took < 2.5, f"answered after {took:.1f} s: the platform gives up at 3 s"
-        replay = platform.send(payload)          # the same signed request again
-        assert replay.status == 401
-        assert api.received == []                # nothing could run yet
+        for front in (platform, other):       # the request, then its replay elsewhere
+            started = time.monotonic()
+            resp = front.send(payload)
+            took = time.monotonic() - started
+            assert resp.status == 200 and resp.json == {"type": 5, "data": {"flags": 64}}
+            assert took < 2.5, f"answered after {took:.1f} s: the platform gives up at 3 s"
+        assert platform.send(payload).status == 401     # this process remembers the id
+        assert api.received == []                       # nothing could run yet
         release.set()
         holder.join(20)
         received = api.wait(1)
         assert len(received) == 1
         secret = re.findall(r"`(lsk_[A-Za-z0-9_-]{43})`", received[0].body["content"])[0]
-        assert server.request(invoke, json_body={}, secret=secret).status == 200
-        time.sleep(0.5)
-        assert len(api.received) == 1            # the replay got no follow-up
+        assert first.request(invoke, json_body={}, secret=secret).status == 200
+        time.sleep(1.0)
+        assert len(api.received) == 1                   # the replay: no follow-up
+        assert first.request(invoke, json_body={}, secret=secret).status == 200  # not rotated
     finally:
         release.set()
         locker.close()
-        server.stop()
+        first.stop()
+        second.stop()
         api.close()

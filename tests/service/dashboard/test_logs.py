@@ -30,10 +30,11 @@ def test_the_access_log_never_holds_the_login_token(db, caplog: pytest.LogCaptur
         client = AsyncHTTPClient()
         codes = []
         try:
-            for method in ("HEAD", "POST", "OPTIONS"):   # 405 (or 403): logged too
-                resp = await client.fetch(f"http://127.0.0.1:{port}/login/{token}",
+            for method, path in (("HEAD", token), ("POST", token), ("OPTIONS", token),
+                                 ("PROPFIND", token + "/")):   # 405 (or 403): logged too
+                resp = await client.fetch(f"http://127.0.0.1:{port}/login/{path}",
                                           method=method, follow_redirects=False,
-                                          raise_error=False,
+                                          raise_error=False, allow_nonstandard_methods=True,
                                           body=b"" if method == "POST" else None)
                 codes.append(resp.code)
             for _ in range(2):          # the second time the link is spent
@@ -47,8 +48,8 @@ def test_the_access_log_never_holds_the_login_token(db, caplog: pytest.LogCaptur
 
     with caplog.at_level(logging.DEBUG, logger="logic.access"):
         codes = asyncio.run(run())
-    assert codes[3:] == [303, 400], codes      # the other methods did not spend the link
-    assert all(code in (403, 405) for code in codes[:3]), codes
+    assert codes[4:] == [303, 400], codes      # the other methods did not spend the link
+    assert all(code in (403, 405) for code in codes[:4]), codes
     lines = [r.getMessage() for r in caplog.records if r.name == "logic.access"]
-    assert len(lines) == 5 and all("/login/…" in line for line in lines)
+    assert len(lines) == 6 and all("/login/…" in line for line in lines)
     assert token not in caplog.text

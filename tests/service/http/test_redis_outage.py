@@ -162,3 +162,41 @@ def test_fail_closed_refuses_with_busy_until_redis_is_back(
     assert poll(lambda: BACK in srv.log)
     assert srv.log.count(BACK) == 1 and srv.log.count(DOWN) == 1
     assert dependency_down(srv, "ratelimit") == 0
+
+
+def test_a_count_taken_while_redis_was_down_is_given_back_where_it_was_taken(
+        http_env: Any, redis_server: PrivateRedis) -> None:   # http_env: the module's parameter
+    """A secret checked the slow way is counted before the check and given back if
+    right. Counted in the node's fallback windows while Redis is down and given back
+    after Redis is back, the count leaves the fallback, and a real failure counted in
+    Redis meanwhile stays counted there (and the reverse)."""
+    import asyncio
+
+    from service.http.ratelimit import RateLimits
+
+    ip = "198.51.100.9"
+    shared_key = "LIMITS:LIMITER/logic/auth:198.51.100.9/20/1/minute"
+
+    async def run() -> None:
+        limits = RateLimits(redis_server.url, on_storage_error="open", storage_timeout_s=0.5)
+        try:
+            assert await limits.aauth_attempt(ip) == (0, True)      # connected: counted in Redis
+            await limits.aauth_refund(ip, True)
+            assert redis_server.client().llen(shared_key) == 0
+            redis_server.stop()
+            wait, shared = await limits.aauth_attempt(ip)            # Redis down: the fallback
+            assert (wait, shared) == (0, False)
+            assert limits.auth_throttled(ip) == 0 and limits._windows.peek(f"auth:{ip}", 20)[0] == 1
+            redis_server.start()
+            assert limits._remote is not None
+            limits._remote._retry_at = 0.0                           # probe at once
+            await limits.aauth_failed(ip)                            # a real failure, in Redis
+            assert limits._remote.down_since is None
+            assert redis_server.client().llen(shared_key) == 1
+            await limits.aauth_refund(ip, shared)                    # the right secret's count
+            assert limits._windows.peek(f"auth:{ip}", 20)[0] == 0    # left the fallback
+            assert redis_server.client().llen(shared_key) == 1       # the failure stays counted
+        finally:
+            await limits.close()
+
+    asyncio.run(run())
