@@ -21,7 +21,6 @@ core's own code and status.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
@@ -69,12 +68,6 @@ class ApiError(ServiceError):
         self.extra = extra or {}
 
 
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    """A shared lookup's failure is its starter's to report, not an unread future's."""
-    if not future.cancelled():
-        future.exception()
-
-
 class ApiState:
     """What the API handlers share: the thread pool and the token cache."""
 
@@ -87,8 +80,6 @@ class ApiState:
         self.tokens = TokenCache()
         self.tokens.feed = context.change_feed      # PostgreSQL: hears revocations
         self.pending = 0
-        #: Token lookups running, by the token's SHA-256: concurrent requests share one.
-        self.lookups: dict[bytes, asyncio.Future[TokenIdentity | None]] = {}
         url = context.settings.database.url
         # History, error log and statistics: in lower-priority processes.
         self.readers = ReadProcesses(url) if ReadProcesses.usable(url) else None
@@ -173,10 +164,18 @@ class APIHandler(BaseHandler):
         bearer = scheme.lower() == "bearer"
         identity = self._remembered(token) if bearer and token else None
         if identity is None and token:
-            if bearer:
-                identity = await self._authenticated(token, limits, ip)
-            else:
-                await limits.aauth_failed(ip)
+            # Looked up in a turn of the address's allowance: a wrong token counts
+            # against it, and tokens sent all at once get no more lookups.
+            wait = await limits.auth_admit(ip)
+            if wait:
+                raise AuthThrottledError("Too many failed authentications from your address; "
+                                         "retry later.", headers={"Retry-After": str(wait)})
+            failed = False
+            try:
+                identity = await self._looked_up(token) if bearer else None
+                failed = identity is None
+            finally:
+                await limits.auth_settle(ip, failed)
         if identity is None:
             raise UnauthorizedError("A valid API token is required (Authorization: Bearer lat_...).",
                                     headers={"WWW-Authenticate": "Bearer"})
@@ -208,55 +207,6 @@ class APIHandler(BaseHandler):
             due = cache.due_touch(token)
             if due is not None:   # lastUsedAt, at most once a minute, off the loop
                 self.api.executor.submit(self._touch, due)
-        return identity
-
-    async def _authenticated(self, token: str, limits: RateLimits,
-                             ip: str) -> TokenIdentity | None:
-        """A token the cache does not hold, looked up once however many requests
-        present it at the same time.
-
-        The request that starts the lookup counts as a failure of `ip` before it
-        and gives the count back if the token is good: wrong tokens sent all at
-        once cannot start more lookups than the throttle allows. Requests that
-        share a running lookup count only if the token is wrong, so a client
-        sending its good token many times at once never throttles itself.
-        """
-        key = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
-        lookups = self.api.lookups
-        running = lookups.get(key)
-        if running is None:
-            wait, shared = await limits.aauth_attempt(ip)
-            if wait:
-                raise AuthThrottledError("Too many failed authentications from your address; "
-                                         "retry later.", headers={"Retry-After": str(wait)})
-            running = lookups.get(key)   # started meanwhile (the count was awaited)
-            if running is None:
-                return await self._look_up_once(token, key, limits, ip, shared)
-            await limits.aauth_refund(ip, shared)
-        identity = await asyncio.shield(running)
-        if identity is None:
-            await limits.aauth_failed(ip)
-        return identity
-
-    async def _look_up_once(self, token: str, key: bytes, limits: RateLimits, ip: str,
-                            shared: bool) -> TokenIdentity | None:
-        future: asyncio.Future[TokenIdentity | None] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(_retrieved)
-        self.api.lookups[key] = future
-        try:
-            identity = await self._looked_up(token)
-        except BaseException as err:
-            await limits.aauth_refund(ip, shared)   # not a wrong token: the lookup failed
-            if isinstance(err, Exception):
-                future.set_exception(err)
-            else:
-                future.cancel()
-            raise
-        finally:
-            self.api.lookups.pop(key, None)
-        future.set_result(identity)
-        if identity is not None:
-            await limits.aauth_refund(ip, shared)
         return identity
 
     async def _looked_up(self, token: str) -> TokenIdentity | None:

@@ -109,15 +109,6 @@ class SecretVerifier:
         return (hit is not None and hit[0] == stored_hash
                 and hmac.compare_digest(hit[1], _digest(secret)))
 
-    def starts_check(self, endpoint_id: int, stored_hash: str | None, secret: str | None) -> bool:
-        """Whether `check` would start a slow verification for this secret now: not
-        cached, not checked inline, none running for the same secret."""
-        if not stored_hash or not secret or is_fast(stored_hash):
-            return False
-        if self.cached(endpoint_id, stored_hash, secret):
-            return False
-        return (endpoint_id, stored_hash, _digest(secret)) not in self._inflight
-
     async def check(self, endpoint_id: int, stored_hash: str | None, secret: str | None) -> bool:
         """True when `secret` matches the endpoint's stored hash; `VerifierBusy` when full."""
         if not stored_hash or not secret:
@@ -200,48 +191,21 @@ class SecretVerifier:
 
 async def counted_check(verifier: SecretVerifier, limits: RateLimits, ip: str, endpoint_id: int,
                         stored_hash: str | None, secret: str | None) -> bool:
-    """`verifier.check`, with wrong secrets counted against `ip`'s throttle.
-
-    A secret that starts a slow verification is counted as wrong before it
-    starts and the count is given back if it proves right (or nothing was
-    checked): wrong secrets sent all at once cannot start more verifications
-    than the throttle allows. A secret checked inline, or sharing a
-    verification already running for the same secret, costs no hash and is
-    counted only when wrong, so a client sending its right secret many times
-    at once is never throttled by itself. Raises `Throttled` (nothing was
-    checked), `VerifierBusy`, `LimitsUnavailable`.
-    """
-    shared: bool | None = None   # where the count was taken, when taken before the check
-    if secret is not None and verifier.starts_check(endpoint_id, stored_hash, secret):
-        if limits.remote:
-            wait, remote = await limits.aauth_attempt(ip)
-        else:
-            wait, remote = limits.auth_attempt(ip), False
-        if wait:
-            raise Throttled(wait)
-        shared = remote
+    """`verifier.check` in a turn of `ip`'s wrong-secret allowance (`auth_admit`):
+    a wrong secret is counted against the address, a right one costs nothing.
+    Raises `Throttled` (nothing was checked), `VerifierBusy`, `LimitsUnavailable`."""
+    if secret is None:
+        return False
+    wait = await limits.auth_admit(ip)
+    if wait:
+        raise Throttled(wait)
+    failed = False
     try:
         ok = await verifier.check(endpoint_id, stored_hash, secret)
-    except BaseException:
-        if shared is not None:
-            await _refund(limits, ip, shared)
-        raise
-    if shared is not None:
-        if ok:
-            await _refund(limits, ip, shared)
-    elif not ok and secret is not None:
-        if limits.remote:
-            await limits.aauth_failed(ip)
-        else:
-            limits.auth_failed(ip)
-    return ok
-
-
-async def _refund(limits: RateLimits, ip: str, shared: bool) -> None:
-    if limits.remote:
-        await limits.aauth_refund(ip, shared)
-    else:
-        limits.auth_refund(ip)
+        failed = not ok
+        return ok
+    finally:
+        await limits.auth_settle(ip, failed)
 
 
 def _log_upgrade_failure(done: "asyncio.Future[object]") -> None:

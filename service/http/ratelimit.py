@@ -29,6 +29,7 @@ where one Lua call does.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import math
 import time
@@ -115,6 +116,16 @@ class _Windows:
             del self._hits[key]
 
 
+class _Gate:
+    """The credentials of one address being checked now, and the requests waiting."""
+
+    __slots__ = ("checking", "waiters")
+
+    def __init__(self) -> None:
+        self.checking = 0
+        self.waiters: list[asyncio.Future[None]] = []
+
+
 class RateLimits:
     """Per-endpoint request quotas and per-IP failed-secret throttling."""
 
@@ -139,6 +150,8 @@ class RateLimits:
                                         timeout_s=storage_timeout_s, clock=clock)
         #: True when the windows are shared (Redis): use the ``a``-prefixed coroutines.
         self.remote = self._remote is not None
+        #: Addresses with credentials being checked now (`auth_admit`), this process.
+        self._gates: dict[str, _Gate] = {}
 
     def _reset(self, count: int, oldest: float) -> int:
         if count == 0:
@@ -225,31 +238,56 @@ class RateLimits:
             return 0
         return max(1, self._reset(count, oldest))
 
-    async def aauth_attempt(self, ip: str) -> tuple[int, bool]:
-        """`auth_attempt` on any storage: (seconds to wait or 0, whether it was
-        counted in the shared storage: pass it to `aauth_refund`, so a count
-        taken in the fallback while Redis was down is given back there, and
-        the reverse).  Raises `LimitsUnavailable`."""
-        key = f"auth:{self.auth_key(ip)}"
-        limit = AUTH_FAILURES_PER_MINUTE
-        got = None
-        if self._remote is not None:
-            got = await self._remote.hit(key, limit)
-            if got is None and not self._open:
-                raise LimitsUnavailable()
-        shared = got is not None
-        allowed, count, oldest = got if got is not None else self._windows.hit(key, limit)
-        return (0 if allowed else max(1, self._reset(count, oldest))), shared
+    async def auth_admit(self, ip: str) -> int:
+        """A turn to check a credential presented from `ip` the costly way: 0 once
+        it may be checked (then call `auth_settle`, always), else the seconds the
+        address must wait (nothing taken).
 
-    async def aauth_refund(self, ip: str, shared: bool) -> None:
-        """`auth_refund` on the storage `aauth_attempt` counted in (never raises;
-        while Redis is down a count taken there runs out with its window)."""
-        key = f"auth:{self.auth_key(ip)}"
-        if shared:
-            if self._remote is not None:
-                await self._remote.refund(key, AUTH_FAILURES_PER_MINUTE)
-        else:
-            self._windows.refund(key, AUTH_FAILURES_PER_MINUTE)
+        The failures counted for the address and the credentials of it being
+        checked now in this process together stay within the allowance: past it
+        a request waits while any of those checks run (each may prove right and
+        count nothing) and is refused when none is left. So wrong credentials
+        sent all at once get no more checks than sent one after another, and a
+        client's own burst of right ones waits a moment instead of being
+        refused. Raises `LimitsUnavailable`.
+        """
+        key = self.auth_key(ip)
+        while True:
+            count, oldest = await self._apeek(f"auth:{key}", AUTH_FAILURES_PER_MINUTE)
+            gate = self._gates.get(key)
+            checking = gate.checking if gate is not None else 0
+            if count + checking < AUTH_FAILURES_PER_MINUTE:
+                if gate is None:
+                    gate = self._gates[key] = _Gate()
+                gate.checking += 1
+                return 0
+            if gate is None or checking == 0 or count >= AUTH_FAILURES_PER_MINUTE:
+                return max(1, self._reset(count, oldest))
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            gate.waiters.append(waiter)
+            try:
+                await waiter          # a check of this address ended: look again
+            finally:
+                if waiter in gate.waiters:
+                    gate.waiters.remove(waiter)
+
+    async def auth_settle(self, ip: str, failed: bool) -> None:
+        """End the turn `auth_admit` gave: count the credential if it was wrong,
+        then let the requests waiting on the address look again (never raises)."""
+        key = self.auth_key(ip)
+        try:
+            if failed:
+                await self.aauth_failed(ip)
+        finally:
+            gate = self._gates.get(key)
+            if gate is not None:
+                gate.checking -= 1
+                waiters, gate.waiters = gate.waiters, []
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                if gate.checking <= 0:
+                    del self._gates[key]
 
     async def aauth_failed(self, ip: str) -> None:
         """`auth_failed` on any storage (never raises: an uncounted failure is the lesser harm)."""
@@ -301,17 +339,3 @@ class RateLimits:
         """Record one wrong secret presented from `ip`."""
         self._windows.hit(f"auth:{self.auth_key(ip)}", AUTH_FAILURES_PER_MINUTE)
 
-    def auth_attempt(self, ip: str) -> int:
-        """Count a credential about to be checked the slow way as a failure of
-        `ip`, before the check: 0 if it may be checked, else the seconds to wait
-        (nothing counted).  A credential that proves right gives its count back
-        (`auth_refund`), a wrong one keeps it.  So checks in flight count:
-        a burst of wrong credentials sent at once cannot outrun the throttle."""
-        allowed, count, oldest = self._windows.hit(f"auth:{self.auth_key(ip)}",
-                                                   AUTH_FAILURES_PER_MINUTE)
-        return 0 if allowed else max(1, self._reset(count, oldest))
-
-    def auth_refund(self, ip: str) -> None:
-        """Give back the count `auth_attempt` took: the credential was right (or
-        could not be checked)."""
-        self._windows.refund(f"auth:{self.auth_key(ip)}", AUTH_FAILURES_PER_MINUTE)

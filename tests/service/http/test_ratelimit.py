@@ -146,3 +146,24 @@ def test_memory_storage_answers_the_async_calls_too() -> None:
 def test_on_storage_error_is_validated() -> None:
     with pytest.raises(ValueError, match="on_storage_error"):
         RateLimits(on_storage_error="maybe")
+
+
+def test_checks_running_count_towards_the_allowance_and_right_ones_let_waiters_in() -> None:
+    """`auth_admit` gives at most 20 turns at once to one address; the 21st waits
+    while checks run and gets in when one ends right; once 20 failures are counted,
+    a request with no check left to wait for is refused."""
+    async def run() -> None:
+        limits = RateLimits()
+        ip = "203.0.113.5"
+        assert [await limits.auth_admit(ip) for _ in range(20)] == [0] * 20
+        waiting = asyncio.ensure_future(limits.auth_admit(ip))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()                      # 20 checks running: it waits
+        await limits.auth_settle(ip, failed=False)     # one proved right
+        assert await asyncio.wait_for(waiting, 1) == 0
+        for _ in range(20):
+            await limits.auth_settle(ip, failed=True)  # every other one was wrong
+        assert await limits.auth_admit(ip) > 0          # 20 failures, nothing running
+        assert await limits.auth_admit("203.0.113.6") == 0   # another address
+
+    asyncio.run(run())
