@@ -172,7 +172,8 @@ class APIHandler(BaseHandler):
                                          "retry later.", headers={"Retry-After": str(wait)})
             failed = False
             try:
-                identity = await self._looked_up(token) if bearer else None
+                if bearer:   # looked up meanwhile by a request it waited for: no lookup
+                    identity = self._remembered(token) or await self._looked_up(token)
                 failed = identity is None
             finally:
                 await limits.auth_settle(ip, failed)

@@ -117,13 +117,25 @@ class _Windows:
 
 
 class _Gate:
-    """The credentials of one address being checked now, and the requests waiting."""
+    """The credentials of one address being checked now, the requests looking at
+    its count or waiting, and how many checks have ended (to spot one ending
+    while a request's look at the shared count was on its way)."""
 
-    __slots__ = ("checking", "waiters")
+    __slots__ = ("checking", "looking", "settled", "waiters")
 
     def __init__(self) -> None:
         self.checking = 0
+        self.looking = 0
+        self.settled = 0
         self.waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def idle(self) -> bool:
+        return self.checking <= 0 and self.looking <= 0 and not self.waiters
+
+
+#: Requests of one address that may wait for its running checks; past it, 429.
+AUTH_WAITERS_PER_ADDRESS = 20
 
 
 class RateLimits:
@@ -246,30 +258,42 @@ class RateLimits:
         The failures counted for the address and the credentials of it being
         checked now in this process together stay within the allowance: past it
         a request waits while any of those checks run (each may prove right and
-        count nothing) and is refused when none is left. So wrong credentials
-        sent all at once get no more checks than sent one after another, and a
-        client's own burst of right ones waits a moment instead of being
-        refused. Raises `LimitsUnavailable`.
+        count nothing; at most `AUTH_WAITERS_PER_ADDRESS` wait) and is refused
+        once the failures alone reach the allowance or no check is left. So
+        wrong credentials sent all at once get no more checks than sent one
+        after another, and a client's own burst of right ones waits a moment
+        instead of being refused. A look at a shared count (Redis) during
+        which a check ended is repeated: that check's failure may be counted
+        after the look was answered. Raises `LimitsUnavailable`.
         """
         key = self.auth_key(ip)
-        while True:
-            count, oldest = await self._apeek(f"auth:{key}", AUTH_FAILURES_PER_MINUTE)
-            gate = self._gates.get(key)
-            checking = gate.checking if gate is not None else 0
-            if count + checking < AUTH_FAILURES_PER_MINUTE:
-                if gate is None:
-                    gate = self._gates[key] = _Gate()
-                gate.checking += 1
-                return 0
-            if gate is None or checking == 0 or count >= AUTH_FAILURES_PER_MINUTE:
-                return max(1, self._reset(count, oldest))
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            gate.waiters.append(waiter)
-            try:
-                await waiter          # a check of this address ended: look again
-            finally:
-                if waiter in gate.waiters:
-                    gate.waiters.remove(waiter)
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = _Gate()
+        gate.looking += 1
+        try:
+            while True:
+                settled = gate.settled
+                count, oldest = await self._apeek(f"auth:{key}", AUTH_FAILURES_PER_MINUTE)
+                if gate.settled != settled:
+                    continue          # a check ended meanwhile: its failure may be missing
+                if count + gate.checking < AUTH_FAILURES_PER_MINUTE:
+                    gate.checking += 1
+                    return 0
+                if (gate.checking == 0 or count >= AUTH_FAILURES_PER_MINUTE
+                        or len(gate.waiters) >= AUTH_WAITERS_PER_ADDRESS):
+                    return max(1, self._reset(count, oldest))
+                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                gate.waiters.append(waiter)
+                try:
+                    await waiter      # a check of this address ended: look again
+                finally:
+                    if waiter in gate.waiters:
+                        gate.waiters.remove(waiter)
+        finally:
+            gate.looking -= 1
+            if gate.idle and self._gates.get(key) is gate:
+                del self._gates[key]
 
     async def auth_settle(self, ip: str, failed: bool) -> None:
         """End the turn `auth_admit` gave: count the credential if it was wrong,
@@ -282,11 +306,12 @@ class RateLimits:
             gate = self._gates.get(key)
             if gate is not None:
                 gate.checking -= 1
+                gate.settled += 1
                 waiters, gate.waiters = gate.waiters, []
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
-                if gate.checking <= 0:
+                if gate.idle:
                     del self._gates[key]
 
     async def aauth_failed(self, ip: str) -> None:

@@ -131,9 +131,9 @@ def test_revocation_reaches_every_node(make_server, make_token) -> None:
 
 def test_wrong_tokens_sent_at_once_cannot_outrun_the_throttle(server, make_token,
                                                                source_ip) -> None:
-    """A token that must be looked up counts against its address before the lookup:
-    60 wrong tokens sent at once from one address get at most 20 lookups (401), the
-    rest 429; a good token's lookup gives its count back."""
+    """The lookups of an address running count with its failures: 60 wrong tokens
+    sent at once from one address get at most 20 lookups (401), the rest 429; a good
+    token's lookup counts nothing once it is done."""
     ip = source_ip()
     results = at_once(60, lambda n: Api(server, "lat_" + f"{n:02d}" + "x" * 41,
                                         ip=ip)("GET", "/me").status)
@@ -151,8 +151,9 @@ def test_wrong_tokens_sent_at_once_cannot_outrun_the_throttle(server, make_token
 
 def test_a_client_sending_its_good_token_many_times_at_once_is_never_throttled(
         server, make_token, source_ip) -> None:
-    """60 calls at once with a good token the server has not looked up yet: they
-    share its lookup, and none is answered 429."""
+    """60 calls at once with a good token the server has not looked up yet: past 20
+    at once they wait for the running lookups (which prove good, and cache it), and
+    none is answered 429."""
     token = make_token(OWNER_ID)["token"]
     ip = source_ip()
     results = at_once(60, lambda n: Api(server, token, ip=ip)("GET", "/me").status)

@@ -155,10 +155,10 @@ def test_a_throttled_address_is_never_let_in_by_a_lookup_from_before_a_change(
 
 def test_wrong_secrets_sent_at_once_cannot_outrun_the_throttle(make_server, make_endpoint,
                                                                 source_ip, argon2_secret) -> None:
-    """A wrong secret counts against its address before it is hashed, not after:
-    40 sent at once (argon2 takes ~20 ms each, so all would be in flight together)
-    from one address get at most 20 hashes, the rest 429; the right secret, checked
-    the slow way from another address, still gets in and costs that address nothing."""
+    """The secrets of an address being hashed count with its failures: 40 wrong ones
+    sent at once (argon2 takes ~20 ms each, so all would be in flight together) from
+    one address get at most 20 hashes, the rest 429; the right secret, hashed from
+    another address, still gets in and counts nothing there."""
     # Queues long enough for all of them: only the throttle may refuse.
     server: Server = make_server(extra="[ratelimit]\nauth_queue = 100\n"
                                        "auth_queue_per_endpoint = 100")
@@ -175,7 +175,7 @@ def test_wrong_secrets_sent_at_once_cannot_outrun_the_throttle(make_server, make
     other = source_ip()
     for n in range(19):
         assert server.request_from(other, ep.path, json_body={}, secret=f"lsk_x{n}").status == 401
-    # The right secret, hashed (first use): counted while checked, then given back.
+    # The right secret, hashed (first use): it counts while hashed, nothing after.
     assert server.request_from(other, ep.path, json_body={}, secret=ep.secret).status == 200
     assert server.request_from(other, ep.path, json_body={}, secret="lsk_x19").status == 401
     assert_error(server.request_from(other, ep.path, json_body={}, secret="lsk_x20"), 429,
@@ -185,8 +185,9 @@ def test_wrong_secrets_sent_at_once_cannot_outrun_the_throttle(make_server, make
 def test_a_client_sending_its_right_secret_many_times_at_once_is_never_throttled(
         make_server, make_endpoint, source_ip, argon2_secret) -> None:
     """40 requests at once with the right secret, not yet verified (a legacy argon2
-    hash: after a restart or a cookie-secret change every endpoint is like this): they
-    share one verification, and none is answered 429."""
+    hash: after a restart or a cookie-secret change every endpoint is like this): past
+    20 at once they wait for the running checks, which prove right, and none is
+    answered 429."""
     server: Server = make_server(extra="[ratelimit]\nauth_queue = 100\n"
                                        "auth_queue_per_endpoint = 100")
     ep = make_endpoint(source=ECHO)

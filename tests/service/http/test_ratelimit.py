@@ -167,3 +167,60 @@ def test_checks_running_count_towards_the_allowance_and_right_ones_let_waiters_i
         assert await limits.auth_admit("203.0.113.6") == 0   # another address
 
     asyncio.run(run())
+
+
+def test_a_check_ending_while_the_shared_count_is_read_is_not_missed() -> None:
+    """With the windows in Redis a look at the count is a round trip: a check that
+    ends (counting its failure) while the look is on its way may be missing from the
+    answer, and from `checking` too. The look is then repeated, so the 20th failure
+    is not followed by a 21st check."""
+    async def run() -> None:
+        limits = RateLimits()
+        ip = "203.0.113.7"
+        for _ in range(19):
+            limits.auth_failed(ip)
+        assert await limits.auth_admit(ip) == 0               # check A: 19 failures + 1
+        real_peek = limits._apeek
+        release = asyncio.Event()
+        stale: list[int] = []
+
+        async def slow_peek(key: str, limit: int) -> tuple[int, float]:
+            if not stale:                                      # the first look: answered
+                count, oldest = await real_peek(key, limit)    # as Redis saw it, late
+                stale.append(count)
+                await release.wait()
+                return count, oldest
+            return await real_peek(key, limit)
+
+        limits._apeek = slow_peek                              # type: ignore[method-assign]
+        looking = asyncio.ensure_future(limits.auth_admit(ip))  # B looks: 19
+        await asyncio.sleep(0.01)
+        await limits.auth_settle(ip, failed=True)              # A was wrong: 20 failures
+        release.set()
+        assert stale == [19]
+        assert await asyncio.wait_for(looking, 1) > 0          # B looked again: refused
+        assert limits._gates == {}
+
+    asyncio.run(run())
+
+
+def test_waiting_requests_of_one_address_are_bounded() -> None:
+    """At most 20 requests of an address wait for its running checks; more are
+    refused at once (a flood holds nothing)."""
+    from service.http.ratelimit import AUTH_WAITERS_PER_ADDRESS
+
+    async def run() -> None:
+        limits = RateLimits()
+        ip = "203.0.113.8"
+        assert [await limits.auth_admit(ip) for _ in range(20)] == [0] * 20
+        waiting = [asyncio.ensure_future(limits.auth_admit(ip))
+                   for _ in range(AUTH_WAITERS_PER_ADDRESS)]
+        await asyncio.sleep(0.01)
+        assert not any(w.done() for w in waiting)
+        assert await limits.auth_admit(ip) == 1                # one too many: refused now
+        for _ in range(20):
+            await limits.auth_settle(ip, failed=True)
+        assert all(r > 0 for r in await asyncio.gather(*waiting))
+        assert limits._gates == {}
+
+    asyncio.run(run())
