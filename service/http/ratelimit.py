@@ -118,8 +118,8 @@ class _Windows:
 
 class _Gate:
     """The credentials of one address being checked now, the requests looking at
-    its count or waiting, and how many checks have ended (to spot one ending
-    while a request's look at the shared count was on its way)."""
+    its count or waiting, and how many checks have ended wrong (to spot a
+    failure counted while a request's look at the shared count was on its way)."""
 
     __slots__ = ("checking", "looking", "settled", "waiters")
 
@@ -135,7 +135,7 @@ class _Gate:
 
 
 #: Requests of one address that may wait for its running checks; past it, 429.
-AUTH_WAITERS_PER_ADDRESS = 20
+AUTH_WAITERS_PER_ADDRESS = 256
 
 
 class RateLimits:
@@ -258,13 +258,14 @@ class RateLimits:
         The failures counted for the address and the credentials of it being
         checked now in this process together stay within the allowance: past it
         a request waits while any of those checks run (each may prove right and
-        count nothing; at most `AUTH_WAITERS_PER_ADDRESS` wait) and is refused
-        once the failures alone reach the allowance or no check is left. So
-        wrong credentials sent all at once get no more checks than sent one
-        after another, and a client's own burst of right ones waits a moment
-        instead of being refused. A look at a shared count (Redis) during
-        which a check ended is repeated: that check's failure may be counted
-        after the look was answered. Raises `LimitsUnavailable`.
+        count nothing, and then lets the longest-waiting request in; at most
+        `AUTH_WAITERS_PER_ADDRESS` wait) and is refused once the failures alone
+        reach the allowance or no check is left. So wrong credentials sent all
+        at once get no more checks than sent one after another, and a client's
+        own burst of right ones waits a moment instead of being refused. A look
+        at a shared count (Redis) during which a check ended wrong is repeated:
+        its failure may have been counted after the look was answered.
+        Raises `LimitsUnavailable`.
         """
         key = self.auth_key(ip)
         gate = self._gates.get(key)
@@ -276,7 +277,7 @@ class RateLimits:
                 settled = gate.settled
                 count, oldest = await self._apeek(f"auth:{key}", AUTH_FAILURES_PER_MINUTE)
                 if gate.settled != settled:
-                    continue          # a check ended meanwhile: its failure may be missing
+                    continue          # a failure was counted meanwhile: it may be missing
                 if count + gate.checking < AUTH_FAILURES_PER_MINUTE:
                     gate.checking += 1
                     return 0
@@ -297,7 +298,10 @@ class RateLimits:
 
     async def auth_settle(self, ip: str, failed: bool) -> None:
         """End the turn `auth_admit` gave: count the credential if it was wrong,
-        then let the requests waiting on the address look again (never raises)."""
+        then wake who may go on (never raises). A right credential frees its turn:
+        the longest-waiting request looks again; a wrong one's turn became a
+        failure: nobody can go on, until no check is left and every waiting
+        request looks again (to be refused, or let in by a window that slid)."""
         key = self.auth_key(ip)
         try:
             if failed:
@@ -306,9 +310,15 @@ class RateLimits:
             gate = self._gates.get(key)
             if gate is not None:
                 gate.checking -= 1
-                gate.settled += 1
-                waiters, gate.waiters = gate.waiters, []
-                for waiter in waiters:
+                if failed:
+                    gate.settled += 1   # a look on its way may lack this failure
+                if gate.checking <= 0:
+                    waking, gate.waiters = gate.waiters, []
+                elif not failed and gate.waiters:
+                    waking = [gate.waiters.pop(0)]
+                else:
+                    waking = []
+                for waiter in waking:
                     if not waiter.done():
                         waiter.set_result(None)
                 if gate.idle:
