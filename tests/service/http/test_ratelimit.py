@@ -224,3 +224,30 @@ def test_waiting_requests_of_one_address_are_bounded() -> None:
         assert limits._gates == {}
 
     asyncio.run(run())
+
+
+def test_a_right_credential_lets_the_longest_waiting_request_in() -> None:
+    """A check that proves right frees its turn for one waiting request, the one that
+    waited longest; a wrong one frees nothing (its turn became a failure) until no
+    check is left, when every waiting request looks again."""
+    async def run() -> None:
+        limits = RateLimits()
+        ip = "203.0.113.9"
+        assert [await limits.auth_admit(ip) for _ in range(20)] == [0] * 20
+        first = asyncio.ensure_future(limits.auth_admit(ip))
+        await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(limits.auth_admit(ip))
+        await asyncio.sleep(0.01)
+        await limits.auth_settle(ip, failed=True)        # wrong: nobody goes on
+        await asyncio.sleep(0.01)
+        assert not first.done() and not second.done()
+        await limits.auth_settle(ip, failed=False)       # right: the first waiter goes
+        assert await asyncio.wait_for(first, 1) == 0
+        await asyncio.sleep(0.01)
+        assert not second.done()
+        for _ in range(19):                              # the 18 left and the first: wrong
+            await limits.auth_settle(ip, failed=True)
+        assert await asyncio.wait_for(second, 1) > 0     # 20 failures, none running: refused
+        assert limits._gates == {}
+
+    asyncio.run(run())
