@@ -13,8 +13,8 @@ from service.core.sessions import end_session, login
 from service.dashboard.base import DashboardHandler
 
 
-class LoginHandler(DashboardHandler):
-    """`GET /login/{token}`: the one-time link."""
+class _LinkHandler(DashboardHandler):
+    """A handler of `/login/...` paths, which may hold a link's token."""
 
     public = True
 
@@ -24,6 +24,10 @@ class LoginHandler(DashboardHandler):
         # it, whatever the method (a HEAD or POST answered 405 is logged too).
         self.request.path = "/login/…"
         self.request.uri = "/login/…"
+
+
+class LoginHandler(_LinkHandler):
+    """`GET /login/{token}`: the one-time link."""
 
     async def get(self, token: str) -> None:
         try:
@@ -39,16 +43,9 @@ class LoginHandler(DashboardHandler):
         self.redirect("/dashboard", status=303)
 
 
-class MalformedLinkHandler(DashboardHandler):
+class MalformedLinkHandler(_LinkHandler):
     """`GET /login/...` that no link can be (too long, other characters): refused
     like a used link, consuming nothing, with the dashboard's headers."""
-
-    public = True
-
-    def initialize(self, context: Any, dashboard: Any) -> None:  # type: ignore[override]
-        super().initialize(context, dashboard)
-        self.request.path = "/login/…"      # as LoginHandler: never the path in a log
-        self.request.uri = "/login/…"
 
     def get(self) -> None:
         self.page("login.html", status=400, title="Login link refused", refused=True,

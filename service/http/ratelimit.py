@@ -373,4 +373,3 @@ class RateLimits:
     def auth_failed(self, ip: str) -> None:
         """Record one wrong secret presented from `ip`."""
         self._windows.hit(f"auth:{self.auth_key(ip)}", AUTH_FAILURES_PER_MINUTE)
-
