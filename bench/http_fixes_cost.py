@@ -2,8 +2,9 @@
 
 The hardening of the HTTP front (back-pressure, limits, charset allow-list,
 bounded JSON numbers, the secret redacted from history, the records journal)
-is woven through the request path, so no build without it can be run beside
-this one. This bench times, in this process, the code each piece adds to the
+is woven through the request path, so no build of today's code without it
+can be run beside this one (the branch it was built on can: `invoke_bench.py
+--before DIR --after DIR`). This bench times, in this process, the code each piece adds to the
 request `bench/invoke_bench.py` sends (the same body, headers and script
 reply), against what the path does without it, and relates the sum to the
 server's CPU per request measured by a short wrk run of `logic serve` (the

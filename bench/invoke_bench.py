@@ -8,15 +8,27 @@ CPU 0 and the server under test to CPU 1 (workers included), as in
 ../shared/PERFORMANCE.md.
 
     python bench/invoke_bench.py [--duration 5] [--rounds 3] [--connections 4,16,64]
-                                 [--no-journal] [--processes N]
-                                 [--database postgresql://...]
+                                 [--no-journal] [--before DIR [--after DIR]] [--together]
+                                 [--processes N] [--database postgresql://...]
 
 `--no-journal` adds a third server in the same alternating rounds: logic serve
 with `records.journal = "off"`, so the journal's cost is the ratio of the two
 logic-endpoints runs (printed at the end). `--before DIR` does the same with
-the `service` package of another tree (e.g. `git archive main service | tar
--x -C DIR`), imported first through PYTHONPATH: the cost of a branch's changes
-to the service, measured in one run.
+the packages of another tree (`git archive REV service sandbox models setup.py
+setup.cfg pyproject.toml | tar -x -C DIR`, then `python setup.py build_ext
+--inplace` in DIR for the sandbox's allocator guard), imported first through
+PYTHONPATH: the cost of a branch's changes, measured in one run. `--after DIR`
+serves the logic-endpoints side from another tree too (by default it is the
+installed package), so two commits neither of which is the checkout compare
+in one run, e.g. a branch's tip against its fork point. Each tree gets its
+own database, made by its own CLI.
+
+`--together` (with `--no-journal` or `--before`) loads the two logic serve
+processes at the same time in each round instead of one after the other, both
+on the server's core: on a host whose speed drifts by ±10 % from one run to
+the next, the rounds' ratios then spread by a few percent. What it compares
+is throughput while the two share the core, which weighs each server's event
+loop most (the one thread that is always busy); the bare handler is not run.
 
 `--processes N` instead compares `logic serve` with 1 and with N front
 processes in one run, nothing pinned (bench/process_scaling.py).
@@ -47,9 +59,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from invoke_setup import (HERE, LOGIC, SERVE_ENV, SERVER_CPU, _knows_env, bench_endpoint,
-                          free_port, fresh_database, measure, median_run, run_wrk,
-                          wait_listening)
+from invoke_setup import (HERE, LOGIC, SERVE_ENV, SERVER_CPU, bench_endpoint, free_port,
+                          fresh_database, measure, median_run, run_wrk, run_wrk_together,
+                          tree_env, wait_listening)
 
 
 def main() -> None:
@@ -62,6 +74,10 @@ def main() -> None:
                         help="also run logic serve without the records journal")
     parser.add_argument("--before", default=None,
                         help="also run logic serve with the service package found in DIR")
+    parser.add_argument("--together", action="store_true",
+                        help="with --no-journal or --before: load both servers at once each round")
+    parser.add_argument("--after", default=None,
+                        help="serve the logic-endpoints side from the tree in DIR too")
     parser.add_argument("--processes", type=int, default=0,
                         help="compare 1 and N front processes instead (nothing pinned)")
     parser.add_argument("--database", default=None, metavar="URL",
@@ -69,6 +85,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.database and not args.database.startswith(("postgresql://", "postgres://")):
         sys.exit("invoke_bench: --database takes a postgresql:// URL")
+    if args.after and not args.before:
+        sys.exit("invoke_bench: --after compares with --before DIR")
+    if args.together and (args.database or not (args.no_journal or args.before)):
+        sys.exit("invoke_bench: --together compares two servers: --no-journal or --before DIR")
+    if args.after and args.database:
+        sys.exit("invoke_bench: --database runs the installed package; not with --after")
     conns = [int(c) for c in args.connections.split(",")]
     if not shutil.which("wrk"):
         sys.exit("invoke_bench: wrk is not installed (apt-get install wrk)")
@@ -107,29 +129,31 @@ def main() -> None:
         wait_listening(bare)
         port = free_port()
         env = {**SERVE_ENV, **os.environ, "PYTHONUNBUFFERED": "1"}
-        svc = subprocess.Popen(["taskset", "-c", str(SERVER_CPU), LOGIC, "--database-url", db,
-                                "--config", str(cfg), "serve", "--port", str(port)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        bare_url = f"http://127.0.0.1:{bare_port}{path}"
+        our_db, our_cfg, our_path, our_lua, our_env = db, cfg, path, lua, env
+        if args.after:
+            our_env = tree_env(args.after, env, tmp / "after-journal")
+            (tmp / "after").mkdir()
+            our_db, our_cfg, our_id, _, our_lua = bench_endpoint(tmp / "after", args.workers,
+                                                                 env=our_env)
+            our_path = f"/endpoints/1000/{our_id}"
+        svc = subprocess.Popen(["taskset", "-c", str(SERVER_CPU), LOGIC, "--database-url",
+                                our_db, "--config", str(our_cfg), "serve", "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=our_env)
         procs.append(svc)
         wait_listening(svc)
-        bare_url = f"http://127.0.0.1:{bare_port}{path}"
-        our_url = f"http://127.0.0.1:{port}{path}"
+        our_url = f"http://127.0.0.1:{port}{our_path}"
         nojournal = None
         if args.no_journal or args.before:
             plain_port = free_port()
             # Its own journal: a journal belongs to one process (service.http.journal).
-            other_env = ({**env, "PYTHONPATH": args.before,
-                          "LOGIC_RECORDS_JOURNAL": str(tmp / "before-journal")} if args.before
-                         else {**env, "LOGIC_RECORDS_JOURNAL": "off"})
-            plain_db, plain_cfg, plain_path, plain_lua = db, cfg, path, lua
+            other_env = (tree_env(args.before, env, tmp / "before-journal") if args.before
+                         else {**our_env, "LOGIC_RECORDS_JOURNAL": "off"})
+            plain_db, plain_cfg, plain_path, plain_lua = our_db, our_cfg, our_path, our_lua
             if args.before:
                 # Another tree refuses a newer schema and may store secrets in
                 # another form: it gets its own database, made by its own CLI.
-                if not _knows_env(args.before):
-                    # Older still: it knows neither the cookie secret nor the
-                    # journal's variable (and needs neither).
-                    other_env = {k: v for k, v in other_env.items()
-                                 if k not in SERVE_ENV and k != "LOGIC_RECORDS_JOURNAL"}
                 (tmp / "before").mkdir()
                 plain_db, plain_cfg, plain_id, _, plain_lua = bench_endpoint(
                     tmp / "before", args.workers, env=other_env)
@@ -156,15 +180,19 @@ def main() -> None:
             pg_url = f"http://127.0.0.1:{pg_port}/endpoints/1000/{pg_script}"
             run_wrk(pg_url, str(pg_lua), 4, 2)
         run_wrk(bare_url, str(lua), 4, 2)  # warm up: caches, compiled script in every worker
-        run_wrk(our_url, str(lua), 4, 2)
-        print(f"bare: a Tornado handler doing the work in-process; logic-endpoints: logic serve, "
-              f"{args.workers} workers, secret, rate limit, sandbox, history, statistics. "
-              f"{args.rounds} alternating rounds of {args.duration}s", flush=True)
-        for c in conns:
+        run_wrk(our_url, str(our_lua), 4, 2)
+        if args.together:
+            together(args, conns, ("logic-endpoints", our_url, str(our_lua)),
+                     ("before" if args.before else "no journal", plain_url, str(plain_lua)))
+        else:
+            print(f"bare: a Tornado handler doing the work in-process; logic-endpoints: logic "
+                  f"serve, {args.workers} workers, secret, rate limit, sandbox, history, "
+                  f"statistics. {args.rounds} alternating rounds of {args.duration}s", flush=True)
+        for c in [] if args.together else conns:
             runs_bare, runs_ours, runs_plain, runs_pg = [], [], [], []
             for r in range(args.rounds):
                 runs_bare.append(measure("bare", bare.pid, bare_url, str(lua), c, args.duration))
-                plan = [("logic-endpoints", svc.pid, our_url, str(lua), runs_ours)]
+                plan = [("logic-endpoints", svc.pid, our_url, str(our_lua), runs_ours)]
                 if nojournal is not None:
                     # Which of the two goes first alternates between rounds: a
                     # machine that drifts within a round favours neither.
@@ -205,6 +233,8 @@ def main() -> None:
             drop_pg()
         shutil.rmtree(tmp, ignore_errors=True)
 
+    if args.together:
+        return
     print("\nmedian runs, ratio (logic-endpoints / bare):")
     for c in conns:
         print(f"  c={c:<3} throughput {ours[c]['rps'] / base[c]['rps']:6.1%}   "
@@ -226,6 +256,30 @@ def main() -> None:
                   f"p99 {on_pg[c]['p99']:.2f} vs {ours[c]['p99']:.2f} ms   "
                   f"core/req {on_pg[c]['cpu_us']:.0f} vs {ours[c]['cpu_us']:.0f} us "
                   f"(server {on_pg[c]['parent_us']:.0f} vs {ours[c]['parent_us']:.0f})")
+
+
+def together(args: argparse.Namespace, conns: list[int], ours: tuple[str, str, str],
+             other: tuple[str, str, str]) -> None:
+    """Both servers loaded at once each round (`run_wrk_together`): their
+    throughputs' ratio, round by round, then the median and spread."""
+    print(f"{ours[0]} and {other[0]} loaded together, {args.rounds} rounds of "
+          f"{args.duration}s", flush=True)
+    for c in conns:
+        ratios = []
+        for r in range(args.rounds):
+            # Which wrk starts first alternates between rounds.
+            pair = [ours, other] if r % 2 == 0 else [other, ours]
+            runs = run_wrk_together([(url, lua) for _, url, lua in pair], c, args.duration)
+            if r % 2:
+                runs.reverse()
+            ratios.append(runs[0]["rps"] / runs[1]["rps"])
+            print(f"  c={c:<3} round {r + 1}: {ours[0]} {runs[0]['rps']:.0f} req/s, "
+                  f"{other[0]} {runs[1]['rps']:.0f} req/s (p99 {runs[0]['p99']:.2f} vs "
+                  f"{runs[1]['p99']:.2f} ms)", flush=True)
+        ratios.sort()
+        print(f"\n{ours[0]} / {other[0]}, loaded together:\n  c={c:<3} throughput "
+              f"{ratios[len(ratios) // 2]:6.1%} (median of the rounds' ratios; "
+              f"{ratios[0]:.1%} .. {ratios[-1]:.1%})")
 
 
 if __name__ == "__main__":

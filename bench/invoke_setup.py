@@ -80,10 +80,19 @@ def logic(db: str, cfg: str, *args: str, env: dict[str, str] | None = None) -> d
     return json.loads(out) if out.strip() else {}
 
 
-def _knows_env(tree: str) -> bool:
-    """Whether the `service` package in `tree` accepts the cookie-secret variable
-    (trees from before the dashboard refuse it as unknown)."""
-    return "cookie_secret" in (Path(tree) / "service" / "settings.py").read_text()
+def tree_env(tree: str, env: dict[str, str], journal: Path) -> dict[str, str]:
+    """`env` for `logic serve` with the packages of another `tree` imported first
+    (PYTHONPATH), its records journal in `journal`, and without the variables
+    that tree does not know: older trees refuse an unknown `LOGIC_<SECTION>_*`
+    (the cookie secret came with the dashboard, the journal's variable with
+    the journal)."""
+    settings = (Path(tree) / "service" / "settings.py").read_text()
+    out = {**env, "PYTHONPATH": tree, "LOGIC_RECORDS_JOURNAL": str(journal)}
+    if "cookie_secret" not in settings:
+        out = {k: v for k, v in out.items() if k not in SERVE_ENV}
+    if "journal" not in settings:
+        del out["LOGIC_RECORDS_JOURNAL"]
+    return out
 
 
 def wait_listening(proc: subprocess.Popen[str]) -> None:
@@ -164,10 +173,12 @@ def cpu_split(server_pid: int) -> dict[tuple[str, int], float]:
     return out
 
 
-def run_wrk(url: str, lua: str, connections: int, duration: int) -> dict[str, float]:
-    out = subprocess.run(
-        ["taskset", "-c", "0", "wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency",
-         "-s", lua, url], check=True, capture_output=True, text=True).stdout
+def _wrk_command(url: str, lua: str, connections: int, duration: int) -> list[str]:
+    return ["taskset", "-c", "0", "wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency",
+            "-s", lua, url]
+
+
+def _wrk_result(out: str) -> dict[str, float]:
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
@@ -180,6 +191,29 @@ def run_wrk(url: str, lua: str, connections: int, duration: int) -> dict[str, fl
 
     return {"rps": rps, "total": total, "p50": pct("50"), "p99": pct("99"),
             "errors": int(non2xx.group(1)) if non2xx else 0}
+
+
+def run_wrk(url: str, lua: str, connections: int, duration: int) -> dict[str, float]:
+    out = subprocess.run(_wrk_command(url, lua, connections, duration), check=True,
+                         capture_output=True, text=True).stdout
+    return _wrk_result(out)
+
+
+def run_wrk_together(targets: list[tuple[str, str]], connections: int,
+                     duration: int) -> list[dict[str, float]]:
+    """One wrk per (url, Lua script), all at once: servers sharing a core are
+    loaded at the same time, so a host that speeds up or slows down during the
+    run affects each alike (their throughputs' ratio is what is compared)."""
+    procs = [subprocess.Popen(_wrk_command(url, lua, connections, duration),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for url, lua in targets]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate()
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args, out, err)
+        outs.append(_wrk_result(out))
+    return outs
 
 
 def measure(name: str, pid: int, url: str, lua: str, c: int, duration: int) -> dict[str, float]:
