@@ -68,11 +68,12 @@ def request_facts(req: Any) -> tuple[Any, ...]:
 
 
 def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...]:
-    """`facts` with every value that holds `secret` redacted (as history keeps it).
+    """`facts` with every value, and every query parameter's or header's name,
+    that holds `secret` redacted (as history keeps it).
 
     Cheap when the secret appears nowhere (the usual case): a substring test
-    per value. Credential-named parameters are redacted later, by name, when
-    records are made (`JournaledRequest.records`).
+    over the joined names and values. Credential-named parameters are
+    redacted later, by name, when records are made (`JournaledRequest.records`).
     """
     if not secret or not facts[3]:
         return facts
@@ -80,29 +81,34 @@ def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...
     needle = (secret[len(SECRET_PREFIX):] if secret.startswith(SECRET_PREFIX)
               and len(secret) > len(SECRET_PREFIX) + 16 else secret)
     found, marked = _scan(needle, facts, facts[10], facts[11], facts[12], facts[14], facts[15])
-    hidden = _hidden(needle, facts, facts[11]) if marked else []
+    hidden = _hidden(needle, facts) if marked else []
     if not found and not hidden:
         return facts
-    out = _cut(list(facts), Redactor(secret))
-    if needle != secret:
-        out = _cut(out, Redactor(needle))
-    for index, key in hidden:
+    out = list(facts)
+    # Held encoded: the value (and the name, if it is the name that holds
+    # it) kept as [redacted] whole; then the plain secret is cut out of the rest.
+    for index, key, in_name in hidden:
         if index in (10, 11):                  # a query parameter, a request header
-            out[index] = {**out[index], key: REDACTED}
+            out[index] = {(REDACTED if in_name and k == key else k): (REDACTED if k == key else v)
+                          for k, v in out[index].items()}
         elif index == 14:                      # a response header, by position
-            out[14] = [[n, REDACTED if i == key else v] for i, (n, v) in enumerate(out[14])]
+            out[14] = [[REDACTED if in_name and i == key else n, REDACTED if i == key else v]
+                       for i, (n, v) in enumerate(out[14])]
         else:
             out[index] = REDACTED.encode() if isinstance(out[index], bytes) else REDACTED
+    out = _cut(out, Redactor(secret))
+    if needle != secret:
+        out = _cut(out, Redactor(needle))
     return tuple(out)
 
 
 def _cut(out: list[Any], redact: Redactor) -> list[Any]:
-    """`out` (the facts as a list) with `redact`'s secret cut out of every value."""
+    """`out` (the facts as a list) with `redact`'s secret cut out of every name and value."""
     out[10] = redact.mapping(out[10])
-    out[11] = redact.mapping(out[11])
+    out[11] = redact.mapping(out[11], headers=True)
     out[12] = redact.data(out[12])
     out[13] = redact.text(out[13])
-    out[14] = [[n, redact.value(n, v)] for n, v in out[14]]
+    out[14] = [[redact.header_name(n), redact.value(n, v)] for n, v in out[14]]
     out[15] = redact.raw(out[15])
     for index in (16, 17, 19, 21):
         if out[index]:
@@ -110,45 +116,53 @@ def _cut(out: list[Any], redact: Redactor) -> list[Any]:
     return out
 
 
-def _hidden(secret: str, facts: tuple[Any, ...],
-            headers: dict[str, str]) -> list[tuple[int, Any]]:
-    """(fact index, query parameter or header name, response header position, or "")
-    of every value holding `secret` only in an encoded form (`redaction.hides`):
-    such a value is kept as ``[redacted]`` whole. Called only for a marked request."""
-    found: list[tuple[int, Any]] = []
+def _hidden(secret: str, facts: tuple[Any, ...]) -> list[tuple[int, Any, bool]]:
+    """(fact index; query parameter or header name, response header position, or "";
+    whether the name holds it) of every name or value holding `secret` only in an
+    encoded form (`redaction.hides`): such a value is kept as ``[redacted]``
+    whole, and such a name too. Called only for a marked request."""
+    found: list[tuple[int, Any, bool]] = []
+    lowered = secret.lower()  # header names are case-insensitive
     for name, item in facts[10].items():
-        for value in (item if isinstance(item, list) else [item]):
-            if isinstance(value, str) and hides(secret, value):
-                found.append((10, name))
-                break
-    for name, value in headers.items():
-        if hides(secret, value):
-            found.append((11, name))
-    for position, pair in enumerate(facts[14]):
-        if hides(secret, pair[1]):
-            found.append((14, position))
+        in_name = hides(secret, name)
+        if in_name or any(isinstance(value, str) and hides(secret, value)
+                          for value in (item if isinstance(item, list) else [item])):
+            found.append((10, name, in_name))
+    for name, value in facts[11].items():
+        in_name = hides(lowered, name.lower())
+        if in_name or hides(secret, value):
+            found.append((11, name, in_name))
+    for position, (name, value) in enumerate(facts[14]):
+        in_name = hides(lowered, name.lower())
+        if in_name or hides(secret, value):
+            found.append((14, position, in_name))
     for index in (12, 13, 15, 16, 17, 19, 21):
         value = facts[index]
         if value and hides(secret, value):
-            found.append((index, ""))
+            found.append((index, "", False))
     return found
 
 
 def _scan(secret: str, facts: tuple[Any, ...], query: dict[str, Any], headers: dict[str, str],
           body: bytes | str, response_headers: list[Any], response_body: bytes
           ) -> tuple[bool, bool]:
-    """(whether `secret` appears anywhere in what is journaled, whether any value
-    carries a mark of an encoding that could hide it: `%`, `\\u`, a NUL byte).
-    Hot path: a few substring tests over joined values, no call per value."""
+    """(whether `secret` appears anywhere in what is journaled, whether any name
+    or value carries a mark of an encoding that could hide it: `%`, `\\u`, a NUL
+    byte). Hot path: a few substring tests over joined names and values, no
+    call per value."""
+    # Header names in any letter case: request headers are kept lower-cased.
+    names = "\n".join(headers)
     texts = "\n".join(headers.values())
     if response_headers:
+        names += "\n" + "\n".join([pair[0] for pair in response_headers]).lower()
         texts += "\n" + "\n".join([pair[1] for pair in response_headers])
+    texts += "\n" + names
     if query:
-        texts += "\n" + "\n".join([str(item) for item in query.values()])
+        texts += "\n" + "\n".join([*query, *[str(item) for item in query.values()]])
     if facts[13] or facts[16] or facts[17] or facts[19] or facts[21]:
         texts += "\n" + "\n".join([t for t in (facts[13], facts[16], facts[17], facts[19], facts[21])
                             if t])
-    found = secret in texts
+    found = secret in texts or secret.lower() in names
     marked = "%" in texts or "\\" in texts
     data = body if isinstance(body, bytes) else body.encode("utf-8", "replace")
     raw = secret.encode("utf-8", "surrogatepass")

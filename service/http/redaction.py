@@ -75,12 +75,21 @@ class Redactor:
             return REDACTED
         return value
 
-    def mapping(self, values: dict[str, Any]) -> dict[str, Any]:
-        """Query parameters or headers, with credential values redacted (`values`
-        itself when nothing is: no secret to look for and no credential name)."""
+    def header_name(self, name: str) -> str:
+        """A header's name with the secret cut out, in any letter case (names
+        are case-insensitive: request headers are kept lower-cased)."""
+        if self.secret and self.secret.lower() in name.lower():
+            return re.sub(re.escape(self.secret), REDACTED, name, flags=re.IGNORECASE)
+        return name
+
+    def mapping(self, values: dict[str, Any], headers: bool = False) -> dict[str, Any]:
+        """Query parameters (or `headers`), with credential values redacted and
+        the secret cut out of names (`values` itself when nothing is: no secret
+        to look for and no credential name)."""
         if self.secret is None and not any(map(credential_name, values)):
             return values
-        return {name: self.value(name, value) for name, value in values.items()}
+        rename = self.header_name if headers else self.text
+        return {rename(name): self.value(name, value) for name, value in values.items()}
 
 
 _U_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
@@ -146,11 +155,12 @@ SECRET_SHAPE = re.compile(r"lsk_[A-Za-z0-9_-]{43}")
 
 def shaped_redactors(*values: Any) -> list[Redactor]:
     """A `Redactor` for every secret-shaped token among `values` (text, bytes, and
-    the values of mappings), and one for its random part (found without the
-    prefix too): for a request that presents no secret, such as a test call."""
+    the names and values of mappings), and one for its random part (found
+    without the prefix too): for a request that presents no secret, such as a
+    test call."""
     found: set[str] = set()
     for value in values:
-        items = value.values() if isinstance(value, dict) else [value]
+        items = [*value, *value.values()] if isinstance(value, dict) else [value]
         for item in items:
             text = (item.decode("latin-1") if isinstance(item, bytes)
                     else item if isinstance(item, str) else str(item))

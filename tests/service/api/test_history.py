@@ -143,15 +143,23 @@ LOOP = "on endpoint(event):\n    while True:\n        pass\n"
 
 def test_a_secret_pasted_into_a_test_call_is_redacted(world) -> None:
     """A test call presents no secret, so the endpoint's own secret pasted into
-    its body (and printed and echoed by the script) is found by its shape."""
+    its body or a parameter's name (and printed and echoed by the script) is
+    found by its shape."""
     w = world()
     secret = w.owner("POST", w.script_path + "/endpoint/secret").json["secret"]
     resp = w.manager("POST", w.script_path + "/test",
-                     {"body": {"s": secret, "tail": secret[4:]}, "query": {"k": secret}})
+                     {"body": {"s": secret, "tail": secret[4:]},
+                      "query": {"k": secret, secret: "as a name"}})
     assert resp.status == 200, resp.body
     assert wait_until(lambda: len(_history(w.manager, w.script_path)) == 1)
     record = json.dumps(_history(w.manager, w.script_path)[0])
     assert secret[4:] not in record and "[redacted]" in record
+    # Only a name holds it: found there too.
+    resp = w.manager("POST", w.script_path + "/test", {"body": {}, "query": {secret: "v"}})
+    assert resp.status == 200, resp.body
+    assert wait_until(lambda: len(_history(w.manager, w.script_path)) == 2)
+    records = json.dumps(_history(w.manager, w.script_path))
+    assert secret[4:] not in records
 
 
 def test_test_calls_run_on_their_own_guilds_workers(world) -> None:

@@ -301,3 +301,43 @@ on endpoint(event):
         if record["query"]:
             assert record["query"]["h"] == "[redacted]"
             assert record["responseHeaders"]["x-echo"] == "[redacted]"
+
+
+def test_a_secret_held_in_a_name_is_redacted_too(server: Server, make_endpoint,
+                                                 read_history) -> None:
+    """A query parameter's name, a request header's name and a reply header's
+    name (a script echoing what it was sent) are searched like values: neither
+    history nor the records journal keeps the secret in a name."""
+    ep = make_endpoint(source="""
+on endpoint(event):
+    event.header(event.query.get("h", "X-None"), "1")
+    event.reply("ok")
+""")
+    resp = server.request(f"{ep.path}?{ep.secret}=1&h=X-{ep.secret}", body=b"{}",
+                          secret=ep.secret, headers={"Content-Type": "application/json",
+                                   f"X-From-{ep.secret}": "1"})
+    assert resp.status == 200, resp.body
+    assert resp.headers[f"x-{ep.secret}".lower()] == "1"  # the script did send it
+    from tests.service.http.harness import wait_until
+    assert wait_until(lambda: len(read_history(ep)) == 1)
+    record = read_history(ep)[0]
+    assert ep.secret.lower() not in json.dumps(record).lower()
+    assert record["query"]["h"] == "[redacted]"
+    assert record["query"]["[redacted]"] == "1"
+    assert record["headers"]["x-from-[redacted]"] == "1"  # lower-cased: any case is cut
+    assert record["responseHeaders"]["x-[redacted]"] == "1"
+    # A name holding it only encoded (percent-encoded, after the query's own
+    # decoding) is kept as [redacted], its value too.
+    from urllib.parse import quote
+    percent = "".join("%%%02X" % ord(c) for c in ep.secret)
+    resp = server.request(f"{ep.path}?{quote(percent, safe='')}=v1", body=b"{}",
+                          secret=ep.secret, headers={"Content-Type": "application/json"})
+    assert resp.status == 200, resp.body
+    assert wait_until(lambda: len(read_history(ep)) == 2)
+    encoded = [r for r in read_history(ep) if "h" not in r["query"]][0]
+    assert encoded["query"] == {"[redacted]": "[redacted]"}
+    assert percent not in json.dumps(encoded)
+    journal = Path(re.search(r'journal = "([^"]+)"', Path(server.config or "").read_text())[1])
+    segments = sorted(journal.rglob("segment-*.journal"))
+    assert segments and not any(ep.secret.lower().encode() in p.read_bytes().lower()
+                                or percent.encode() in p.read_bytes() for p in segments)
