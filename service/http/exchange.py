@@ -137,6 +137,7 @@ class Exchange:
         version = start.version if start is not None else "HTTP/1.1"
         no_body = self.head or status in (204, 304) or 100 <= status < 200
         lines = [f"HTTP/1.1 {status} {reason or REASONS.get(status, 'Unknown')}"]
+        sent: list[tuple[str, str]] = []  # the headers as sent, for `before_send`
         length: int | None = None
         close = self.close_after
         for name, value in headers:
@@ -148,17 +149,21 @@ class Exchange:
             if lname == "date":
                 continue  # always the server's own, written below
             lines.append(f"{name}: {value}")
+            sent.append((name, value))
             if has_length and lname == "content-length":
                 length = int(value)
         if whole and not no_body:
             length = len(chunk)
             lines.append(f"Content-Length: {length}")
+            sent.append(("Content-Length", str(length)))
         elif whole and status not in (204, 304) and not 100 <= status < 200:
             lines.append(f"Content-Length: {len(chunk)}")  # HEAD: the length it would have
+            sent.append(("Content-Length", str(len(chunk))))
         chunked = (not whole and not no_body and not has_length and not has_te
                    and version == "HTTP/1.1")
         if chunked:
             lines.append("Transfer-Encoding: chunked")
+            sent.append(("Transfer-Encoding", "chunked"))
         elif not whole and not no_body and not has_length and not has_te:
             close = True  # HTTP/1.0 without a length: the body ends at close
         if not self.request_done:
@@ -171,9 +176,13 @@ class Exchange:
             close = True
             if version == "HTTP/1.1":
                 lines.append("Connection: close")
+                sent.append(("Connection", "close"))
         elif version == "HTTP/1.0":
             lines.append("Connection: keep-alive")
-        lines.append("Date: " + http_date())
+            sent.append(("Connection", "keep-alive"))
+        date = http_date()
+        lines.append("Date: " + date)
+        sent.append(("Date", date))
         head = "\r\n".join(lines)
         if head.count("\n") != len(lines) - 1 or head.count("\r") != len(lines) - 1:
             # Nothing of this answer is written, and nothing else will be: the
@@ -190,7 +199,6 @@ class Exchange:
         data = head.encode("latin1") + b"\r\n\r\n"
         if chunk and not no_body:
             data += self._frame(chunk)
-        sent = [(name, value) for name, _, value in (line.partition(": ") for line in lines[1:])]
         if before_send is not None:
             before_send(sent)
         conn.write(data)
