@@ -315,7 +315,7 @@ on endpoint(event):
 """)
     resp = server.request(f"{ep.path}?{ep.secret}=1&h=X-{ep.secret}", body=b"{}",
                           secret=ep.secret, headers={"Content-Type": "application/json",
-                                   f"X-From-{ep.secret}": "1"})
+                                                     f"X-From-{ep.secret}": "1"})
     assert resp.status == 200, resp.body
     assert resp.headers[f"x-{ep.secret}".lower()] == "1"  # the script did send it
     from tests.service.http.harness import wait_until
