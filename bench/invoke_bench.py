@@ -28,7 +28,7 @@ processes at the same time in each round instead of one after the other, both
 on the server's core: on a host whose speed drifts by ±10 % from one run to
 the next, the rounds' ratios then spread by a few percent. What it compares
 is throughput while the two share the core, which weighs each server's event
-loop most (the one thread that is always busy); the bare handler is not run.
+loop most (the one thread that is always busy); the bare handler is not loaded.
 
 `--processes N` instead compares `logic serve` with 1 and with N front
 processes in one run, nothing pinned (bench/process_scaling.py).
@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--no-journal", action="store_true",
                         help="also run logic serve without the records journal")
     parser.add_argument("--before", default=None,
-                        help="also run logic serve with the service package found in DIR")
+                        help="also run logic serve with the packages of the tree in DIR")
     parser.add_argument("--together", action="store_true",
                         help="with --no-journal or --before: load both servers at once each round")
     parser.add_argument("--after", default=None,
@@ -179,7 +179,8 @@ def main() -> None:
             wait_listening(pg)
             pg_url = f"http://127.0.0.1:{pg_port}/endpoints/1000/{pg_script}"
             run_wrk(pg_url, str(pg_lua), 4, 2)
-        run_wrk(bare_url, str(lua), 4, 2)  # warm up: caches, compiled script in every worker
+        if not args.together:  # warm up: caches, compiled script in every worker
+            run_wrk(bare_url, str(lua), 4, 2)
         run_wrk(our_url, str(our_lua), 4, 2)
         if args.together:
             together(args, conns, ("logic-endpoints", our_url, str(our_lua)),

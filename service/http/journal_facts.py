@@ -156,14 +156,13 @@ def _scan(secret: str, facts: tuple[Any, ...], query: dict[str, Any], headers: d
     if response_headers:
         names += "\n" + "\n".join([pair[0] for pair in response_headers]).lower()
         texts += "\n" + "\n".join([pair[1] for pair in response_headers])
-    texts += "\n" + names
     if query:
         texts += "\n" + "\n".join([*query, *[str(item) for item in query.values()]])
     if facts[13] or facts[16] or facts[17] or facts[19] or facts[21]:
         texts += "\n" + "\n".join([t for t in (facts[13], facts[16], facts[17], facts[19], facts[21])
                             if t])
     found = secret in texts or secret.lower() in names
-    marked = "%" in texts or "\\" in texts
+    marked = "%" in texts or "\\" in texts or "%" in names or "\\" in names
     data = body if isinstance(body, bytes) else body.encode("utf-8", "replace")
     raw = secret.encode("utf-8", "surrogatepass")
     found = found or raw in data or raw in response_body
