@@ -1,8 +1,10 @@
 """Build script: everything is in setup.cfg except the C extension list.
 
-``sandbox._memguard`` is optional: when it cannot be compiled the install
-still succeeds and the pool falls back to tracemalloc (reported at start-up
-and in ``pool.hardening``).
+Both extensions are optional: when one cannot be compiled the install still
+succeeds. Without ``sandbox._memguard`` the pool falls back to tracemalloc
+(reported at start-up and in ``pool.hardening``); without
+``service.http._scan`` the records journal looks for the presented secret
+with the same checks in Python (slower on the request path).
 """
 from setuptools import Extension, setup
 
@@ -13,6 +15,12 @@ setup(
             sources=["sandbox/_memguard.c"],
             extra_compile_args=["-O2", "-std=gnu11"],
             optional=True,
-        )
+        ),
+        Extension(
+            "service.http._scan",
+            sources=["service/http/_scan.c"],
+            extra_compile_args=["-O2", "-std=gnu11"],
+            optional=True,
+        ),
     ]
 )

@@ -9,6 +9,7 @@ memory, into the records the writer stores (`service.http.records`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -17,6 +18,12 @@ from service.core.secrets import SECRET_PREFIX
 from service.http.auth import presented_secret
 from service.http.event import parse_query, visible_headers
 from service.http.redaction import REDACTED, Redactor, hides
+
+_fast_scan: Callable[[str, str, tuple[Any, ...]], tuple[bool, bool] | None] | None
+try:  # the optional C extension (setup.py); `_scan` below otherwise
+    from service.http._scan import scan as _fast_scan
+except ImportError:  # pragma: no cover - exercised only where it cannot be built
+    _fast_scan = None
 
 #: The fields of a journaled request, in order (see `JournaledRequest`).
 FIELDS = ("endpoint_id", "keep", "error_logs", "accepted", "request_id", "started", "finished",
@@ -80,7 +87,8 @@ def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...
     # The random part is what is secret: searched for with or without the prefix.
     needle = (secret[len(SECRET_PREFIX):] if secret.startswith(SECRET_PREFIX)
               and len(secret) > len(SECRET_PREFIX) + 16 else secret)
-    found, marked = _scan(needle, facts, facts[10], facts[11], facts[12], facts[14], facts[15])
+    answer = _fast_scan(needle, needle.lower(), facts) if _fast_scan is not None else None
+    found, marked = answer if answer is not None else _scan(needle, facts)
     hidden = _hidden(needle, facts) if marked else []
     if not found and not hidden:
         return facts
@@ -143,21 +151,25 @@ def _hidden(secret: str, facts: tuple[Any, ...]) -> list[tuple[int, Any, bool]]:
     return found
 
 
-def _scan(secret: str, facts: tuple[Any, ...], query: dict[str, Any], headers: dict[str, str],
-          body: bytes | str, response_headers: list[Any], response_body: bytes
-          ) -> tuple[bool, bool]:
-    """(whether `secret` appears anywhere in what is journaled, whether any name
-    or value carries a mark of an encoding that could hide it: `%`, `\\u`, a NUL
-    byte). Hot path: a few substring tests over joined names and values, no
-    call per value."""
-    # Header names in any letter case: request headers are kept lower-cased.
-    names = "\n".join(headers)
+def _scan(secret: str, facts: tuple[Any, ...]) -> tuple[bool, bool]:
+    """(whether `secret` appears anywhere in what is journaled — in a header's
+    name in any letter case —, whether any name or value carries a mark of an
+    encoding that could hide it: `%`, `\\u`, a NUL byte in a body).
+
+    `service.http._scan.scan` answers the same in one call when it is built
+    (and the shape is one it knows); this is the reference it is tested
+    against. A few substring tests over joined names and values, no call per value."""
+    query, headers, body, response_headers, response_body = (
+        facts[10], facts[11], facts[12], facts[14], facts[15])
+    names = "\n".join(headers).lower()
     texts = "\n".join(headers.values())
     if response_headers:
         names += "\n" + "\n".join([pair[0] for pair in response_headers]).lower()
         texts += "\n" + "\n".join([pair[1] for pair in response_headers])
     if query:
-        texts += "\n" + "\n".join([*query, *[str(item) for item in query.values()]])
+        texts += "\n" + "\n".join([*query, *[str(item) for value in query.values()
+                                            for item in (value if isinstance(value, list)
+                                                         else [value])]])
     if facts[13] or facts[16] or facts[17] or facts[19] or facts[21]:
         texts += "\n" + "\n".join([t for t in (facts[13], facts[16], facts[17], facts[19], facts[21])
                             if t])
