@@ -239,8 +239,11 @@ def test_a_dead_compile_worker_is_replaced_and_requests_still_answered() -> None
             version += 1
             await asyncio.sleep(0.01)
         # Versions compiled by their workers meanwhile are compiled for the cache too.
-        await wait_for(lambda: not pool._compile_q and pool._compiler is not None
-                       and pool._compiler.req is None, timeout=30.0)
+        # Every compile done and counted (`_compiles` empty): an answer is counted
+        # a loop turn after the compile worker is free again.
+        await wait_for(lambda: not pool._compile_q and not pool._compiles
+                       and pool._compiler is not None and pool._compiler.req is None,
+                       timeout=30.0)
         before = pool.counters["compiles"]
         out = await pool.run(ref(REPLY % 99, "logic_d2"), event(), LIMITS, "g")
         assert _body(out) == b'{"v":99}'
