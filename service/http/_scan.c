@@ -45,6 +45,14 @@ holds(const char *data, Py_ssize_t size, const char *needle, Py_ssize_t needle_s
     return needle_size <= size && memmem(data, (size_t)size, needle, (size_t)needle_size) != NULL;
 }
 
+/* 1 when `text` holds `ch`, 0 when not, -1 on an error. */
+static int
+has_char(PyObject *text, Py_UCS4 ch)
+{
+    Py_ssize_t at = PyUnicode_FindChar(text, ch, 0, PyUnicode_GET_LENGTH(text), 1);
+    return at == -2 ? -1 : at >= 0;
+}
+
 /* A text value, or a query parameter's name (searched as it is). */
 static int
 scan_text(Scan *s, PyObject *text)
@@ -71,15 +79,12 @@ scan_text(Scan *s, PyObject *text)
         s->found = in;
     }
     if (!s->marked) {
-        Py_ssize_t at = PyUnicode_FindChar(text, '%', 0, length, 1);
-        if (at == -2)
+        int mark = has_char(text, '%');
+        if (mark == 0)
+            mark = has_char(text, '\\');
+        if (mark < 0)
             return -1;
-        if (at < 0) {
-            at = PyUnicode_FindChar(text, '\\', 0, length, 1);
-            if (at == -2)
-                return -1;
-        }
-        s->marked = at >= 0;
+        s->marked = mark;
     }
     return 0;
 }
@@ -93,8 +98,8 @@ scan_name(Scan *s, PyObject *name)
     if (PyUnicode_READY(name) < 0)
         return -1;
     if (!PyUnicode_IS_ASCII(name)) {
-        /* Lowered as Python lowers it (some letters lower to ASCII ones). */
-        /* str.lower itself (never an override); `name` is borrowed: held
+        /* Lowered as Python lowers it (some letters lower to ASCII ones):
+         * by str.lower itself (the type is exact). `name` is borrowed: held
          * while code that may allocate (and so run a collection) runs. */
         Py_INCREF(name);
         PyObject *lowered = PyObject_CallMethod((PyObject *)&PyUnicode_Type, "lower", "O", name);
@@ -158,22 +163,23 @@ scan_body(Scan *s, PyObject *body)
     int rc = scan_text(s, body);
     if (rc != 0 || s->marked)
         return rc;
-    Py_ssize_t at = PyUnicode_FindChar(body, '\0', 0, PyUnicode_GET_LENGTH(body), 1);
-    if (at == -2)
+    int mark = has_char(body, '\0');
+    if (mark < 0)
         return -1;
-    s->marked = at >= 0;
+    s->marked = mark;
     return 0;
 }
 
 static int
 scan_facts(Scan *s, PyObject *facts)
 {
-    if (!PyTuple_Check(facts) || PyTuple_GET_SIZE(facts) <= 21)
+    if (!PyTuple_CheckExact(facts) || PyTuple_GET_SIZE(facts) <= 21)
         return UNKNOWN;
     PyObject *query = PyTuple_GET_ITEM(facts, QUERY);
     PyObject *headers = PyTuple_GET_ITEM(facts, HEADERS);
     PyObject *response_headers = PyTuple_GET_ITEM(facts, RESPONSE_HEADERS);
-    if (!PyDict_CheckExact(query) || !PyDict_CheckExact(headers) || !PyList_CheckExact(response_headers))
+    if (!PyDict_CheckExact(query) || !PyDict_CheckExact(headers)
+            || !PyList_CheckExact(response_headers))
         return UNKNOWN;
     PyObject *key, *value;
     Py_ssize_t pos = 0;
@@ -190,10 +196,12 @@ scan_facts(Scan *s, PyObject *facts)
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(response_headers); i++) {
         PyObject *pair = PyList_GET_ITEM(response_headers, i);
-        if (!(PyList_CheckExact(pair) || PyTuple_CheckExact(pair)) || PySequence_Fast_GET_SIZE(pair) != 2)
+        if (!(PyList_CheckExact(pair) || PyTuple_CheckExact(pair))
+                || PySequence_Fast_GET_SIZE(pair) != 2)
             return UNKNOWN;
         Py_INCREF(pair);
-        PyObject *name = PySequence_Fast_GET_ITEM(pair, 0), *text = PySequence_Fast_GET_ITEM(pair, 1);
+        PyObject *name = PySequence_Fast_GET_ITEM(pair, 0);
+        PyObject *text = PySequence_Fast_GET_ITEM(pair, 1);
         Py_INCREF(name);
         Py_INCREF(text);
         if ((rc = scan_name(s, name)) == 0)
