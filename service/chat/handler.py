@@ -150,7 +150,7 @@ class InteractionsHandler(BaseHandler):
             raise SignatureRefusedError(log_message=f"interaction refused: {err}") from None
         try:
             interaction = protocol.parse(json.loads(body))
-        except (ValueError, protocol.InteractionError):
+        except (ValueError, RecursionError, protocol.InteractionError):  # nested too deep too
             raise InvalidBodyError("The body is not an interaction.") from None
         if interaction.type == protocol.PING:
             self.write_json(protocol.pong())

@@ -329,6 +329,7 @@ def _script_pk(g: Guild) -> int:
 
 
 def test_signed_garbage_is_400(platform: Platform) -> None:
-    for body in (b"{not json", b"[1, 2]", b'{"type": 2}'):
+    nested = b'{"type": 2, "data": ' + b"[" * 20000 + b"]" * 20000 + b"}"  # too deep to parse
+    for body in (b"{not json", b"[1, 2]", b'{"type": 2}', nested):
         resp = platform.post(body, platform.headers(body))
         assert resp.status == 400 and resp.code == "invalid_body"
