@@ -44,7 +44,9 @@ MAX_CHOICES = 25
 MAX_CHOICE_CHARS = 100
 
 _SNOWFLAKE = re.compile(r"[0-9]{1,25}")
-_TOKEN = re.compile(r"[A-Za-z0-9._-]{1,1000}")
+#: An interaction token: one path segment of the follow-up URL, never "." or ".."
+#: (a proxy that normalises the path would resolve those upwards).
+_TOKEN = re.compile(r"(?!\.\.?\Z)[A-Za-z0-9._-]{1,1000}")
 
 
 class InteractionError(ValueError):

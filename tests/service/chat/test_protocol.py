@@ -30,6 +30,7 @@ def test_direct_message_has_no_guild() -> None:
 
 @pytest.mark.parametrize("payload", [
     [], {"type": "2"}, {**BASE, "id": ""}, {**BASE, "token": "a/b"}, {**BASE, "application_id": 5},
+    {**BASE, "token": "."}, {**BASE, "token": ".."},  # dot segments of the follow-up URL
     {**BASE, "guild_id": "x1", "member": {"user": {"id": "1"}}},
     {**BASE, "member": {"user": {"id": 1}}},
     {**BASE, "data": {"name": "logic", "options": [{"type": 1, "name": 5}]}},
