@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 
 from tornado.web import Application, RequestHandler
 
@@ -39,8 +40,16 @@ def log_request(handler: RequestHandler, metrics: Metrics | None = None) -> None
     level = logging.WARNING if internal else logging.DEBUG
     if access_log.isEnabledFor(level):
         request = handler.request
+        path = request.path
+        if "login/" in path.lower():
+            # What follows may be a login link's token, on a path near the
+            # link's own (`//login/...` from a base URL ending in "/").
+            path = _AFTER_LOGIN.sub(r"\1…", path)
         access_log.log(level, "%s %s %s %d %.1fms", getattr(handler, "request_id", "-"),
-                       request.method, request.path, status, 1000.0 * request.request_time())
+                       request.method, path, status, 1000.0 * request.request_time())
+
+
+_AFTER_LOGIN = re.compile(r"(?i)(login/).*")
 
 
 def make_app(context: AppContext) -> Application:
