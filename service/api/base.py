@@ -33,15 +33,16 @@ from pydantic import ValidationError as PydanticError
 
 from models.db import database
 from service.api.readers import ReadProcesses
-from service.core.access import Actor, validate_user_id
+from service.core.access import Actor
 from service.core.errors import CoreError
 from service.core.tokencache import TokenCache
 from service.core.tokens import TokenIdentity, touch_api_token
 from service.http.base import BaseHandler, error_body
-from service.http.ratelimit import LimitsUnavailable, RateLimits
+from service.http.ratelimit import AUTH_FAILURES_PER_MINUTE, LimitsUnavailable, RateLimits
 from service.http.errors import (AuthThrottledError, BusyError, PayloadTooLargeError,
                                  RateLimitedError, ServiceError, UnauthorizedError)
 from service.http.event import client_ip
+from service.http.fair import FairCalls
 
 if TYPE_CHECKING:
     from service.http.context import AppContext
@@ -54,6 +55,11 @@ API_REQUESTS_PER_MINUTE = 600
 API_THREADS = 4
 #: Calls waiting for a thread beyond this are refused (503 busy), not queued.
 MAX_PENDING = 256
+#: Calls of one user (or the operator, or one address's token lookups) running
+#: or waiting, beyond which its next call is refused (503 busy): `service.http.fair`.
+#: Above the lookups the auth throttle lets one address run at once, so a
+#: client sending its good token many times at once is never refused.
+PER_TENANT = 2 * AUTH_FAILURES_PER_MINUTE
 DEFAULT_BODY_CAP = 64 * 1024
 
 
@@ -79,26 +85,26 @@ class ApiState:
                                            initializer=background_priority)
         self.tokens = TokenCache()
         self.tokens.feed = context.change_feed      # PostgreSQL: hears revocations
-        self.pending = 0
         url = context.settings.database.url
         # History, error log and statistics: in lower-priority processes.
         self.readers = ReadProcesses(url) if ReadProcesses.usable(url) else None
+        # Shared by caller, in turns: one user's flood of slow calls never
+        # holds another user's call (`service.http.fair`).
+        self.calls = FairCalls(API_THREADS, MAX_PENDING, PER_TENANT)
+        self.reads = FairCalls(self.readers.processes if self.readers else API_THREADS,
+                               MAX_PENDING, PER_TENANT)
 
-    async def run(self, fn: Callable[..., T], *args: Any, read: bool = False,
+    async def run(self, tenant: str, fn: Callable[..., T], *args: Any, read: bool = False,
                   **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` in the thread pool, or with `read` in a reading
-        process (`service.api.readers`); raises `BusyError` when full."""
-        if self.pending >= MAX_PENDING:
-            raise BusyError("Too many admin API calls at once; retry shortly.",
-                            headers={"Retry-After": "1"})
-        self.pending += 1
-        try:
-            if read and self.readers is not None:
-                return await self.readers.run(fn, *args, **kwargs)
-            return await asyncio.get_running_loop().run_in_executor(
-                self.executor, lambda: fn(*args, **kwargs))
-        finally:
-            self.pending -= 1
+        process (`service.api.readers`), in `tenant`'s turn; raises `BusyError`
+        when too many calls wait."""
+        if read and self.readers is not None:
+            readers = self.readers
+            return await self.reads.run(tenant, lambda: readers.run(fn, *args, **kwargs))
+        loop = asyncio.get_running_loop()
+        return await self.calls.run(tenant, lambda: loop.run_in_executor(
+            self.executor, lambda: fn(*args, **kwargs)))
 
 
 def background_priority() -> None:
@@ -187,7 +193,8 @@ class APIHandler(BaseHandler):
             if not identity.actor.is_operator:
                 raise ApiError(403, "forbidden", "only operator tokens may send X-Acting-User")
             try:
-                self.actor = Actor(validate_user_id(acting))
+                # Every rule applies as to that user; audit records say who acted.
+                self.actor = Actor.user(acting, via="operator")
             except CoreError as err:
                 raise core_error(err) from None
         decision = await limits.ahit_key(f"api:{identity.token_id}", API_REQUESTS_PER_MINUTE)
@@ -214,7 +221,7 @@ class APIHandler(BaseHandler):
         """The token's identity from the database (off the loop), then cached."""
         cache = self.api.tokens
         stamp = cache.stamp()
-        identity = await self.api.run(cache.lookup, token)
+        identity = await self.api.run(f"address:{self.ip}", cache.lookup, token)
         if identity is not None:
             cache.put(token, identity, stamp)
         return identity
@@ -250,10 +257,17 @@ class APIHandler(BaseHandler):
             raise ApiError(400, "invalid_input", _describe(err)) from None
 
     # ---------------------------------------------------------------- calls
+    @property
+    def tenant(self) -> str:
+        """Whose turn a call of this request waits for (`service.http.fair`): the
+        token's user ("user:ID"), or "operator". Not the guild in the path: a
+        caller could otherwise spend the turns of a guild it cannot act on."""
+        return str(self.identity.actor.label)
+
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A service-layer call in the thread pool; core errors become API errors."""
         try:
-            return await self.api.run(fn, *args, **kwargs)
+            return await self.api.run(self.tenant, fn, *args, **kwargs)
         except CoreError as err:
             raise core_error(err) from None
 
@@ -261,7 +275,7 @@ class APIHandler(BaseHandler):
         """A heavy read-only service-layer call (history, errors, statistics) in a
         reading process; core errors become API errors."""
         try:
-            return await self.api.run(fn, *args, read=True, **kwargs)
+            return await self.api.run(self.tenant, fn, *args, read=True, **kwargs)
         except CoreError as err:
             raise core_error(err) from None
 

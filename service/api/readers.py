@@ -44,7 +44,7 @@ class ReadProcesses:
 
     def __init__(self, database_url: str, processes: int = READ_PROCESSES) -> None:
         self._url = database_url
-        self._processes = processes
+        self.processes = processes
         self._executor: ProcessPoolExecutor | None = None
 
     @staticmethod
@@ -55,7 +55,7 @@ class ReadProcesses:
     def _pool(self) -> ProcessPoolExecutor:
         if self._executor is None:
             self._executor = ProcessPoolExecutor(
-                max_workers=self._processes, mp_context=multiprocessing.get_context("spawn"),
+                max_workers=self.processes, mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start, initargs=(self._url,))
         return self._executor
 

@@ -3,7 +3,8 @@
 These models are the one source of truth: handlers validate request bodies
 and query strings with them (`service.api.base.APIHandler.body` / `.query`),
 and `service.api.spec` builds the OpenAPI document from the same classes.
-Request models refuse unknown fields; response models describe the service
+Request models refuse unknown fields and values of another JSON type (no
+"on" for true, no 1 for a string); response models describe the service
 layer's JSON (the CLI's `--json` shapes) and allow fields added later.
 """
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: `"enabled": "off"` or `"operator": "on"` is 422, not a guess.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Out(BaseModel):
@@ -77,7 +79,8 @@ class TestCall(_In):
 class TokenCreate(_In):
     userId: str | None = None
     operator: bool = False
-    expiresAt: datetime | None = Field(None, description="When the token stops working (UTC).")
+    expiresAt: datetime | None = Field(None, strict=False,  # an ISO 8601 string in JSON
+                                       description="When the token stops working (UTC).")
 
 
 class LoginLinkCreate(_In):

@@ -33,6 +33,9 @@ from tornado.web import HTTPError, StaticFileHandler, create_signed_value, decod
 from service.core.errors import CoreError, NotFoundError, PermissionDeniedError
 from service.core.sessions import Session, check_xsrf, resume, xsrf_token
 from service.http.base import BaseHandler
+from service.http.errors import BusyError
+from service.http.event import client_ip
+from service.http.fair import FairCalls
 from service.settings import Settings
 
 log = logging.getLogger("logic.dashboard")
@@ -57,13 +60,22 @@ SECURITY_HEADERS = {
 T = TypeVar("T")
 
 
+#: Threads for the dashboard's service-layer calls, shared by user in turns
+#: (`service.http.fair`: one user never holds both while another waits).
+DASHBOARD_THREADS = 2
+#: Calls running or waiting, per user (or per address before a session) and in all.
+PER_TENANT, MAX_PENDING = 16, 256
+
+
 @dataclass
 class Dashboard:
     """What every dashboard handler shares: settings and the service-layer thread pool."""
 
     settings: Settings
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
-        max_workers=2, thread_name_prefix="logic-dashboard"))
+        max_workers=DASHBOARD_THREADS, thread_name_prefix="logic-dashboard"))
+    calls: FairCalls = field(default_factory=lambda: FairCalls(
+        DASHBOARD_THREADS, MAX_PENDING, PER_TENANT))
 
     @property
     def secure_cookies(self) -> bool:
@@ -81,9 +93,9 @@ class Dashboard:
 class PageError(HTTPError):
     """An error page with a status and a message safe to show."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(status)
-        self.status, self.message = status, message
+        self.status, self.message, self.headers = status, message, headers or {}
 
 
 def static_url(name: str) -> str:
@@ -175,9 +187,18 @@ class DashboardHandler(BaseHandler):
 
     # ------------------------------------------------------------ service layer
     async def core_raw(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-        """Run a service-layer call off the loop; its errors come back as they are."""
-        return await IOLoop.current().run_in_executor(self.dashboard.executor,
-                                                      partial(fn, *args, **kw))
+        """Run a service-layer call off the loop, in its user's turn; its errors
+        come back as they are (a 503 page when too many of the user's calls wait)."""
+        session = getattr(self, "session", None)
+        tenant = (session.actor.label if session is not None else "address:" + client_ip(
+            self.request.remote_ip or "", self.request.headers.get("X-Forwarded-For"),
+            self.context.settings.server.trusted_proxies))
+        loop = IOLoop.current()
+        try:
+            return await self.dashboard.calls.run(tenant, lambda: loop.run_in_executor(
+                self.dashboard.executor, partial(fn, *args, **kw)))
+        except BusyError as err:
+            raise PageError(503, err.message, headers={"Retry-After": "1"}) from None
 
     async def core(self, fn: Callable[..., T], *args: Any, deny: int = 404, **kw: Any) -> T:
         """Run a service-layer call off the loop.  Not found, and refusals
@@ -209,6 +230,8 @@ class DashboardHandler(BaseHandler):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, PageError):
             status, message = exc.status, exc.message
+            for name, value in exc.headers.items():
+                self.set_header(name, value)
         elif isinstance(exc, CoreError):
             status, message = exc.status, exc.message
         elif isinstance(exc, HTTPError) and status_code < 500:

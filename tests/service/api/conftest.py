@@ -30,7 +30,7 @@ class Api:
     ip: str | None = None
 
     def __call__(self, method: str, path: str, body: Any = None,
-                 headers: dict[str, str] | None = None) -> Response:
+                 headers: dict[str, str] | None = None, timeout: float = 10.0) -> Response:
         hdrs = dict(headers or {})
         if self.acting:
             hdrs["X-Acting-User"] = self.acting
@@ -38,7 +38,8 @@ class Api:
             hdrs.setdefault("Content-Type", "application/json")
         return self.server.request(
             "/api/v1" + path, method=method, secret=self.token, headers=hdrs,
-            body=json.dumps(body) if body is not None else None, source_ip=self.ip)
+            body=json.dumps(body) if body is not None else None, source_ip=self.ip,
+            timeout=timeout)
 
     def as_user(self, user_id: str) -> Api:
         return Api(self.server, self.token, user_id, self.ip)

@@ -158,3 +158,17 @@ def test_a_client_sending_its_good_token_many_times_at_once_is_never_throttled(
     ip = source_ip()
     results = at_once(60, lambda n: Api(server, token, ip=ip)("GET", "/me").status)
     assert sorted(results) == [200] * 60
+
+
+def test_an_operator_acting_as_a_user_is_named_in_the_audit_trail(world) -> None:
+    """The owner's own regeneration and the operator's, acting as the owner, do
+    the same; the audit trail tells them apart (`detail.via`)."""
+    w = world()
+    w.owner("PATCH", w.script_path + "/endpoint", {"enabled": True})
+    assert w.owner("POST", w.script_path + "/endpoint/secret").status == 201
+    acting = w.operator.as_user(OWNER_ID)
+    assert acting("POST", w.script_path + "/endpoint/secret").status == 201
+    records = [r for r in w.owner("GET", f"/guilds/{w.guild_id}/audit").json["items"]
+               if r["action"].startswith("secret.")]
+    assert [r["actor"] for r in records] == [f"user:{OWNER_ID}"] * 2
+    assert [r["detail"].get("via") for r in records] == ["operator", None]   # newest first

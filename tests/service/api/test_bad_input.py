@@ -81,3 +81,21 @@ def test_a_test_call_with_a_lone_surrogate_is_refused(world, server) -> None:
     # Text UTF-8 can carry still runs.
     ran = w.owner("POST", test, {"query": {"b": "é²"}, "headers": {"X-A": "ü"}})
     assert ran.status == 200 and ran.json["status"] == 200, ran.body
+
+
+def test_a_value_of_another_json_type_is_invalid_input_not_a_guess(world, server,
+                                                                    make_token) -> None:
+    """`"enabled": "off"` used to switch an endpoint off and `"operator": "on"` to
+    make an operator token: request bodies take JSON's own types only."""
+    w = world()
+    op = Api(server, make_token(None)["token"])
+    for body in ({"enabled": "off"}, {"enabled": "yes"}, {"enabled": 1}):
+        err = assert_error(w.owner("PATCH", w.script_path + "/endpoint", body), 400,
+                           "invalid_input")
+        assert "enabled" in err["message"]
+    for body in ({"userId": "1", "operator": "on"}, {"userId": 1}):
+        assert_error(op("POST", "/tokens", body), 400, "invalid_input")
+    # JSON's own types, and an ISO 8601 time in a string, are taken as before.
+    assert w.owner("PATCH", w.script_path + "/endpoint", {"enabled": True}).status == 200
+    made = op("POST", "/tokens", {"userId": "1", "expiresAt": "2099-01-01T00:00:00Z"})
+    assert made.status == 201 and made.json["kind"] == "user"

@@ -369,3 +369,43 @@ def test_a_secret_needs_confirmation_and_is_shown_once(site: Site, client: Clien
     assert site.invoke(gid, sid, first, {}).status == 401
     shown = client.get(page).body.decode()
     assert secret.group(1) not in shown and f"…{secret.group(1)[-4:]}" in shown
+
+
+def test_a_managers_flood_of_slow_saves_never_holds_another_users_page(site: Site) -> None:
+    """The dashboard's two service-layer threads are shared by user in turns
+    (`service.http.fair`): one user's slow saves hold one thread at most."""
+    import threading
+    import time
+
+    from tests.service.api.test_fair_calls import _slow_source
+
+    attacked, other = site.guild(), site.guild(managers=())
+    sid = site.script(attacked, SOURCE)
+    manager = Client(site.server)
+    manager.login(site.link(MANAGER))
+    token = manager.xsrf()
+    owner = Client(site.server)
+    owner.login(site.link(OWNER))
+    finished: list[float] = []
+    statuses: list[int] = []
+
+    def save(seed: int) -> None:
+        resp = Client(site.server, dict(manager.cookies)).post(
+            f"/dashboard/{attacked}/scripts/{sid}/source",
+            {"source": _slow_source(seed), "_xsrf": token})
+        finished.append(time.monotonic())
+        statuses.append(resp.status)
+
+    flood = [threading.Thread(target=save, args=(seed,)) for seed in range(4)]
+    for thread in flood:
+        thread.start()
+    time.sleep(0.15)   # the saves have arrived (each takes the compile check ~0.9 s)
+    page = owner.get(f"/dashboard/{other}")
+    at = time.monotonic()
+    for thread in flood:
+        thread.join(120)
+    assert page.status == 200 and f"Guild {other}".encode() in page.body
+    assert statuses == [303] * 4, statuses
+    # Without the turns, first come first served on two threads, the page waited
+    # for at least two of the four saves.
+    assert sum(1 for t in finished if t < at) == 0, (sorted(finished), at)

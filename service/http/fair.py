@@ -1,0 +1,102 @@
+"""`FairCalls`: calls share a few threads (or reading processes) by tenant.
+
+A tenant is who calls: a user (whatever guilds they own or manage), the
+operator, or an address whose token is being looked up. A call waits in its
+tenant's own queue, and a free thread takes the oldest call of the tenant
+with the fewest calls running (the one waiting longest among equals). One
+tenant never holds more than all threads but one: however many slow calls
+one guild's manager sends (saves that spend the compile budget, large
+statistics reads), another user's call finds a thread free at once, or the
+next one to free up, never behind the flood. Calls are bounded per tenant
+(`per_tenant`, running and waiting, then 503 busy for that tenant only) and
+overall (`max_pending`, then 503 busy). The admin API and the dashboard
+each share their threads this way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from service.http.errors import BusyError
+
+T = TypeVar("T")
+
+_Waiting = tuple[Callable[[], Awaitable[Any]], "asyncio.Future[Any]"]
+
+
+class FairCalls:
+    """At most `capacity` calls at once, started from each tenant's queue in turn."""
+
+    def __init__(self, capacity: int, max_pending: int, per_tenant: int) -> None:
+        self.capacity = capacity
+        self.max_pending = max_pending
+        self.per_tenant = per_tenant
+        #: Tenants with calls waiting, in the order their turns come (a dict: a ring).
+        self._waiting: dict[str, deque[_Waiting]] = {}
+        self._running: dict[str, int] = {}
+        self.pending = 0   # admitted and not finished: waiting or running
+
+    def _busy(self, message: str) -> BusyError:
+        return BusyError(message, headers={"Retry-After": "1"})
+
+    async def run(self, tenant: str, start: Callable[[], Awaitable[T]]) -> T:
+        """`await start()` once a thread is this tenant's; raises `BusyError` when
+        too many calls (of everyone, or of this tenant) are waiting already."""
+        if self.pending >= self.max_pending:
+            raise self._busy("Too many admin API calls at once; retry shortly.")
+        queue = self._waiting.get(tenant)
+        if self._running.get(tenant, 0) + (len(queue) if queue else 0) >= self.per_tenant:
+            raise self._busy("Too many admin API calls for this guild at once; retry shortly.")
+        ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending += 1
+        try:
+            if queue is None:
+                queue = self._waiting[tenant] = deque()
+            queue.append((start, ready))
+            self._pump()
+            return await ready   # type: ignore[no-any-return]
+        finally:
+            self.pending -= 1
+
+    def _pump(self) -> None:
+        """Start waiting calls while threads are free, one tenant's turn after another."""
+        while sum(self._running.values()) < self.capacity and self._waiting:
+            # The tenant with the fewest calls running goes first (the longest
+            # waiting of them); none takes more than all threads but one.
+            chosen, fewest = None, self.capacity - 1 if self.capacity > 1 else 1
+            for tenant in self._waiting:
+                running = self._running.get(tenant, 0)
+                if running < fewest:
+                    chosen, fewest = tenant, running
+            if chosen is None:
+                return
+            queue = self._waiting.pop(chosen)
+            start, ready = queue.popleft()
+            if queue:
+                self._waiting[chosen] = queue   # to the back of the ring
+            if ready.done():                    # its caller went away meanwhile
+                continue
+            self._running[chosen] = self._running.get(chosen, 0) + 1
+            task = asyncio.ensure_future(start())
+            task.add_done_callback(functools.partial(self._finished, chosen, ready))
+
+    def _finished(self, tenant: str, ready: asyncio.Future[Any], done: asyncio.Future[Any]) -> None:
+        left = self._running[tenant] - 1
+        if left:
+            self._running[tenant] = left
+        else:
+            del self._running[tenant]
+        if not ready.done():
+            if done.cancelled():
+                ready.cancel()
+            elif done.exception() is not None:
+                ready.set_exception(done.exception())   # type: ignore[arg-type]
+            else:
+                ready.set_result(done.result())
+        elif not done.cancelled():
+            done.exception()   # retrieved: a caller that went away logs nothing
+        self._pump()
