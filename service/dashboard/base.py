@@ -34,7 +34,6 @@ from service.core.errors import CoreError, NotFoundError, PermissionDeniedError
 from service.core.sessions import Session, check_xsrf, resume, xsrf_token
 from service.http.base import BaseHandler
 from service.http.errors import BusyError
-from service.http.event import client_ip
 from service.http.fair import FairCalls
 from service.settings import Settings
 
@@ -63,7 +62,8 @@ T = TypeVar("T")
 #: Threads for the dashboard's service-layer calls, shared by user in turns
 #: (`service.http.fair`: one user never holds both while another waits).
 DASHBOARD_THREADS = 2
-#: Calls running or waiting, per user (or per address before a session) and in all.
+#: Calls running or waiting, per user and in all (calls before a session is
+#: known, resuming it or logging in, are not counted: they have no user yet).
 PER_TENANT, MAX_PENDING = 16, 256
 
 
@@ -75,7 +75,7 @@ class Dashboard:
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         max_workers=DASHBOARD_THREADS, thread_name_prefix="logic-dashboard"))
     calls: FairCalls = field(default_factory=lambda: FairCalls(
-        DASHBOARD_THREADS, MAX_PENDING, PER_TENANT))
+        DASHBOARD_THREADS, MAX_PENDING, PER_TENANT, name="dashboard"))
 
     @property
     def secure_cookies(self) -> bool:
@@ -189,13 +189,14 @@ class DashboardHandler(BaseHandler):
     async def core_raw(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """Run a service-layer call off the loop, in its user's turn; its errors
         come back as they are (a 503 page when too many of the user's calls wait)."""
-        session = getattr(self, "session", None)
-        tenant = (session.actor.label if session is not None else "address:" + client_ip(
-            self.request.remote_ip or "", self.request.headers.get("X-Forwarded-For"),
-            self.context.settings.server.trusted_proxies))
         loop = IOLoop.current()
+        session = getattr(self, "session", None)
+        if session is None:
+            # Resuming a session or logging in (one indexed lookup): straight to
+            # the pool, as anyone's; turns are by user, and there is none yet.
+            return await loop.run_in_executor(self.dashboard.executor, partial(fn, *args, **kw))
         try:
-            return await self.dashboard.calls.run(tenant, lambda: loop.run_in_executor(
+            return await self.dashboard.calls.run(session.actor.label, lambda: loop.run_in_executor(
                 self.dashboard.executor, partial(fn, *args, **kw)))
         except BusyError as err:
             raise PageError(503, err.message, headers={"Retry-After": "1"}) from None

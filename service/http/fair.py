@@ -1,7 +1,7 @@
 """`FairCalls`: calls share a few threads (or reading processes) by tenant.
 
 A tenant is who calls: a user (whatever guilds they own or manage), the
-operator, or an address whose token is being looked up. A call waits in its
+operator, or an address whose API token is being looked up. A call waits in its
 tenant's own queue, and a free thread takes the oldest call of the tenant
 with the fewest calls running (the one waiting longest among equals). One
 tenant never holds more than all threads but one: however many slow calls
@@ -10,7 +10,8 @@ statistics reads), another user's call finds a thread free at once, or the
 next one to free up, never behind the flood. Calls are bounded per tenant
 (`per_tenant`, running and waiting, then 503 busy for that tenant only) and
 overall (`max_pending`, then 503 busy). The admin API and the dashboard
-each share their threads this way.
+each share their threads this way (the dashboard's calls made before a
+session is known, resuming one or logging in, go to its pool directly).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ _Waiting = tuple[Callable[[], Awaitable[Any]], "asyncio.Future[Any]"]
 class FairCalls:
     """At most `capacity` calls at once, started from each tenant's queue in turn."""
 
-    def __init__(self, capacity: int, max_pending: int, per_tenant: int) -> None:
+    def __init__(self, capacity: int, max_pending: int, per_tenant: int,
+                 name: str = "admin API") -> None:
+        self.name = name   # what a refusal calls the calls ("admin API", "dashboard")
         self.capacity = capacity
         self.max_pending = max_pending
         self.per_tenant = per_tenant
@@ -47,10 +50,10 @@ class FairCalls:
         """`await start()` once a thread is this tenant's; raises `BusyError` when
         too many calls (of everyone, or of this tenant) are waiting already."""
         if self.pending >= self.max_pending:
-            raise self._busy("Too many admin API calls at once; retry shortly.")
+            raise self._busy(f"Too many {self.name} calls at once; retry shortly.")
         queue = self._waiting.get(tenant)
         if self._running.get(tenant, 0) + (len(queue) if queue else 0) >= self.per_tenant:
-            raise self._busy("Too many admin API calls for this guild at once; retry shortly.")
+            raise self._busy(f"Too many of your {self.name} calls at once; retry shortly.")
         ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.pending += 1
         try:
@@ -80,8 +83,12 @@ class FairCalls:
                 self._waiting[chosen] = queue   # to the back of the ring
             if ready.done():                    # its caller went away meanwhile
                 continue
+            try:
+                task = asyncio.ensure_future(start())
+            except Exception as err:   # noqa: BLE001 - e.g. an executor shut down: its caller's
+                ready.set_exception(err)
+                continue
             self._running[chosen] = self._running.get(chosen, 0) + 1
-            task = asyncio.ensure_future(start())
             task.add_done_callback(functools.partial(self._finished, chosen, ready))
 
     def _finished(self, tenant: str, ready: asyncio.Future[Any], done: asyncio.Future[Any]) -> None:

@@ -17,8 +17,11 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote_plus
+
+from service.core.secrets import SECRET_PREFIX
 
 REDACTED = "[redacted]"
 
@@ -149,23 +152,37 @@ def hides(secret: str, value: bytes | str) -> bool:
     return _decoded_holds(secret, value.replace(secret, ""), DECODE_DEPTH)
 
 
-#: An endpoint secret's shape: its public prefix and 32 random bytes, URL-safe.
-SECRET_SHAPE = re.compile(r"lsk_[A-Za-z0-9_-]{43}")
+#: An endpoint secret's shape: its public prefix (in any letter case) and 32
+#: random bytes, URL-safe.
+SECRET_SHAPE = re.compile(r"(?i:lsk_)[A-Za-z0-9_-]{43}")
+#: A secret's random part standing alone: 43 URL-safe characters, no more.
+_RANDOM_PART = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])")
+#: Random parts checked against the endpoint's verifier per request, at most.
+MAX_CHECKED = 64
 
 
-def shaped_redactors(*values: Any) -> list[Redactor]:
+def shaped_redactors(*values: Any, is_secret: Callable[[str], bool] | None = None
+                     ) -> list[Redactor]:
     """A `Redactor` for every secret-shaped token among `values` (text, bytes, and
     the names and values of mappings), and one for its random part (found
     without the prefix too): for a request that presents no secret, such as a
-    test call."""
+    test call. With `is_secret` (the endpoint's verifier, when it is cheap),
+    a random part that stands alone is redacted too when it is the endpoint's
+    secret's (the first `MAX_CHECKED` of them)."""
     found: set[str] = set()
+    alone: list[str] = []
     for value in values:
         items = [*value, *value.values()] if isinstance(value, dict) else [value]
         for item in items:
             text = (item.decode("latin-1") if isinstance(item, bytes)
                     else item if isinstance(item, str) else str(item))
-            if "lsk_" in text:
+            if "lsk_" in text.lower():
                 found.update(SECRET_SHAPE.findall(text))
+            if is_secret is not None and len(alone) < MAX_CHECKED:
+                alone += _RANDOM_PART.findall(text)[:MAX_CHECKED - len(alone)]
+    if is_secret is not None:
+        found.update(SECRET_PREFIX + part for part in set(alone)
+                     if is_secret(SECRET_PREFIX + part))
     return [Redactor(part) for shape in sorted(found) for part in (shape, shape[4:])]
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, ScriptRef
+from service.core import secrets
 from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
 from service.http.redaction import redact_all, shaped_redactors
 from service.http.base import error_body
@@ -168,9 +170,13 @@ class _Run:
         message = (outcome.error_message or "") if outcome is not None else ""
         traceback = outcome.traceback if outcome is not None else None
         # A test call presents no secret: any secret-shaped value it carries (the
-        # endpoint's own, pasted into a body) is redacted by its shape.
-        shaped = shaped_redactors(query, request.headers, request.body, result.body,
-                                  result.output, error, traceback)
+        # endpoint's own, pasted into a body) is redacted by its shape, and the
+        # endpoint's own random part standing alone by its keyed verifier.
+        secret_hash = target.secret_hash
+        shaped = shaped_redactors(
+            query, request.headers, request.body, result.body, result.output, error,
+            traceback, is_secret=(functools.partial(secrets.verify_fast, secret_hash)
+                                  if secret_hash and secrets.is_fast(secret_hash) else None))
 
         def clean(value: Any) -> Any:
             return redact_all(shaped, value) if shaped and value else value

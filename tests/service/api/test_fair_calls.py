@@ -106,7 +106,7 @@ def test_waiting_calls_are_bounded_per_tenant_and_overall() -> None:
 
         held = [asyncio.ensure_future(calls.run("a", hold)) for _ in range(3)]
         await _settle()
-        with pytest.raises(BusyError, match="this guild"):
+        with pytest.raises(BusyError, match="of your"):
             await calls.run("a", hold)             # A's fourth: A's own limit
         held += [asyncio.ensure_future(calls.run("b", hold)) for _ in range(2)]
         await _settle()
@@ -143,5 +143,13 @@ def test_a_failing_or_abandoned_call_frees_its_thread() -> None:
         assert await first == "done"
         assert await calls.run("a", hold) == "done"
         assert calls.pending == 0 and not calls._running and not calls._waiting
+
+        def refused() -> Any:   # work that cannot even start (an executor shut down)
+            raise RuntimeError("cannot schedule new futures after shutdown")
+
+        with pytest.raises(RuntimeError):
+            await calls.run("a", refused)
+        assert calls.pending == 0 and not calls._running   # no thread lost
+        assert await calls.run("a", hold) == "done"
 
     asyncio.run(scenario())
