@@ -18,6 +18,7 @@ transaction (see `ReconnectingPostgresqlDatabase`).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlparse
 
@@ -35,6 +36,22 @@ database = DatabaseProxy()
 
 #: Milliseconds a SQLite writer waits for the lock before failing.
 SQLITE_BUSY_TIMEOUT_S = 10.0
+
+
+class _PrivateSqlite(SqliteDatabase):
+    """A SQLite database whose file, when this creates it, only its owner can
+    read (mode 0600; SQLite gives its -wal and -shm files the same mode): it
+    holds secrets' verifiers, API token hashes and request history. A file
+    that already exists keeps the mode the operator gave it."""
+
+    def _connect(self) -> Any:
+        path = self.database
+        if path and path != ":memory:" and not path.startswith("file:"):
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            except OSError:   # it exists, or cannot be made: SQLite says which
+                pass
+        return super()._connect()  # type: ignore[misc]
 
 
 class BaseModel(Model):
@@ -75,7 +92,7 @@ def open_database(url: str) -> Database:
         path = unquote(parsed.path[1:]) if parsed.path.startswith("/") else parsed.path
         if not path:
             raise DatabaseURLError(f"database url {url!r}: missing file path (sqlite:///logic.db)")
-        return SqliteDatabase(
+        return _PrivateSqlite(
             path,
             pragmas={
                 "journal_mode": "wal",

@@ -43,3 +43,27 @@ def test_postgres_reconnects_after_the_server_drops_the_connection(pg_empty_url)
     assert db.execute_sql("SELECT pg_backend_pid()").fetchone()[0] != pid
     db.close()
     database.initialize(None)
+
+
+def test_a_new_sqlite_file_is_private_and_an_existing_one_keeps_its_mode(tmp_path):
+    """The database holds secrets' verifiers, token hashes and request history:
+    a file the service creates (and its -wal and -shm files) is 0600."""
+    import os
+    import stat
+    url = f"sqlite:///{tmp_path}/new.db"
+    db = connect(url)
+    Runner(db).upgrade()
+    Guild.create(id="1", owner_id="2", plan="free")
+    modes = {name: stat.S_IMODE(os.stat(tmp_path / name).st_mode)
+             for name in ("new.db", "new.db-wal", "new.db-shm") if (tmp_path / name).exists()}
+    db.close()
+    database.initialize(None)
+    assert "new.db-wal" in modes and modes == {name: 0o600 for name in modes}, modes
+    shared = tmp_path / "shared.db"
+    shared.touch(mode=0o640)   # made by the operator beforehand: left as it is
+    os.chmod(shared, 0o640)
+    db = connect(f"sqlite:///{shared}")
+    db.execute_sql("CREATE TABLE t (x)")
+    db.close()
+    database.initialize(None)
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o640
