@@ -409,3 +409,32 @@ def test_a_managers_flood_of_slow_saves_never_holds_another_users_page(site: Sit
     # Without the turns, first come first served on two threads, the page waited
     # for at least two of the four saves.
     assert sum(1 for t in finished if t < at) == 0, (sorted(finished), at)
+
+
+def test_anonymous_login_floods_never_turn_a_signed_in_user_away(site: Site) -> None:
+    """Calls made before a session is known (resuming one, logging in) are no
+    user's turn: 40 connections spending random login links from the user's own
+    address slow the dashboard, never answer the user's pages 503."""
+    import secrets as random_tokens
+    import threading
+
+    site.guild()
+    owner = Client(site.server)
+    owner.login(site.link(OWNER))
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            site.server.request_from("127.0.0.1", "/login/" + random_tokens.token_urlsafe(32),
+                                     method="GET")
+
+    flood = [threading.Thread(target=hammer) for _ in range(40)]
+    for thread in flood:
+        thread.start()
+    try:
+        statuses = [owner.get("/dashboard").status for _ in range(30)]
+    finally:
+        stop.set()
+        for thread in flood:
+            thread.join(30)
+    assert statuses == [200] * 30, statuses

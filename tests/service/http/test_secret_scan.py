@@ -160,7 +160,7 @@ def test_each_place_is_searched(where: str) -> None:
     assert needle.encode() not in kept.lower() and needle.lower().encode() not in kept.lower()
 
 
-def test_a_shape_it_does_not_know_is_left_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_shape_it_does_not_know_is_left_to_python() -> None:
     secret = _secret(random.Random(1))
     needle = secret[4:]
     facts = dict(zip(FIELDS, _facts(random.Random(2), needle)))
