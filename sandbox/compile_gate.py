@@ -138,9 +138,14 @@ def _harden(payload: dict[str, Any]) -> None:
     from sandbox import hardening
     os.environ.clear()
     mem = int(payload["mem"])
+    # The budget is the profiling timer's (child_main); RLIMIT_CPU is the
+    # backstop just past it. Its soft limit is the whole allowance: this
+    # process never re-arms it as a worker does (the worker's 2 s window
+    # killed compiles between 2 s and the budget as "too long").
+    cpu_s = math.ceil(float(payload["cpu"])) + 2
     limits.apply_rlimits(address_space=limits.current_address_space() + 2 * mem
                          + limits.AS_SLACK_BYTES,
-                         cpu_lifetime_s=math.ceil(float(payload["cpu"])) + 2, nofile=16)
+                         cpu_lifetime_s=cpu_s, cpu_soft_s=cpu_s, nofile=16)
     if os.geteuid() == 0:
         hardening.enter_network_namespace()
         hardening.drop_privileges(int(payload["uid"]), int(payload["gid"]))

@@ -51,18 +51,22 @@ def current_address_space() -> int:
     return pages * resource.getpagesize()
 
 
-def apply_rlimits(*, address_space: int, cpu_lifetime_s: int, nofile: int) -> list[str]:
+def apply_rlimits(*, address_space: int, cpu_lifetime_s: int, nofile: int,
+                  cpu_soft_s: int | None = None) -> list[str]:
     """Set AS, CPU, NOFILE, FSIZE=0 and CORE=0; returns the names that could not be set.
 
-    RLIMIT_CPU's soft limit is moved forward by :class:`CpuBackstop` before each
-    job; the hard limit bounds a worker's whole life (it is then recycled).
+    RLIMIT_CPU's soft limit starts at ``cpu_soft_s`` (default
+    `CpuBackstop.WINDOW_S`, which a worker moves forward before each job); the
+    hard limit bounds a worker's whole life (it is then recycled). A one-shot
+    process that never re-arms passes its whole allowance as ``cpu_soft_s``.
     No SIGXCPU handler is installed: its default action ends the process even
     while it sits inside one long C call.
     """
     failed: list[str] = []
     plan = [
         ("AS", resource.RLIMIT_AS, (address_space, address_space)),
-        ("CPU", resource.RLIMIT_CPU, (CpuBackstop.WINDOW_S, cpu_lifetime_s)),
+        ("CPU", resource.RLIMIT_CPU,
+         (CpuBackstop.WINDOW_S if cpu_soft_s is None else cpu_soft_s, cpu_lifetime_s)),
         ("NOFILE", resource.RLIMIT_NOFILE, (nofile, nofile)),
         ("FSIZE", resource.RLIMIT_FSIZE, (0, 0)),
         ("CORE", resource.RLIMIT_CORE, (0, 0)),

@@ -96,8 +96,13 @@ def test_the_compile_process_hardens_itself_like_a_worker() -> None:
     probe = r'''
 import json, os, socket, sys
 from sandbox import compile_gate, limits
-compile_gate._harden({"mem": limits.COMPILE_MEMORY_BYTES, "cpu": 2.0, "uid": 65534, "gid": 65534})
+compile_gate._harden({"mem": limits.COMPILE_MEMORY_BYTES, "cpu": 3.0, "uid": 65534, "gid": 65534})
 seen = {"uid": os.geteuid()}
+import resource, time
+seen["cpu_limit"] = list(resource.getrlimit(resource.RLIMIT_CPU))
+while time.process_time() < 2.5:   # a compile that takes most of a 3 s budget
+    pass
+seen["cpu_used"] = time.process_time()
 try:
     socket.socket()
     seen["socket"] = "allowed"
@@ -122,5 +127,10 @@ sys.stdout.write(json.dumps(seen))
     assert seen["socket"] == 1 and seen["write"] == 1  # EPERM from seccomp
     assert seen["no_new_privs"] == "1" and seen["seccomp"] == "2"
     assert seen["environ"] == {}
+    # The whole budget, and the kernel's backstop just past it: a compile of
+    # 2.5 s of CPU under a 3 s budget is not ended by RLIMIT_CPU (a worker's
+    # 2 s window, which it moves forward per job, ended such compiles as
+    # "more than 3 s").
+    assert seen["cpu_limit"] == [5, 5] and seen["cpu_used"] >= 2.5
     if os.geteuid() == 0:
         assert seen["uid"] == 65534
