@@ -17,6 +17,12 @@ setup(
             optional=True,
         ),
         Extension(
+            "sandbox._unicode_errors",
+            sources=["sandbox/_unicode_errors.c"],
+            extra_compile_args=["-O2", "-std=gnu11"],
+            optional=True,
+        ),
+        Extension(
             "service.http._scan",
             sources=["service/http/_scan.c"],
             extra_compile_args=["-O2", "-std=gnu11"],

@@ -74,6 +74,23 @@ _UNSAFE_SCRIPT_BASES: tuple[type, ...] = (UnicodeEncodeError, UnicodeDecodeError
                                           UnicodeTranslateError)
 
 
+def _check_unicode_error_ranges() -> bool:
+    """Make those classes' constructors refuse a start or end outside the
+    object (``sandbox/_unicode_errors.c``): their ``__str__`` reads the object
+    at ``start`` unchecked, so ``str(UnicodeDecodeError("x", b"A", -4096,
+    -4095, "r"))`` read the worker's memory (security review, session 16).
+    False when the extension is missing: scripts then get neither the classes'
+    names nor ``type()`` of such an error (they catch ``UnicodeError``)."""
+    try:
+        from sandbox import _unicode_errors
+    except ImportError:
+        return False
+    return bool(_unicode_errors.install())
+
+
+UNICODE_ERRORS_CHECKED: bool = _check_unicode_error_ranges()
+
+
 def guarded_getattr(obj: Any, name: str) -> Any:
     """``obj.name`` for restricted code.
 
@@ -172,6 +189,8 @@ def safe_type(obj: Any) -> type:
     tp = type(obj)
     if issubclass(tp, type):
         raise TypeError("type() of a class is not available")
+    if not UNICODE_ERRORS_CHECKED and tp in _UNSAFE_SCRIPT_BASES:
+        raise TypeError(f"type() of a {tp.__name__} is not available here")
     return tp
 
 
@@ -264,7 +283,8 @@ _SAFE_BUILTIN_NAMES: tuple[str, ...] = (
 # copying a mappingproxy); only read-only views are exported. The runtime
 # copies them for every invocation, so a script never holds the originals.
 _BASE_BUILTINS: dict[str, Any] = {
-    **{name: getattr(builtins, name) for name in _SAFE_BUILTIN_NAMES},
+    **{name: getattr(builtins, name) for name in _SAFE_BUILTIN_NAMES
+       if UNICODE_ERRORS_CHECKED or name not in ("UnicodeDecodeError", "UnicodeEncodeError")},
     "type": _type_with_arity_check,
     "__build_class__": builtins.__build_class__,
 }

@@ -261,7 +261,13 @@ _CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x1000
 # controlling terminal, TIOCSTI types commands into the operator's shell.
 # The kernel reads the request as a 32-bit int: compare the low 32 bits only,
 # or 0x1_0000_5412 would pass an equality rule and still mean TIOCSTI.
-_DENIED_IOCTLS = (0x5412, 0x541C)  # TIOCSTI, TIOCLINUX
+# FIOSETOWN, SIOCSPGRP and FIOASYNC are the ioctl forms of fcntl's F_SETOWN
+# and O_ASYNC (below).
+_DENIED_IOCTLS = (0x5412, 0x541C,  # TIOCSTI, TIOCLINUX
+                  0x8901, 0x8902, 0x5452)  # FIOSETOWN, SIOCSPGRP, FIOASYNC
+# fcntl commands that direct a signal at a process the caller names: F_SETOWN,
+# F_SETSIG, F_SETOWN_EX, F_SETLEASE (a lease's break signal), F_NOTIFY.
+_DENIED_FCNTLS = (8, 10, 15, 1024, 1026)
 _IOCTL_CMD_MASK = 0xFFFFFFFF
 # Signals (kill, tkill, tgkill, rt_*sigqueueinfo) are allowed only towards the
 # worker itself; see load_seccomp and seccomp_bpf.
@@ -307,6 +313,13 @@ def build_seccomp_filter() -> Any:
         flt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     for request in _DENIED_IOCTLS:
         flt.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, _IOCTL_CMD_MASK, request))
+    # Signals the kernel sends on the worker's behalf (security review,
+    # session 16): F_SETOWN/F_SETSIG and O_ASYNC on a pipe made the kernel
+    # send SIGKILL to a same-uid sibling on the next write, past the signal
+    # calls' own rules. Owning a descriptor's I/O signals is what starts it;
+    # the runtime never does.
+    for command in _DENIED_FCNTLS:
+        flt.add_rule(eperm, "fcntl", sc.Arg(1, sc.MASKED_EQ, _IOCTL_CMD_MASK, command))
     # Resource limits of another process (a same-uid sibling: lowering its
     # RLIMIT_CPU or RLIMIT_AS kills the guild it serves); pid 0 is "myself",
     # which is what setrlimit() uses and what the CPU backstop needs.

@@ -203,11 +203,22 @@ def _check_headers(headers: Any) -> bool:
     return True
 
 
+#: A script line number: a source of at most 256 KB has fewer lines than this.
+#: Stored as an integer column (PostgreSQL's is 32-bit): a compromised
+#: worker's 2**64-1 made the records writer's batch fail (security review,
+#: session 16).
+MAX_LINE = 1 << 20
+
+
+def _line(value: Any) -> bool:
+    return value is None or (_is_int(value) and 0 <= value <= MAX_LINE)
+
+
 def _check_error(error: Any) -> bool:
     if error is None:
         return True
     return (type(error) is dict and error.get("kind") in ERROR_KINDS
-            and type(error.get("message")) is str and _opt(error.get("line"), int)
+            and type(error.get("message")) is str and _line(error.get("line"))
             and _opt(error.get("traceback"), str)
             and len(error["message"]) <= MAX_ERROR_MESSAGE_CHARS
             and (error["traceback"] is None or len(error["traceback"]) <= MAX_TRACEBACK_CHARS))
@@ -271,7 +282,8 @@ def check_reply(msg: Any) -> dict[str, Any]:
     if t == "res":
         ok = (_is_int(msg.get("id")) and check_result(msg.get("r")) and _check_measures(msg)
               and type(msg.get("over")) is bool and type(msg.get("exit")) is bool
-              and (msg.get("rss") is None or _is_int(msg.get("rss"))))
+              and (msg.get("rss") is None
+                   or (_is_int(msg.get("rss")) and 0 <= msg["rss"] < 1 << 63)))
     elif t == "code":
         ok = (_is_int(msg.get("id")) and _opt(msg.get("code"), bytes)
               and check_meta(msg.get("meta")) and type(msg.get("exit")) is bool
@@ -286,7 +298,7 @@ def check_reply(msg: Any) -> dict[str, Any]:
                        and check_meta(msg.get("meta")) and msg["meta"]["err"] is None)))
     elif t == "where":
         tb = msg.get("tb")
-        ok = (_is_int(msg.get("id")) and (msg.get("line") is None or _is_int(msg.get("line")))
+        ok = (_is_int(msg.get("id")) and _line(msg.get("line"))
               and type(tb) is str and len(tb) <= MAX_TRACEBACK_CHARS)
     elif t == "ready":
         hard = msg.get("hard")

@@ -258,10 +258,11 @@ def _record_families(context: AppContext) -> Iterable[Family]:
     yield _counter("logic_records_written_total", "Answered requests written as records.",
                    records.written)
     yield _counter("logic_records_dropped_total",
-                   "Answered requests whose records were lost (queue full or a batch failed "
-                   "three times).", records.dropped)
+                   "Answered requests whose records were lost (queue full, or an entry that "
+                   "could not be written even alone).", records.dropped)
     yield _counter("logic_records_failed_batches_total",
-                   "Record batches that failed three times.", records.failed_batches)
+                   "Record batches that failed three times (their entries then written one "
+                   "by one).", records.failed_batches)
 
 
 def _dependency_family(context: AppContext) -> Family:

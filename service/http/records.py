@@ -299,8 +299,10 @@ class RecordWriter:
     def _flush(self, batch: list[Any]) -> bool:
         """Write `batch`; True when it must stay queued (the database is unreachable).
 
-        Any other error is retried twice, then the batch is dropped and
-        counted (a batch that can never be written must not stop the writer).
+        Any other error is retried twice, then each entry is written alone
+        and only those that fail alone are dropped and counted (an entry that
+        can never be written must neither stop the writer nor cost the other
+        guilds' records in its batch).
         """
         started = time.monotonic()
         for attempt in range(3):
@@ -325,7 +327,25 @@ class RecordWriter:
                       (time.monotonic() - started) * 1000)
             return False
         self.failed_batches += 1
-        self.dropped += len(batch)
+        return self._write_each(batch)
+
+    def _write_each(self, batch: list[Any]) -> bool:
+        """`_flush`'s last resort: every entry alone, dropping those that fail.
+
+        True when the database became unreachable meanwhile: `batch` then
+        holds only the entries not yet written, to be held and retried."""
+        for i, entry in enumerate(batch):
+            try:
+                self._write_batch(expand([entry]))
+            except (OperationalError, InterfaceError) as err:
+                del batch[:i]
+                self._unreachable(err, len(batch))
+                return True
+            except Exception:  # noqa: BLE001 - as in _flush
+                log.warning("a record could not be written; dropped", exc_info=True)
+                self.dropped += 1
+                continue
+            self.written += 1
         return False
 
     def _pace(self, items: list[Any]) -> None:

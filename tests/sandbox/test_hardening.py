@@ -5,6 +5,7 @@ These tests use the pool's test-only hook (``Pool(_unsafe_test_hooks=True)``,
 """
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import socket
@@ -199,6 +200,59 @@ result = res
         assert pids[1] in pool.worker_pids
 
     run_with_pool(scenario, size=2, _unsafe_test_hooks=True)
+
+
+def test_a_worker_cannot_have_the_kernel_signal_its_siblings() -> None:
+    # Security review, session 16: a pipe owned by a sibling's pid, with
+    # SIGKILL as its I/O signal and O_ASYNC set, made the kernel kill the
+    # sibling on the next write; the signal calls' own rules never saw it.
+    async def scenario(pool: Pool) -> None:
+        pids = pool.worker_pids
+        code = f'''
+import errno, fcntl, os, signal, struct
+res = {{}}
+r, w = os.pipe()
+steps = (("setown", lambda: fcntl.fcntl(r, fcntl.F_SETOWN, {pids[1]})),
+         ("setown_ex", lambda: fcntl.fcntl(r, 15, struct.pack("ii", 1, {pids[1]}))),
+         ("setsig", lambda: fcntl.fcntl(r, 10, signal.SIGKILL)),
+         ("setlease", lambda: fcntl.fcntl(r, 1024, fcntl.F_RDLCK)),
+         ("notify", lambda: fcntl.fcntl(r, 1026, 0)),
+         ("fiosetown", lambda: fcntl.ioctl(r, 0x8901, struct.pack("i", {pids[1]}))),
+         ("siocspgrp", lambda: fcntl.ioctl(r, 0x8902, struct.pack("i", {pids[1]}))),
+         ("fioasync", lambda: fcntl.ioctl(r, 0x5452, struct.pack("i", 1))))
+for name, fn in steps:
+    try:
+        fn()
+        res[name] = "allowed"
+    except OSError as exc:
+        res[name] = exc.errno
+# What would have fired the signal: still allowed, and harmless now.
+fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_ASYNC)
+os.write(w, b"x")
+res["owner"] = fcntl.fcntl(r, fcntl.F_GETOWN)
+result = res
+'''
+        worker = next(w for w in pool._workers.values() if w is not None and w.pid == pids[0])
+        pool._idle.remove(worker)
+        pool._idle.append(worker)  # the hook takes the most recently idle worker
+        ok, res = await pool._test_exec(code)
+        assert ok, res
+        assert res == {"setown": errno.EPERM, "setown_ex": errno.EPERM, "setsig": errno.EPERM,
+                       "setlease": errno.EPERM, "notify": errno.EPERM,
+                       "fiosetown": errno.EPERM, "siocspgrp": errno.EPERM,
+                       "fioasync": errno.EPERM, "owner": 0}
+        await asyncio.sleep(0.2)
+        assert pids[1] in pool.worker_pids and _alive(pids[1])
+
+    run_with_pool(scenario, size=2, _unsafe_test_hooks=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] not in "ZX"
+    except OSError:
+        return False
 
 
 def test_operator_check_also_runs_the_save_time_compile_process() -> None:

@@ -59,10 +59,24 @@ def test_garbage_and_non_msgpack_are_protocol_errors() -> None:
     {**REPLY, "r": {**RESULT, "headers": [["Bad Name", "v"]]}},
     {**REPLY, "r": {**RESULT, "headers": [["X-N", "v"]] * 65}},
     {**REPLY, "r": {**RESULT, "contentType": "text/html\r\nSet-Cookie: a=b"}},
+    # Numbers the records store in integer columns: a line of 2**64-1 made
+    # the records writer's whole batch fail (security review, session 16).
+    {**REPLY, "r": {**RESULT, "error": {"kind": "script_error", "message": "m",
+                                          "line": 2 ** 64 - 1, "traceback": None}}},
+    {**REPLY, "r": {**RESULT, "error": {"kind": "script_error", "message": "m",
+                                          "line": -1, "traceback": None}}},
+    {"t": "where", "id": 7, "line": 2 ** 40, "tb": ""},
+    {**REPLY, "rss": 2 ** 64}, {**REPLY, "rss": -1},
 ])
 def test_malformed_worker_messages_are_refused(bad: object) -> None:
     with pytest.raises(ProtocolError):
         protocol.check_reply(bad)
+
+
+def test_line_numbers_a_script_can_have_pass() -> None:
+    error = {"kind": "script_error", "message": "m", "line": 262_145, "traceback": None}
+    assert protocol.check_reply({**REPLY, "r": {**RESULT, "error": error}, "rss": 1 << 40})
+    assert protocol.check_reply({"t": "where", "id": 7, "line": 1, "tb": ""})
 
 
 def test_job_validation() -> None:

@@ -277,6 +277,95 @@ def test_r2_real_unicode_errors_stay_read_only_and_usable() -> None:
                            b'invalid start byte","read-only"]')
 
 
+# The same read without a subclass (security review, session 16): the
+# constructors took any start and end, and ``__str__`` reads the object at
+# ``start`` checking only ``start < len``.
+CONSTRUCTOR_ATTACKS: list[tuple[str, str]] = [
+    ("decode-error-negative-start", 'UnicodeDecodeError("x", b"A" * 16, -4096, -4095, "r")'),
+    ("decode-error-end-past-object", 'UnicodeDecodeError("x", b"A", 0, 2, "r")'),
+    ("encode-error-negative-start", 'UnicodeEncodeError("x", "A" * 16, -40, -39, "r")'),
+    ("decode-error-via-type-of-instance",
+     'type(caught)("x", b"A" * 16, -4096, -4095, "r")'),
+    ("encode-error-via-type-of-instance",
+     'type(caught_encode)("x", "A", -400, -399, "r")'),
+]
+
+
+@pytest.mark.parametrize("call", [c for _, c in CONSTRUCTOR_ATTACKS],
+                         ids=[i for i, _ in CONSTRUCTOR_ATTACKS])
+def test_unicode_error_constructors_refuse_a_range_outside_the_object(call: str) -> None:
+    out, _ = _run(block(f'''
+        try:
+            b"\\xff".decode("utf-8")
+        except UnicodeDecodeError as exc:
+            caught = exc
+        try:
+            "\\u20ac".encode("ascii")
+        except UnicodeEncodeError as exc:
+            caught_encode = exc
+        event.reply(str({call}))'''))
+    assert error_kind(out) == "script_error", out
+    assert "start and end must satisfy 0 <= start <= end <= len(object)" in \
+        out["error"]["message"]
+    assert "body" not in out or not out["body"]
+
+
+def test_unicode_errors_a_script_builds_in_range_still_work() -> None:
+    out, _ = _run(block('''
+        made = UnicodeDecodeError("utf-8", b"\\xffA", 0, 1, "invalid start byte")
+        try:
+            raise made
+        except UnicodeDecodeError as exc:
+            decoded = str(exc)
+        encoded = str(UnicodeEncodeError("ascii", "a\\u20ac", 1, 2, "no"))
+        event.reply([decoded, encoded, isinstance(made, UnicodeError)])'''))
+    assert out["body"] == (b'["\'utf-8\' codec can\'t decode byte 0xff in position 0: '
+                           b'invalid start byte","\'ascii\' codec can\'t encode character '
+                           b'\'\\\\u20ac\' in position 1: no",true]'), out
+
+
+def test_without_the_range_check_scripts_cannot_reach_the_unicode_error_classes() -> None:
+    # The extension missing (no compiler at install): the classes' names
+    # are not builtins and type() of such an error is refused; UnicodeError
+    # still catches them.
+    import subprocess
+    probe = textwrap.dedent('''
+        import sys
+        sys.modules["sandbox._unicode_errors"] = None
+        from sandbox import guards
+        from sandbox.compiler import compile_script
+        from sandbox.runtime import run_endpoint
+        from tests.sandbox.script_helpers import make_event
+        src = """
+        on endpoint(event):
+            seen = []
+            for name in ("UnicodeDecodeError", "UnicodeEncodeError"):
+                try:
+                    eval_name = {"UnicodeDecodeError": lambda: UnicodeDecodeError,
+                                 "UnicodeEncodeError": lambda: UnicodeEncodeError}[name]()
+                    seen.append("named")
+                except NameError:
+                    seen.append("absent")
+            try:
+                b"\\\\xff".decode("utf-8")
+            except UnicodeError as exc:
+                try:
+                    type(exc)
+                    seen.append("typed")
+                except TypeError:
+                    seen.append("type refused")
+            event.reply(seen)
+        """
+        import textwrap
+        r = compile_script(textwrap.dedent(src))
+        print(guards.UNICODE_ERRORS_CHECKED, run_endpoint(r.script, make_event())["body"].decode())
+    ''')
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert proc.stdout.split() == ["False", '["absent","absent","type', 'refused"]'], proc
+
+
 # ---------------------------------------------------------------------------
 # R3: re flags past the wrappers (string.Template subclasses)
 # ---------------------------------------------------------------------------

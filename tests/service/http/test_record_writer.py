@@ -41,6 +41,7 @@ class Sink:
         self.calls = 0
         self.fail_times = fail_times
         self.fail_always = False
+        self.poison: set[Any] = set()   # items that can never be written
         self.error: type[Exception] = RuntimeError
         self._lock = threading.Lock()
 
@@ -50,6 +51,8 @@ class Sink:
             if self.fail_always or self.fail_times > 0:
                 self.fail_times = max(0, self.fail_times - 1)
                 raise self.error("database is down")
+            if any(item in self.poison for item in items):
+                raise OverflowError("Python int too large to convert to SQLite INTEGER")
             self.batches.append(list(items))
 
     @property
@@ -274,8 +277,9 @@ def test_a_batch_that_keeps_failing_is_dropped_and_the_writer_goes_on(make_write
     for n in range(10):
         writer.put(n)
     writer.start()
-    assert wait_for(lambda: writer.failed_batches == 1, timeout=3.0)
-    assert sink.calls == 3                       # three attempts, then given up
+    assert wait_for(lambda: writer.dropped == 10, timeout=3.0)
+    # Three attempts, then each entry once alone before it is given up.
+    assert sink.calls == 3 + 10 and writer.failed_batches == 1
     assert writer.dropped == 10 and writer.written == 0 and sink.batches == []
     sink.fail_always = False                     # the database is back
     for n in range(10, 15):
@@ -284,6 +288,22 @@ def test_a_batch_that_keeps_failing_is_dropped_and_the_writer_goes_on(make_write
     writer.stop()
     assert sink.items == list(range(10, 15))
     assert writer.failed_batches == 1 and writer.dropped == 10
+
+
+def test_an_entry_that_can_never_be_written_costs_only_itself(make_writer):
+    # Security review, session 16: a compromised worker's error line of
+    # 2**64-1 made SQLite refuse the batch, and the whole batch - other
+    # guilds' history and statistics - was dropped after three attempts.
+    sink = Sink()
+    sink.poison = {4}
+    writer = make_writer(sink, interval=0.02)
+    for n in range(10):
+        writer.put(n)
+    writer.start()
+    assert wait_for(lambda: writer.written == 9, timeout=3.0)
+    writer.stop()
+    assert sorted(sink.items) == [n for n in range(10) if n != 4]
+    assert writer.dropped == 1 and writer.failed_batches == 1
 
 
 def test_while_the_database_is_unreachable_records_wait_and_are_written_once_in_order(

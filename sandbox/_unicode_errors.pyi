@@ -1,0 +1,3 @@
+"""Type stub for the C extension ``sandbox/_unicode_errors.c``."""
+
+def install() -> bool: ...
