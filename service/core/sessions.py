@@ -136,6 +136,6 @@ def xsrf_token(key: str, session_token: str) -> str:
 
 def check_xsrf(key: str, session_token: str, presented: str | None) -> bool:
     """True when `presented` is the session's XSRF token (constant time)."""
-    if not presented or not session_token:
-        return False
+    if not presented or not session_token or not presented.isascii():
+        return False   # compare_digest refuses non-ASCII text: a forged token, not a fault
     return hmac.compare_digest(xsrf_token(key, session_token), presented)

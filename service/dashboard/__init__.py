@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.dashboard import auth, console, guilds, scripts
-from service.dashboard.base import (STATIC, Dashboard, DashboardNotFoundHandler,
-                                    DashboardStaticHandler)
+from service.dashboard.base import Dashboard, DashboardNotFoundHandler, DashboardStaticHandler
 
 G = r"([0-9]{1,25})"
 S = r"(logic_[A-Za-z0-9_-]{22})"
@@ -25,6 +24,7 @@ def routes(context: Any) -> list[tuple[str, Any, dict[str, Any]]]:
     dashboard = Dashboard(context.settings)
     args = {"context": context, "dashboard": dashboard}
     table: list[tuple[str, Any]] = [
+        (r"/dashboard/static/(.*)", DashboardStaticHandler),
         (r"/login", auth.LoginHelpHandler),
         (r"/login/([A-Za-z0-9_-]{1,100})", auth.LoginHandler),
         (r"/logout", auth.LogoutHandler),
@@ -42,10 +42,7 @@ def routes(context: Any) -> list[tuple[str, Any, dict[str, Any]]]:
         (r"/login/.*", auth.MalformedLinkHandler),
         (r"/dashboard/.*", DashboardNotFoundHandler),
     ]
-    out: list[tuple[str, Any, dict[str, Any]]] = [
-        (r"/dashboard/static/(.*)", DashboardStaticHandler, {"path": STATIC})]
-    out += [(pattern, handler, args) for pattern, handler in table]
-    return out
+    return [(pattern, handler, args) for pattern, handler in table]
 
 
 __all__ = ["routes"]

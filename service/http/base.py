@@ -11,6 +11,7 @@ import base64
 import json
 import logging
 import secrets
+import time
 from typing import TYPE_CHECKING, Any
 
 from http import HTTPStatus
@@ -23,6 +24,40 @@ if TYPE_CHECKING:
     from service.http.context import AppContext
 
 log = logging.getLogger("logic.http")
+
+#: Seconds between two log lines about the same kind of refused request.
+REFUSAL_LOG_INTERVAL = 10.0
+
+
+class _RefusalLog:
+    """One INFO line per kind of refusal (`ServiceError.log_message`) per
+    interval, with how many there were: a flood of refused requests (unsigned
+    chat interactions, say) must not fill the disk one line each."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._logged: dict[str, float] = {}
+
+    def __call__(self, request_id: str, code: str, message: str) -> None:
+        key = f"{code}: {message}"
+        count = self._counts.get(key, 0) + 1
+        now = time.monotonic()
+        last = self._logged.get(key)
+        if last is not None and now - last < REFUSAL_LOG_INTERVAL:
+            self._counts[key] = count
+            return
+        if len(self._logged) > 256:   # the messages are the service's own: few kinds
+            self._logged.clear()
+            self._counts.clear()
+        self._logged[key], self._counts[key] = now, 0
+        if count == 1:
+            log.info("%s %s", request_id, key)
+        else:
+            log.info("%s %s (%d such in %.0f s)", request_id, key, count,
+                     REFUSAL_LOG_INTERVAL)
+
+
+_refusals = _RefusalLog()
 
 
 _random = bytearray()
@@ -131,7 +166,7 @@ class BaseHandler(RequestHandler):
             # Expected outcomes of client requests: no stack trace, and only the
             # operator message (never the client's input or a secret).
             if value.log_message:
-                log.info("%s %s: %s", self.request_id, value.code, value.log_message)
+                _refusals(self.request_id, value.code, value.log_message)
             return
         if isinstance(value, HTTPError) and value.status_code < 500:
             return

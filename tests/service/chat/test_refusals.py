@@ -167,3 +167,26 @@ def test_oversized_body_is_refused(platform: Platform, size: int) -> None:
     body = b"{" + b" " * size + b"}"
     resp = platform.post(body, platform.headers(body))
     assert resp.status == 413 and resp.code == "payload_too_large"
+
+
+def test_a_flood_of_unsigned_interactions_logs_a_line_per_interval(http_env: Any,
+                                                                   tmp_path: Path) -> None:
+    # Security review, session 16: each refused interaction logged one INFO
+    # line (4,528 requests in 2 s, 4,528 lines). Now one line per kind of
+    # refusal per 10 s, with the count.
+    key = SigningKey.generate()
+    server = start_chat_server(http_env, tmp_path, key)
+    try:
+        platform = Platform(server, key)
+        body = b'{"type": 1}'
+        before = len(server.log_lines)
+        for _ in range(60):
+            assert_401(platform.post(body, {"Content-Type": "application/json"}))
+        for _ in range(40):
+            assert_401(platform.post(body, platform.headers(body, key=SigningKey.generate())))
+        time.sleep(0.3)
+        refusals = [line for line in server.log_lines[before:] if "interaction refused" in line]
+        assert len(refusals) == 2, refusals          # one per kind: missing, bad signature
+        assert "missing signature header" in refusals[0] and "bad signature" in refusals[1]
+    finally:
+        server.stop()

@@ -4,6 +4,7 @@ untrusted record content rendered inert."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 import pytest
 
@@ -438,3 +439,76 @@ def test_anonymous_login_floods_never_turn_a_signed_in_user_away(site: Site) -> 
         for thread in flood:
             thread.join(30)
     assert statuses == [200] * 30, statuses
+
+
+def _raw_get(site: Site, target: bytes, headers: bytes = b"") -> tuple[int, bytes]:
+    """A GET whose request line is sent as it is (no client-side quoting)."""
+    import socket
+    with socket.create_connection(("127.0.0.1", site.server.port), timeout=30) as sock:
+        sock.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     + headers + b"\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return int(data.split(b" ", 2)[1]), data
+
+
+def test_hostile_static_paths_are_the_dashboards_404_and_leave_no_log_line(site: Site) -> None:
+    # Security review, session 16: a NUL in the name was a Tornado 500 with an
+    # ERROR traceback quoting the URI; `..%2f` plus 60 KB logged a WARNING
+    # quoting the path twice, per request (13-15 MB/s of log from one client).
+    before = len(site.server.log_lines)
+    marker = "hostile-static-" + "z" * 40
+    for target in (b"/dashboard/static/%00?x=" + marker.encode(),
+                   b"/dashboard/static/..%2f" + marker.encode(),
+                   b"/dashboard/static/../../models/db.py?" + marker.encode(),
+                   b"/dashboard/static/%2e%2e/templates/error.html",
+                   b"/dashboard/static/" + marker.encode() * 200):
+        status, data = _raw_get(site, target)
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert status == 404, (target, data[:300])
+        assert b"text/html" in head and b"default-src 'none'" in head, head
+        assert b"\r\nserver:" not in head.lower() and b"\r\nx-request-id:" in head.lower()
+        assert b"Not found." in body
+    time.sleep(0.2)
+    assert site.server.log_lines[before:] == []
+
+
+def test_static_files_answer_as_the_service_with_etags(site: Site) -> None:
+    status, data = _raw_get(site, b"/dashboard/static/dashboard.css")
+    head = data.partition(b"\r\n\r\n")[0].decode()
+    assert status == 200 and "\r\nserver:" not in head.lower()
+    assert "\r\nx-request-id:" in head.lower() and "text/css" in head
+    etag = re.search(r"(?i)\r\netag: (\"[^\"]+\")", head)
+    assert etag, head
+    status, data = _raw_get(site, b"/dashboard/static/dashboard.css",
+                            b"If-None-Match: " + etag.group(1).encode() + b"\r\n")
+    assert status == 304 and data.partition(b"\r\n\r\n")[2] == b""
+    body = (Path(__file__).parents[3] / "service/dashboard/static/dashboard.css").read_bytes()
+    assert _raw_get(site, b"/dashboard/static/dashboard.css?v=1")[1].endswith(body)
+
+
+def test_a_forged_cookie_is_never_logged(site: Site) -> None:
+    # Tornado logs a version-1 signed value whose signature fails, whole, at
+    # WARNING: a Cookie header value in the log, for every request.
+    before = len(site.server.log_lines)
+    forged = "attacker-chosen-text-" + "q" * 20
+    for value in (f"{forged}|1|x", f"{forged}|{int(time.time())}|00", f"2|1:0|10:{forged}|x"):
+        resp = Client(site.server, cookies={"logic_session": value}).get("/dashboard")
+        assert resp.status == 303
+    time.sleep(0.2)
+    assert forged not in "".join(site.server.log_lines[before:])
+
+
+def test_a_non_ascii_xsrf_token_is_refused_like_any_forged_one(site: Site, client: Client) -> None:
+    # It was a 500 with an ERROR traceback: compare_digest refuses non-ASCII text.
+    client.login(site.link(OWNER))
+    before = len(site.server.log_lines)
+    for headers in ({"X-XSRF-Token": "\xff"}, {"X-XSRF-Token": "é" * 64}):
+        resp = client.request("POST", "/logout", headers=headers)
+        assert resp.status == 403, resp.body[:300]
+    resp = client.post("/logout", {"_xsrf": "é"})
+    assert resp.status == 403
+    time.sleep(0.2)
+    assert not any(" ERROR " in line for line in site.server.log_lines[before:])
+    assert client.get("/dashboard").status == 200     # still signed in: nothing changed
