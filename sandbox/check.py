@@ -46,15 +46,20 @@ def inspect(pid: int) -> dict[str, Any]:
     except PermissionError:
         own_netns = None
     try:
-        fds: list[int] | None = sorted(int(fd) for fd in os.listdir(f"{base}/fd"))
-    except PermissionError:
-        fds = None
+        listed = sorted(int(fd) for fd in os.listdir(f"{base}/fd"))
+        # Past the channel and /dev/null: what each descriptor is open on.
+        fd_targets: list[str] | None = sorted(os.readlink(f"{base}/fd/{fd}")
+                                              for fd in listed if fd > 3)
+        fds: list[int] | None = listed
+    except (PermissionError, FileNotFoundError):
+        fds = fd_targets = None
     return {
         "uid": status.get("Uid", "").split()[:1],
         "no_new_privs": status.get("NoNewPrivs", "").strip() == "1",
         "seccomp_filter": status.get("Seccomp", "").strip() == "2",
         "own_network_namespace": own_netns,
         "fds": fds,
+        "fd_targets": fd_targets,
         "limits": limits,
     }
 

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox import limits
+from sandbox import landlock, limits
 from sandbox.compiler import CompileError
 
 #: Wall-clock limit of the whole child: start-up, imports and the CPU budget,
@@ -151,6 +151,7 @@ def _harden(payload: dict[str, Any]) -> None:
         hardening.drop_privileges(int(payload["uid"]), int(payload["gid"]))
         limits.forbid_new_processes()
     hardening.set_no_new_privs()
+    landlock.apply()   # no file opened from here on (where the kernel has Landlock)
     # One process, one filter: libseccomp builds and loads it (no prebuilt program).
     hardening.load_seccomp(hardening.build_seccomp_filter())
 

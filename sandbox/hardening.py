@@ -31,7 +31,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox import limits, seccomp_bpf
+from sandbox import landlock, limits, seccomp_bpf
 
 CHANNEL_FD = 3
 #: Exit status of a worker in the shared namespaces whose seccomp filter did not
@@ -69,6 +69,7 @@ class HardeningConfig:
     uid: int = 65534
     gid: int = 65534
     seccomp: bool = True
+    landlock: bool = True
 
 
 @dataclass
@@ -363,6 +364,7 @@ def harden(channel_fd: int, cfg: HardeningConfig, seccomp_filter: Any,
     report = HardeningReport()
     fd = close_inherited_fds(channel_fd)
     report.set("close_fds", True)
+    limits.statm_pages()   # opens this worker's /proc/self/statm while it still may
     # The service's environment may hold a database URL with a password or
     # other operator secrets; a worker needs none of it, neither in os.environ
     # nor in the block the kernel copied onto the stack at exec time.
@@ -400,6 +402,11 @@ def harden(channel_fd: int, cfg: HardeningConfig, seccomp_filter: Any,
     # Not a reported layer (a uid change implies it); a failure is harmless
     # to report as part of no_new_privs' neighbourhood, so it is only applied.
     make_undumpable()
+
+    if cfg.landlock:   # after no_new_privs, which it needs
+        report.set("landlock", *landlock.apply())
+    else:
+        report.set("landlock", False, "disabled by configuration")
 
     if cfg.seccomp:
         ok, why = load_seccomp(seccomp_filter)

@@ -44,11 +44,26 @@ class Limits:
             raise ValueError("memory_kb must be an int between 16 and 1048576")
 
 
+_statm: tuple[int, int] | None = None   # (pid, descriptor of its /proc/self/statm)
+
+
+def statm_pages() -> tuple[int, int]:
+    """Pages this process maps and keeps resident (``/proc/self/statm``).
+
+    Read through one descriptor per process, opened at the first call: a
+    worker opens it while it hardens, before Landlock leaves it no way to
+    open a file (``sandbox.landlock``); a child re-opens its own."""
+    global _statm
+    pid = os.getpid()
+    if _statm is None or _statm[0] != pid:
+        _statm = (pid, os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC))
+    size, rss = os.pread(_statm[1], 128, 0).split()[:2]
+    return int(size), int(rss)
+
+
 def current_address_space() -> int:
     """Bytes of virtual address space this process maps now (from /proc)."""
-    with open("/proc/self/statm", "rb") as f:
-        pages = int(f.read().split()[0])
-    return pages * resource.getpagesize()
+    return statm_pages()[0] * resource.getpagesize()
 
 
 def apply_rlimits(*, address_space: int, cpu_lifetime_s: int, nofile: int,
@@ -123,9 +138,8 @@ class ProcessMemory:
     """This process's mapped and resident bytes, read when they may have changed.
 
     ``getrusage`` gives the resident high-water mark for ~0.3 µs; only when it
-    rose since the last look is /proc/self/statm read (open, read, close: no
-    descriptor stays open in a worker). The resident size can only have
-    passed a bound if the high-water mark did.
+    rose since the last look is /proc/self/statm read (`statm_pages`). The
+    resident size can only have passed a bound if the high-water mark did.
     """
 
     def __init__(self) -> None:
@@ -140,9 +154,8 @@ class ProcessMemory:
         hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         if hwm != self._hwm:
             self._hwm = hwm
-            with open("/proc/self/statm", "rb") as f:
-                size, rss = f.read().split()[:2]
-            self.mapped, self.resident = int(size) * self._page, int(rss) * self._page
+            size, rss = statm_pages()
+            self.mapped, self.resident = size * self._page, rss * self._page
 
 
 class AddressSpaceLimit:

@@ -154,13 +154,16 @@ pass_state = click.make_pass_decorator(State)
 
 
 def emit(data: dict[str, Any], as_json: bool, text: Callable[[dict[str, Any]], str] | None = None) -> None:
-    """Print one JSON object, or a human-readable rendering."""
+    """Print one JSON object, or a human-readable rendering (whose strings
+    never carry a control character to the terminal: `output.printable`)."""
     if as_json:
-        click.echo(json.dumps(data, sort_keys=True))
-    elif text is not None:
+        click.echo(json.dumps(data, sort_keys=True))   # ASCII: every control escaped
+        return
+    from service.cli.output import fields, local_time, printable
+    data = printable(data)
+    if text is not None:
         click.echo(text(data))
     else:
-        from service.cli.output import fields, local_time
         pairs = []
         for key, value in data.items():
             if isinstance(value, list) and all(isinstance(v, (str, int)) for v in value):
@@ -223,7 +226,8 @@ def _core_error(err: Exception) -> CoreError | None:
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"logic: error: {' '.join(message.split())}", err=True)
+    from service.cli.output import printable
+    click.echo(f"logic: error: {printable(' '.join(message.split()))}", err=True)
     sys.exit(code)
 
 

@@ -14,6 +14,32 @@ from typing import Any, Sequence
 import click
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: Characters a terminal acts on instead of showing: C0 controls but newline
+#: and tab, DEL, C1 controls, and the bidirectional overrides that reorder
+#: what is shown.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(value: Any) -> Any:
+    """`value` with every string's control characters shown as `\\xNN`.
+
+    Records hold what callers sent and what scripts printed, raised and
+    replied: an escape sequence among them would, on the operator's terminal,
+    retitle the window, move the cursor over earlier lines or write the
+    clipboard. Newlines and tabs stay (bodies and tracebacks are shown as
+    lines). Dicts and lists are copied with their strings escaped."""
+    if isinstance(value, str):
+        return _UNPRINTABLE.sub(_escaped, value)
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable(v) for v in value]
+    return value
 
 
 def local_time(value: str | None) -> str:

@@ -47,6 +47,15 @@ attempt("fork", fork)
 attempt("execv", lambda: os.execv("/bin/true", ["true"]))
 attempt("listen_fd", lambda: os.fstat(LISTEN_FD))
 res["fds"] = sorted(int(x) for x in os.listdir("/proc/self/fd"))
+res["fd_targets"] = []
+for x in res["fds"]:
+    if x > 3:
+        try:
+            res["fd_targets"].append(os.readlink("/proc/self/fd/%d" % x))
+        except FileNotFoundError:   # listdir's own, closed by now
+            pass
+res["fd_targets"].sort()
+res["pid"] = os.getpid()
 res["uid"] = os.getuid()
 with open("/proc/self/net/dev") as f:
     res["interfaces"] = [line.split(":")[0].strip() for line in f.readlines()[2:]]
@@ -89,7 +98,11 @@ def test_hardened_worker_blocks_network_files_processes_and_parent_socket(
         assert res[name] in denied, (name, res[name])
     # The parent's listening socket is not even a descriptor in the worker.
     assert res["listen_fd"] == errno.EBADF
-    assert res["fds"][:4] == [0, 1, 2, 3] and len(res["fds"]) <= 5  # + the listdir fd
+    # Past the channel and /dev/null: the worker's own statm and /proc entry
+    # (opened before Landlock; see sandbox/landlock.py).
+    own = f"/proc/{res['pid']}"
+    assert res["fds"][:4] == [0, 1, 2, 3]
+    assert res["fd_targets"] == [own, own + "/statm"], res["fd_targets"]
     assert res["seccomp"] == "2" and res["nnp"] == "1"
     if ROOT:
         assert res["uid"] == 65534
@@ -103,6 +116,8 @@ def test_pool_reports_every_layer_active_on_this_host() -> None:
             assert layers[layer], (layer, pool.hardening_notes)
         if ROOT:
             assert layers["network_namespace"] and layers["drop_user"] and layers["nproc"]
+        from sandbox import landlock
+        assert layers["landlock"] is (landlock.abi_version() > 0), pool.hardening_notes
 
     run_with_pool(scenario, size=1)
 
@@ -136,7 +151,9 @@ def test_operator_check_reads_the_layers_from_proc() -> None:
     async def scenario(pool: Pool) -> None:
         seen = inspect(pool.worker_pids[0])
         assert seen["no_new_privs"] and seen["seccomp_filter"]
-        assert seen["fds"] == [0, 1, 2, 3]
+        pid = pool.worker_pids[0]
+        assert seen["fds"] is not None and seen["fds"][:4] == [0, 1, 2, 3]
+        assert seen["fd_targets"] == [f"/proc/{pid}", f"/proc/{pid}/statm"]
         assert seen["limits"]["Max file size"] == ["0", "0"]
         assert seen["limits"]["Max open files"] == ["16", "16"]
         if ROOT:
@@ -167,7 +184,9 @@ except OSError as exc:
         return await pool._test_exec(code)
 
     try:
-        ok, value = run_with_pool(scenario, size=1, seccomp=False, _unsafe_test_hooks=True)
+        # Landlock off too: it refuses TCP connect (EACCES) before the namespace is reached.
+        ok, value = run_with_pool(scenario, size=1, seccomp=False, landlock=False,
+                                  _unsafe_test_hooks=True)
     finally:
         listener.close()
     assert ok and value in (errno.ENETUNREACH, errno.ECONNREFUSED, errno.EADDRNOTAVAIL), value
@@ -253,6 +272,62 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] not in "ZX"
     except OSError:
         return False
+
+
+def test_a_worker_opens_no_file_but_its_own_proc_entries(tmp_path: Any) -> None:
+    # Security review, session 16: a compromised worker read the service's
+    # /proc/<pid>/cmdline (a --database-url with its password) and
+    # /proc/<pid>/net/tcp (every caller's address), and whatever else its
+    # uid may read - the database itself when the service is not root.
+    from sandbox import landlock
+    readable = tmp_path / "world-readable.txt"
+    readable.write_text("operator data")
+    readable.chmod(0o644)
+    tmp_path.chmod(0o755)
+
+    async def scenario(pool: Pool) -> dict[str, Any]:
+        pids = pool.worker_pids
+        code = f'''
+import errno, os
+res = {{}}
+def attempt(name, fn):
+    try:
+        fn()
+        res[name] = "allowed"
+    except OSError as exc:
+        res[name] = exc.errno
+for name, path in (("service_cmdline", "/proc/{os.getpid()}/cmdline"),
+                   ("service_net_tcp", "/proc/{os.getpid()}/net/tcp"),
+                   ("sibling_status", "/proc/{pids[1]}/status"),
+                   ("etc_passwd", "/etc/passwd"),
+                   ("world_readable", "{readable}"),
+                   ("python_stdlib", os.__file__)):
+    attempt(name, lambda path=path: open(path, "rb").close())
+attempt("list_proc", lambda: os.listdir("/proc"))
+attempt("list_tmp", lambda: os.listdir("{tmp_path}"))
+attempt("own_status", lambda: open("/proc/self/status", "rb").close())
+attempt("own_fds", lambda: os.listdir("/proc/self/fd"))
+result = res
+'''
+        worker = next(w for w in pool._workers.values() if w is not None and w.pid == pids[0])
+        pool._idle.remove(worker)
+        pool._idle.append(worker)
+        ok, res = await pool._test_exec(code)
+        assert ok, res
+        return {"probe": res, "layer": pool.hardening["landlock"],
+                "note": pool.hardening_notes.get("landlock", "")}
+
+    seen = run_with_pool(scenario, size=2, _unsafe_test_hooks=True)
+    if landlock.abi_version() == 0:
+        # A kernel without Landlock: the layer says so instead of pretending.
+        assert seen["layer"] is False and "Landlock unavailable" in seen["note"]
+        return
+    assert seen["layer"] is True
+    assert seen["probe"] == {"service_cmdline": errno.EACCES, "service_net_tcp": errno.EACCES,
+                             "sibling_status": errno.EACCES, "etc_passwd": errno.EACCES,
+                             "world_readable": errno.EACCES, "python_stdlib": errno.EACCES,
+                             "list_proc": errno.EACCES, "list_tmp": errno.EACCES,
+                             "own_status": "allowed", "own_fds": "allowed"}, seen["probe"]
 
 
 def test_operator_check_also_runs_the_save_time_compile_process() -> None:

