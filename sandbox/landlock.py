@@ -11,11 +11,12 @@ workers keep its uid, the database file itself (security review, session 16).
 Everything a worker needs from the file system is opened before it serves:
 the fork server imported every module (``zygote._warm``), and the worker
 keeps ``/proc/self/statm`` open (``limits.ProcessMemory``). So the ruleset
-here handles every file-system right the kernel knows and grants one: reading
-the worker's own ``/proc/<pid>/`` (its status, limits and descriptors, which
-the operator's check and the tests read from inside; its command line is the
-fork server's, which holds nothing of the service's). No other open, no
-directory listing, no execution, no creation, anywhere. Where the
+here handles every file-system right the kernel knows and grants none: no
+open, no directory listing, no execution, no creation, anywhere - its own
+``/proc/<pid>/`` included (``net/tcp`` there is the service's TCP table when
+the worker shares the service's network namespace, as it does when the
+service is not root; the operator's check and the tests read a worker's
+``/proc`` entries from outside). Where the
 kernel's Landlock ABI has them, the same ruleset refuses TCP bind/connect
 (ABI 4) and scopes signals and abstract UNIX sockets to the worker itself
 (ABI 6). Descriptors opened before (the channel, /dev/null, statm) keep
@@ -33,11 +34,8 @@ import struct
 
 # Generic syscall numbers (the same on x86_64 and arm64).
 _SYS_CREATE_RULESET = 444
-_SYS_ADD_RULE = 445
 _SYS_RESTRICT_SELF = 446
 _CREATE_RULESET_VERSION = 1 << 0
-_RULE_PATH_BENEATH = 1
-_FS_READ_FILE, _FS_READ_DIR = 1 << 2, 1 << 3
 
 #: File-system rights by the ABI version that introduced them.
 _FS_RIGHTS_BY_ABI = (
@@ -83,44 +81,33 @@ def describe(abi: int) -> str:
     return f"ABI {abi}: " + ", ".join(parts)
 
 
+def _probe() -> tuple[int, str]:
+    abi = abi_version()
+    err = ctypes.get_errno() if abi < 1 else 0
+    return abi, (os.strerror(err) if err else "no ABI")
+
+
+# Asked once, where this module is imported (the fork server): a worker only
+# creates its ruleset and restricts itself.
+ABI, _UNAVAILABLE = _probe()
+_ATTR = ruleset_attr(ABI) if ABI >= 1 else b""
+_ATTR_BUF = ctypes.create_string_buffer(_ATTR, len(_ATTR))
+
+
 def apply() -> tuple[bool, str]:
     """Restrict this process for good (needs ``no_new_privs`` or CAP_SYS_ADMIN)."""
-    abi = abi_version()
-    if abi < 1:
-        err = ctypes.get_errno()
-        return False, f"Landlock unavailable ({os.strerror(err) if err else 'no ABI'})"
-    attr = ruleset_attr(abi)
-    buf = ctypes.create_string_buffer(attr, len(attr))
-    fd = _libc.syscall(_SYS_CREATE_RULESET, buf, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    if ABI < 1:
+        return False, f"Landlock unavailable ({_UNAVAILABLE})"
+    fd = _libc.syscall(_SYS_CREATE_RULESET, _ATTR_BUF, ctypes.c_size_t(len(_ATTR)),
+                       ctypes.c_uint32(0))
     if fd < 0:
         return False, f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}"
     try:
-        ok, why = _allow_own_proc(fd)
-        if not ok:
-            return False, why
         if _libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
             err = ctypes.get_errno()
             why = ("no_new_privs is not set" if err == errno.EPERM else os.strerror(err))
             return False, f"landlock_restrict_self: {why}"
     finally:
         os.close(fd)
-    return True, describe(abi)
+    return True, describe(ABI)
 
-
-#: This process's /proc/<pid>, opened O_PATH and kept: the rule names its
-#: inode, and procfs makes a new inode when an unused entry is looked up
-#: again, so the open descriptor keeps the one the rule names in use.
-_own_proc: tuple[int, int] | None = None
-
-
-def _allow_own_proc(ruleset: int) -> tuple[bool, str]:
-    global _own_proc
-    pid = os.getpid()
-    if _own_proc is None or _own_proc[0] != pid:
-        _own_proc = (pid, os.open(f"/proc/{pid}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
-    attr = ctypes.create_string_buffer(struct.pack("=Qi", _FS_READ_FILE | _FS_READ_DIR,
-                                                   _own_proc[1]), 12)
-    if _libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
-                     attr, ctypes.c_uint32(0)) != 0:
-        return False, f"landlock_add_rule: {os.strerror(ctypes.get_errno())}"
-    return True, ""

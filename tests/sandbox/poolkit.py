@@ -76,3 +76,43 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
         if loop.time() > end:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.005)
+
+
+def seen_from_outside(pid: int) -> dict[str, Any]:
+    """A worker's /proc entries, read by the test process: a hardened worker
+    opens no file, its own /proc/<pid>/ included (Landlock). Entries an
+    undumpable worker's /proc keeps from a non-root reader are None."""
+    base = f"/proc/{pid}"
+    seen: dict[str, Any] = {}
+    with open(f"{base}/status") as f:
+        seen["status"] = {k: v.strip() for k, v in (line.split(":", 1) for line in f
+                                                     if ":" in line)}
+    with open(f"{base}/stat", "rb") as f:
+        seen["stat"] = f.read().rsplit(b")", 1)[1].split()   # [0] is field 3, state
+    seen["threads"] = len(os.listdir(f"{base}/task"))
+    try:
+        fds = sorted(int(x) for x in os.listdir(f"{base}/fd"))
+        seen["fds"] = fds
+        seen["fd_targets"] = sorted(os.readlink(f"{base}/fd/{x}") for x in fds if x > 3)
+        with open(f"{base}/environ", "rb") as f:
+            seen["environ_block"] = f.read()
+        with open(f"{base}/net/dev") as f:
+            seen["interfaces"] = [line.split(":")[0].strip() for line in f.readlines()[2:]]
+    except PermissionError:
+        seen.update(fds=None, fd_targets=None, environ_block=None, interfaces=None)
+    return seen
+
+
+async def exec_seen(pool: Pool, code: str) -> tuple[bool, Any, dict[str, Any]]:
+    """Run unrestricted ``code`` in a hardened worker (the test hook), with
+    `seen_from_outside` of that worker read just before: a worker that ran
+    the hook is retired after it."""
+    pid = pool.worker_pids[0]
+    worker = next(w for w in pool._workers.values() if w is not None and w.pid == pid)
+    pool._idle.remove(worker)
+    pool._idle.append(worker)      # the hook takes the most recently idle worker
+    outside = seen_from_outside(pid)
+    ok, value = await pool._test_exec(code)
+    if ok and isinstance(value, dict) and "pid" in value:
+        assert value["pid"] == pid, (value["pid"], pid)
+    return ok, value, outside
