@@ -11,8 +11,9 @@
  * tp_init (which every call of the class runs, whatever name or `type(e)` it
  * was reached by) with one that runs the original and then checks
  * 0 <= start <= end <= len(object), raising ValueError otherwise. The errors
- * codecs raise always pass. Re-initialising through the `__init__` slot
- * wrapper would bypass it; scripts cannot name `__init__`.
+ * codecs raise always pass. The classes' `__init__` slot wrappers are pointed
+ * at the checked function too: a subclass made later takes its tp_init from
+ * that wrapper, and `UnicodeDecodeError.__init__(e, ...)` calls it.
  *
  * `install()` patches once per process (idempotent) and returns True.
  */
@@ -81,10 +82,23 @@ install(PyObject *module, PyObject *unused)
                 return NULL;
             }
         }
+        PyObject *wrappers[N_TYPES];
+        for (int i = 0; i < N_TYPES; i++) {
+            wrappers[i] = PyDict_GetItemString(types[i]->tp_dict, "__init__");
+            if (wrappers[i] == NULL || !Py_IS_TYPE(wrappers[i], &PyWrapperDescr_Type)
+                    || ((PyWrapperDescrObject *)wrappers[i])->d_wrapped
+                       != (void *)types[i]->tp_init) {
+                PyErr_SetString(PyExc_RuntimeError,
+                                "a Unicode error class's __init__ is not its tp_init's wrapper");
+                return NULL;
+            }
+        }
         for (int i = 0; i < N_TYPES; i++) {
             original[i] = types[i]->tp_init;
             types[i]->tp_init = checked[i];
+            ((PyWrapperDescrObject *)wrappers[i])->d_wrapped = (void *)checked[i];
         }
+        PyType_Modified((PyTypeObject *)PyExc_UnicodeError);
         installed = 1;
     }
     Py_RETURN_TRUE;

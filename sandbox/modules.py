@@ -310,11 +310,12 @@ ALLOWED_MODULES: frozenset[str] = frozenset(STATIC_NAMESPACES) | {"random"}
 # C functions call PyImport_Import(), which goes through the *current
 # frame's* ``__import__`` (ours, while a script runs) with a list as
 # fromlist, then reads the module from sys.modules itself. time.strptime and
-# datetime.strptime need "_strptime", datetime methods need "time". For these
+# datetime.strptime need "_strptime", datetime methods need "time", the
+# "namereplace" error handler "unicodedata" (PyCapsule_Import). For these
 # names we let the call succeed and return nothing: the C caller takes the
 # module from sys.modules, the script never sees it. Import statements always
 # pass a tuple or None as fromlist, so a script cannot take this path.
-_C_LEVEL_IMPORTS: frozenset[str] = frozenset({"_strptime", "time"})
+_C_LEVEL_IMPORTS: frozenset[str] = frozenset({"_strptime", "time", "unicodedata"})
 
 
 def make_random_namespace() -> ModuleNamespace:

@@ -253,12 +253,19 @@ def check_result(r: Any) -> bool:
 
 
 def _check_measures(msg: dict[str, Any]) -> bool:
-    """``dur`` and ``peak`` are stored and logged: finite, non-negative, bounded."""
+    """``dur`` (ms) and ``peak`` are stored, summed and logged: finite,
+    non-negative, bounded (a duration past a day would sum to infinity in the
+    statistics and be written as JSON's non-standard ``Infinity``)."""
     dur, peak = msg.get("dur"), msg.get("peak")
     if type(dur) is not float or not _is_int(peak):
         return False
     assert isinstance(peak, int)
-    return math.isfinite(dur) and dur >= 0.0 and 0 <= peak < 1 << 63
+    return math.isfinite(dur) and 0.0 <= dur <= MAX_DURATION_MS and 0 <= peak < 1 << 63
+
+
+#: A job's run time in ms can be no more than the longest time limit plus the
+#: compile budget; a day bounds it with room to spare.
+MAX_DURATION_MS = 86_400_000.0
 
 
 #: The start-up steps a ready message may time (``WorkerHandle`` sums them).

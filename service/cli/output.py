@@ -75,7 +75,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str = "(
     """Rows under a bold header, each column padded to its widest cell."""
     if not rows:
         return empty
-    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    # A cell is one line: a newline in what a script wrote would start a row.
+    cells = [[("-" if v is None else one_line(str(v))) for v in row] for row in rows]
     widths = [max([len(h)] + [_width(r[i]) for r in cells]) for i, h in enumerate(headers)]
 
     def line(values: Sequence[str]) -> str:
@@ -89,7 +90,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str = "(
 def fields(pairs: Sequence[tuple[str, Any]]) -> str:
     """`label  value` lines, labels aligned."""
     width = max((len(k) for k, _ in pairs), default=0)
-    return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in pairs)
+    return "\n".join(f"{k.ljust(width)}  {'-' if v is None else one_line(str(v))}"
+                     for k, v in pairs)
+
+
+def one_line(text: str) -> str:
+    """`text` on one line: newlines shown as `\\n` (a field or a table cell)."""
+    return text.replace("\n", "\\n")
 
 
 _RELATIVE = re.compile(r"^([0-9]{1,9})\s*([smhd])$")

@@ -10,7 +10,8 @@ from typing import Any, Sequence
 import click
 
 from service.cli.base import core, State, actor_of, as_option, cli, emit, json_option, pass_state, run_core, WholeNumber
-from service.cli.output import duration, fields, local_time, parse_since, status_colour, table
+from service.cli.output import (duration, fields, local_time, one_line, parse_since,
+                                status_colour, table)
 
 _filters = [
     click.option("--limit", type=WholeNumber(1, 1000), default=None, help="Show at most N records, 1-1000."),
@@ -92,7 +93,7 @@ def _record_text(r: dict[str, Any]) -> str:
     error = r.get("errorRecord")
     if error:
         where = f" at line {error['line']}" if error["line"] else ""
-        lines.append(f"error record: {error['kind']}{where}: {error['message']}")
+        lines.append(f"error record: {error['kind']}{where}: {one_line(error['message'])}")
         lines += _block("traceback", error["traceback"])
     return "\n".join(lines)
 
@@ -120,7 +121,7 @@ def _errors_text(data: dict[str, Any]) -> str:
                     e["line"], e.get("scriptVersion")) for e in data["errors"]]).split("\n")
     out = [lines[0]]
     for row, e in zip(lines[1:], data["errors"]):   # each row, then its message and traceback
-        out += [row, f"    {e['message']}"]
+        out += [row, *("    " + line for line in (e["message"] or "").splitlines())]
         out += ["    " + line for line in (e["traceback"] or "").splitlines()]
     return "\n".join(out)
 

@@ -12,6 +12,8 @@ import encodings
 SNIPPETS: tuple[str, ...] = (
     'json.loads(json.dumps({"a": [1, 2.5, None, "\\u00e9"]}, indent=2, sort_keys=True))',
     'json.dumps([1], separators=(",", ":"), ensure_ascii=True)',
+    # error handlers: namereplace reaches unicodedata through PyCapsule_Import
+    '[("a\u00e9\u20ac".encode("ascii", h), b"a\\xff".decode("utf-8", d)) for h in ("namereplace", "backslashreplace", "xmlcharrefreplace", "replace", "ignore") for d in ("replace", "ignore", "backslashreplace", "surrogateescape")]',
     'math.fsum([0.1, 0.2]); math.isqrt(10 ** 30); math.comb(50, 7); math.prod([1, 2])',
     're.compile("(?P<x>a+)(?<=a)\\\\N{LATIN SMALL LETTER A}?", re.I | re.X)',
     're.sub("(a)", "\\\\g<1>b", "aaa", flags=re.A | re.M | re.S); re.sub("a", "b", "a", flags=re.U)',

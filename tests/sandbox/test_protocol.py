@@ -66,7 +66,7 @@ def test_garbage_and_non_msgpack_are_protocol_errors() -> None:
     {**REPLY, "r": {**RESULT, "error": {"kind": "script_error", "message": "m",
                                           "line": -1, "traceback": None}}},
     {"t": "where", "id": 7, "line": 2 ** 40, "tb": ""},
-    {**REPLY, "rss": 2 ** 64}, {**REPLY, "rss": -1},
+    {**REPLY, "rss": 2 ** 64}, {**REPLY, "rss": -1}, {**REPLY, "dur": 1.7e308},
 ])
 def test_malformed_worker_messages_are_refused(bad: object) -> None:
     with pytest.raises(ProtocolError):

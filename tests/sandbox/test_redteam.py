@@ -310,6 +310,26 @@ def test_unicode_error_constructors_refuse_a_range_outside_the_object(call: str)
     assert "body" not in out or not out["body"]
 
 
+def test_the_range_check_also_holds_for_later_subclasses_and_explicit_init() -> None:
+    # Review of the fix: a subclass made after the check was installed took
+    # its tp_init from the `__init__` slot wrapper, which still held the
+    # unchecked constructor (scripts cannot subclass these; trusted code can).
+    from sandbox import guards
+    assert guards.UNICODE_ERRORS_CHECKED
+
+    class Later(UnicodeDecodeError):
+        pass
+
+    for build in (lambda: Later("x", b"A", -4096, -4095, "r"),
+                  lambda: UnicodeDecodeError.__init__(UnicodeDecodeError("x", b"A", 0, 1, "r"),
+                                                      "x", b"A", -9, -8, "r"),
+                  lambda: UnicodeTranslateError("A", -3, -2, "r")):
+        with pytest.raises(ValueError, match="0 <= start <= end <= len"):
+            build()
+    assert str(Later("utf-8", b"\xff", 0, 1, "bad")) == \
+        "'utf-8' codec can't decode byte 0xff in position 0: bad"
+
+
 def test_unicode_errors_a_script_builds_in_range_still_work() -> None:
     out, _ = _run(block('''
         made = UnicodeDecodeError("utf-8", b"\\xffA", 0, 1, "invalid start byte")

