@@ -6,7 +6,7 @@ project hard-codes a limit: every check reads a `Plan`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from types import MappingProxyType
 from typing import Mapping
 
@@ -25,25 +25,33 @@ class Plan:
     ip_whitelist: bool
     advanced_stats: bool
     time_limit_ms: int
+    #: Live scripts per guild (created and not deleted). Not in the product's
+    #: plan table; without it one guild could fill the database with
+    #: 256 KB sources (security review, session 16). Has a default, so a
+    #: `[plans.NAME]` written before it need not name it.
+    scripts: int = 100
 
 
 #: Field names an operator may set in `[plans.NAME]`, in declaration order.
 PLAN_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Plan) if f.name != "name")
+#: Those a new plan may leave out (they have a default).
+OPTIONAL_PLAN_KEYS: frozenset[str] = frozenset(
+    f.name for f in fields(Plan) if f.default is not MISSING)
 
 FREE = Plan(
     name="free", endpoints=0, memory_kb=0, requests_per_minute=0, body_bytes=0,
     history=0, error_logs=False, ip_whitelist=False, advanced_stats=False,
-    time_limit_ms=0,
+    time_limit_ms=0, scripts=10,
 )
 PLUS = Plan(
     name="plus", endpoints=3, memory_kb=512, requests_per_minute=30,
     body_bytes=131072, history=20, error_logs=True, ip_whitelist=False,
-    advanced_stats=False, time_limit_ms=1000,
+    advanced_stats=False, time_limit_ms=1000, scripts=30,
 )
 PRO = Plan(
     name="pro", endpoints=9, memory_kb=4096, requests_per_minute=120,
     body_bytes=1048576, history=200, error_logs=True, ip_whitelist=True,
-    advanced_stats=True, time_limit_ms=1000,
+    advanced_stats=True, time_limit_ms=1000, scripts=100,
 )
 
 DEFAULT_PLANS: Mapping[str, Plan] = MappingProxyType({p.name: p for p in (FREE, PLUS, PRO)})

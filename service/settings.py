@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from service import settings_parsers as to
-from service.plans import DEFAULT_PLANS, PLAN_KEYS, Plan
+from service.plans import DEFAULT_PLANS, OPTIONAL_PLAN_KEYS, PLAN_KEYS, Plan
 from service.settings_parsers import IPNetwork
 
 
@@ -165,6 +165,7 @@ _PLAN_PARSERS: dict[str, Callable[[Any], Any]] = {
     "requests_per_minute": to.int_between(0, 10**9), "body_bytes": to.int_between(0, 1 << 30),
     "history": to.int_between(0, 100_000), "error_logs": to.flag, "ip_whitelist": to.flag,
     "advanced_stats": to.flag, "time_limit_ms": to.int_between(0, 3_600_000),
+    "scripts": to.int_between(0, 100_000),
 }
 _PLAN_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 
@@ -209,7 +210,7 @@ def _plans_from(table: Any) -> Mapping[str, Plan]:
         if base is None:
             # A new plan must say every limit: a silent zero would be a
             # plan nobody can use, a silent default one nobody chose.
-            missing = [k for k in PLAN_KEYS if k not in parsed]
+            missing = [k for k in PLAN_KEYS if k not in parsed and k not in OPTIONAL_PLAN_KEYS]
             if missing:
                 raise SettingsError(f"config: plans.{name} is new and misses {', '.join(missing)}")
             plans[name] = Plan(name=name, **parsed)

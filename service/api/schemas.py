@@ -109,6 +109,7 @@ class PlanLimits(_Out):
     advancedStats: bool = Field(description="Latency percentiles, per-minute and per-hour "
                                             "series, top caller IPs.")
     timeLimitMs: int = Field(description="Script time limit per invocation, ms.")
+    scripts: int = Field(description="Live scripts per guild (created, not deleted).")
 
 
 class Guild(_Out):

@@ -43,6 +43,12 @@ HOUR_RETENTION = timedelta(days=30)
 IP_RETENTION = timedelta(days=30)
 SWEEP_EVERY = timedelta(minutes=1)
 _last_sweep: dict[int, datetime] = {}
+#: Every endpoint's expired statistics, swept once an hour per process: the
+#: per-endpoint sweep runs only when an endpoint is written again, so an
+#: endpoint flooded once and then quiet kept its rows past their retention
+#: (security review, session 16).
+GLOBAL_SWEEP_EVERY = timedelta(hours=1)
+_last_global_sweep: list[datetime] = [datetime.min]
 
 # Request history is pruned lazily.  Every reader shows only the plan's newest
 # `keep` rows of an endpoint (service.core.reads, record_queries, pages,
@@ -172,6 +178,10 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
                 conflict=("endpoint", "start", "key"), add=("count",))
     # Expiry works at minute granularity, so each endpoint is swept at most
     # once a minute per process: two statements fewer on most batches.
+    if _last_global_sweep[0] <= now - GLOBAL_SWEEP_EVERY:
+        _last_global_sweep[0] = now
+        _sweep_stats(None, now)
+        return
     touched = sorted(e for e in {h.endpoint_id for h in hits}
                      if _last_sweep.get(e, datetime.min) <= now - SWEEP_EVERY)
     if not touched:
@@ -180,19 +190,26 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
         _last_sweep[e] = now
     if len(_last_sweep) > 100_000:     # bound the memo; a sweep too many is harmless
         _last_sweep.clear()
-    StatBucket.delete().where(StatBucket.endpoint.in_(touched) & (
+    _sweep_stats(touched, now)
+
+
+def _sweep_stats(endpoints: list[int] | None, now: datetime) -> None:
+    """Delete the expired statistics of `endpoints` (None: of every endpoint)."""
+    def scoped(model: Any, expired: Any) -> Any:
+        return expired if endpoints is None else model.endpoint.in_(endpoints) & expired
+    StatBucket.delete().where(scoped(StatBucket, (
         ((StatBucket.granularity == MINUTE) & (StatBucket.start < now - MINUTE_RETENTION))
-        | ((StatBucket.granularity == HOUR) & (StatBucket.start < now - HOUR_RETENTION)))).execute()
-    StatIp.delete().where(StatIp.endpoint.in_(touched)
-                          & (StatIp.start < now - IP_RETENTION)).execute()
-    StatSketch.delete().where(StatSketch.endpoint.in_(touched)
-                              & (StatSketch.start < now - MINUTE_RETENTION)).execute()
+        | ((StatBucket.granularity == HOUR) & (StatBucket.start < now - HOUR_RETENTION))))).execute()
+    StatIp.delete().where(scoped(StatIp, StatIp.start < now - IP_RETENTION)).execute()
+    StatSketch.delete().where(scoped(StatSketch,
+                                     StatSketch.start < now - MINUTE_RETENTION)).execute()
 
 
 def reset_sweeps() -> None:
     """Forget when endpoints were last swept and pruned, as a process start
     does (tests; after switching databases): each endpoint's next write prunes."""
     _last_sweep.clear()
+    _last_global_sweep[0] = datetime.min
     with _since_prune_lock:
         _since_prune.clear()
 

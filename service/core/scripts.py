@@ -24,7 +24,8 @@ from models import (Endpoint, ErrorRecord, RequestRecord, Script, ScriptVersion,
 from models.clock import iso, utcnow
 from service.core import audit, script_checks, versions
 from service.core.access import EDITORS, Actor, get_guild, guild_and_script, require_role
-from service.core.errors import CompileError, ConflictError, ValidationError, VersionMismatchError
+from service.core.errors import (CompileError, ConflictError, QuotaError, ValidationError,
+                                 VersionMismatchError)
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
 
 log = logging.getLogger("logic.core")
@@ -134,13 +135,20 @@ def script_view(script: Script, guild_id: str, with_source: bool = False) -> dic
 def create_script(actor: Actor, guild_id: str, name: str, source: str | bytes, *,
                   plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
     """Create a script and its disabled endpoint.  Raises `ValidationError`,
-    `ConflictError` (`script_name_taken`), `NotFoundError`, `PermissionDeniedError`."""
+    `ConflictError` (`script_name_taken`), `QuotaError` (`script_quota`: the
+    plan's live scripts per guild), `NotFoundError`, `PermissionDeniedError`."""
     name = _validate_name(name)
     text = validate_source(source)
     warnings = json.dumps(script_checks.warnings_of(text))
     with database.atomic():
         guild = get_guild(guild_id, lock=True)    # serialises the name check
         require_role(actor, guild, EDITORS, "create scripts")
+        plan = resolve_plan(plans, guild.plan)
+        live = (Script.select().where((Script.guild == guild.id) & Script.deleted_at.is_null())
+                .count())
+        if live >= plan.scripts:
+            raise QuotaError(f"plan {plan.name} allows {plan.scripts} script(s) and guild "
+                             f"{guild.id} has {live}: delete one first", code="script_quota")
         _refuse_duplicate_name(guild.id, name)
         now = utcnow()
         for _ in range(5):       # a collision is ~impossible; retry, never reuse
@@ -155,7 +163,7 @@ def create_script(actor: Actor, guild_id: str, name: str, source: str | bytes, *
         else:  # pragma: no cover - needs five 131-bit collisions in a row
             raise RuntimeError("could not allocate a script id")
         Endpoint.create(script=script.id, enabled=False, created_at=now)
-        versions.keep(actor, script, resolve_plan(plans, guild.plan))
+        versions.keep(actor, script, plan)
         audit.record(actor, "script.created", guild_id=guild.id, script_id=script.public_id,
                      name=name)
     log.info("script %s created in guild %s by %s", script.public_id, guild.id, actor.label)

@@ -38,7 +38,7 @@ def test_guilds_by_role(world) -> None:
 
 PRO_LIMITS = {"endpoints": 9, "memoryKb": 4096, "requestsPerMinute": 120, "bodyBytes": 1048576,
               "history": 200, "errorLogs": True, "ipWhitelist": True, "advancedStats": True,
-              "timeLimitMs": 1000}
+              "timeLimitMs": 1000, "scripts": 100}
 
 
 def test_a_guild_shows_its_plans_limits(world) -> None:
@@ -51,10 +51,11 @@ def test_a_guild_shows_its_plans_limits(world) -> None:
     dry = w.operator("PATCH", g + "?dryRun=true", {"plan": "plus"}).json["limits"]
     assert dry == {**PRO_LIMITS, "endpoints": 3, "memoryKb": 512, "requestsPerMinute": 30,
                    "bodyBytes": 131072, "history": 20, "ipWhitelist": False,
-                   "advancedStats": False}
+                   "advancedStats": False, "scripts": 30}
     assert w.owner("GET", g).json["limits"] == PRO_LIMITS
     assert w.operator("PATCH", g, {"plan": "free"}).json["limits"] == {
-        k: (False if isinstance(v, bool) else 0) for k, v in PRO_LIMITS.items()}
+        **{k: (False if isinstance(v, bool) else 0) for k, v in PRO_LIMITS.items()},
+        "scripts": 10}   # drafts: a free guild enables no endpoint, but may write scripts
     doc = w.owner("GET", "/openapi.json").json
     assert set(doc["components"]["schemas"]["PlanLimits"]["properties"]) == set(PRO_LIMITS)
 

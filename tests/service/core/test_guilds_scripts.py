@@ -142,3 +142,42 @@ def test_the_real_compiler_when_present(db):
         core.create_script(OWNER, gid, "bad", "on endpoint(event):\n    x = (\n")
     assert err.value.code == "compile_error" and "2:" in err.value.message
     core.create_script(OWNER, gid, "good", SOURCE)
+
+
+def test_a_guild_has_at_most_its_plans_scripts(db):
+    # Security review, session 16: with no cap, one owner's token created 583
+    # scripts of 256 KB in 20 s (the database grew by 300 MB).
+    from dataclasses import replace
+
+    from service.plans import DEFAULT_PLANS
+    plans = {**DEFAULT_PLANS, "pro": replace(DEFAULT_PLANS["pro"], scripts=3)}
+    gid = make_guild(plan="pro")
+    made = [core.create_script(OWNER, gid, f"s{i}", SOURCE, plans=plans)["logicScriptId"]
+            for i in range(3)]
+    with pytest.raises(core.QuotaError) as err:
+        core.create_script(MANAGER, gid, "one-too-many", SOURCE, plans=plans)
+    assert err.value.code == "script_quota" and err.value.status == 409
+    assert err.value.message == f"plan pro allows 3 script(s) and guild {gid} has 3: delete one first"
+    assert Script.select().where(Script.name == "one-too-many").count() == 0
+    core.delete_script(OWNER, gid, made[0])          # a deleted script frees its place
+    core.create_script(OWNER, gid, "now-fits", SOURCE, plans=plans)
+    assert DEFAULT_PLANS["free"].scripts == 10 and DEFAULT_PLANS["plus"].scripts == 30 \
+        and DEFAULT_PLANS["pro"].scripts == 100
+
+
+def test_the_audit_trail_keeps_each_guilds_newest_records(db, monkeypatch):
+    # Security review, session 16: 3,708 renames in 15 s, 3,713 audit rows,
+    # never pruned. Each guild now keeps its newest AUDIT_KEEP.
+    from models import AuditRecord
+    from service.core import audit
+    monkeypatch.setattr(audit, "AUDIT_KEEP", 5)
+    monkeypatch.setattr(audit, "PRUNE_EVERY", 3)
+    gid, other = make_guild(), make_guild()
+    sid = make_script(gid)
+    keep_other = AuditRecord.select().where(AuditRecord.guild_id == other).count()
+    for i in range(20):
+        core.update_script(OWNER, gid, sid, name=f"n{i}")
+    names = [r["detail"].get("new") for r in core.audit_log(OWNER, gid)["audit"]]
+    assert 5 <= len(names) < 5 + 3                   # the newest kept, within the slack
+    assert names[0] == "n19" and names[:5] == [f"n{i}" for i in range(19, 14, -1)]
+    assert AuditRecord.select().where(AuditRecord.guild_id == other).count() == keep_other

@@ -29,3 +29,27 @@ def test_stats_count_queued_busy_and_deprioritised(db):
     stats = core.stats(MANAGER, gid, sid)
     assert stats["scheduling"] == {"queued": 4, "busy": 2, "deprioritised": 2}
     assert stats["total"] == 6
+
+
+def test_an_endpoint_that_goes_quiet_loses_its_expired_statistics_too(db, monkeypatch):
+    # Security review, session 16: statistics were swept only when their own
+    # endpoint was written again: a flood against an endpoint that then went
+    # quiet stayed on disk past the 24 h / 30 day retention.
+    from datetime import timedelta
+
+    from models import StatBucket, StatIp, StatSketch
+    from service.core import records
+    gid = make_guild("pro")
+    quiet, busy = (load_target(gid, make_script(gid, name)) for name in ("quiet", "busy"))
+    assert quiet is not None and busy is not None
+    then = NOW - timedelta(days=45)
+    monkeypatch.setattr(records, "utcnow", lambda: then.replace(tzinfo=None))
+    write_batch([StatHit(quiet.endpoint_id, then, 200, 1.0, f"192.0.2.{i}") for i in range(50)])
+
+    def rows() -> int:
+        return sum(m.select().where(m.endpoint == quiet.endpoint_id).count()
+                   for m in (StatBucket, StatIp, StatSketch))
+    assert rows() > 50
+    monkeypatch.undo()
+    write_batch([StatHit(busy.endpoint_id, NOW, 200, 1.0, "192.0.2.1")])   # another endpoint
+    assert rows() == 0
