@@ -18,7 +18,7 @@ from models.clock import iso, utcnow
 from models.stats import HOUR, LATENCY_BOUNDS_MS, MINUTE, histogram_fields
 from service.core.access import Actor, guild_and_script
 from service.core.errors import QuotaError
-from service.core.records import ERROR_KEEP
+from service.core.records import ERROR_KEEP, OTHER_CALLERS
 from service.core.sketch import RELATIVE_ERROR, quantiles
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
 
@@ -175,7 +175,8 @@ def stats(actor: Actor, guild_id: str, script_id: str, *,
     result["perMinute"] = _series(endpoint.id, MINUTE, day)
     result["perHour"] = _series(endpoint.id, HOUR, hour_floor(month))
     top = cast(Iterable[tuple[Any, ...]], StatIp.select(StatIp.ip, fn.SUM(StatIp.count).alias("n"))
-           .where((StatIp.endpoint == endpoint.id) & (StatIp.start >= hour_floor(month)))
+           .where((StatIp.endpoint == endpoint.id) & (StatIp.start >= hour_floor(month))
+                  & (StatIp.ip != OTHER_CALLERS))
            .group_by(StatIp.ip).order_by(fn.SUM(StatIp.count).desc(), StatIp.ip)
            .limit(TOP_IPS).tuples())
     result["topIps"] = [{"ip": ip, "count": int(n)} for ip, n in top]

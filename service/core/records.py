@@ -165,7 +165,8 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
                 acc[3 + bins] += 1
                 if hit.deprioritised:
                     acc[4 + bins] += 1
-        ips[(hit.endpoint_id, pair[1], short_text(hit.ip, 45))] += 1
+        if hit.ip:
+            ips[(hit.endpoint_id, pair[1], _caller(hit.endpoint_id, pair[1], hit.ip))] += 1
         sketch[(hit.endpoint_id, pair[0], key_of(ms))] += 1
     rows = [(endpoint_id, gran, start, status, int(acc[0]), acc[1], *(int(n) for n in acc[2:]))
             for (endpoint_id, gran, start, status), acc in sorted(buckets.items())]
@@ -205,11 +206,40 @@ def _sweep_stats(endpoints: list[int] | None, now: datetime) -> None:
                                      StatSketch.start < now - MINUTE_RETENTION)).execute()
 
 
+#: Distinct caller addresses kept per endpoint and hour (per process); the
+#: others of that hour are counted together as `OTHER_CALLERS`, so an
+#: endpoint's caller rows stay bounded however many addresses call it.
+CALLERS_PER_HOUR = 100
+OTHER_CALLERS = "other"
+_callers: dict[tuple[int, datetime], set[str]] = {}
+_callers_lock = threading.Lock()
+
+
+def _caller(endpoint_id: int, hour: datetime, ip: str) -> str:
+    """`ip` as its statistics row names it: itself, or `OTHER_CALLERS` once
+    the endpoint's hour already has `CALLERS_PER_HOUR` addresses."""
+    ip = short_text(ip, 45)
+    with _callers_lock:
+        seen = _callers.get((endpoint_id, hour))
+        if seen is None:
+            if len(_callers) > 20_000:          # hours gone by; an early reset is harmless
+                _callers.clear()
+            seen = _callers[(endpoint_id, hour)] = set()
+        if ip in seen:
+            return ip
+        if len(seen) >= CALLERS_PER_HOUR:
+            return OTHER_CALLERS
+        seen.add(ip)
+        return ip
+
+
 def reset_sweeps() -> None:
     """Forget when endpoints were last swept and pruned, as a process start
     does (tests; after switching databases): each endpoint's next write prunes."""
     _last_sweep.clear()
     _last_global_sweep[0] = datetime.min
+    with _callers_lock:
+        _callers.clear()
     with _since_prune_lock:
         _since_prune.clear()
 

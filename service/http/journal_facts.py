@@ -204,7 +204,11 @@ class JournaledRequest:
          script_version) = self.facts
         when = datetime.fromtimestamp(started, tz=timezone.utc)
         duration_ms = (finished - started) * 1000.0
-        items: list[Any] = [StatHit(endpoint_id, when, status, duration_ms, ip, queued=queued,
+        # Caller addresses (the top callers) only of authenticated requests
+        # within the quota: refused ones from rotating addresses grew one
+        # statistics row per address (security review, session 16).
+        items: list[Any] = [StatHit(endpoint_id, when, status, duration_ms,
+                                    ip if accepted else "", queued=queued,
                                     deprioritised=deprioritised)]
         if not accepted:
             return items

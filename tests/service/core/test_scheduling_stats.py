@@ -53,3 +53,23 @@ def test_an_endpoint_that_goes_quiet_loses_its_expired_statistics_too(db, monkey
     monkeypatch.undo()
     write_batch([StatHit(busy.endpoint_id, NOW, 200, 1.0, "192.0.2.1")])   # another endpoint
     assert rows() == 0
+
+
+def test_caller_rows_per_endpoint_hour_are_bounded(db, monkeypatch):
+    # Security review, session 16: one statistics row per distinct caller
+    # address, ~1,000 new rows a second from one client rotating addresses.
+    from models import StatIp
+    from service.core import records
+    monkeypatch.setattr(records, "CALLERS_PER_HOUR", 5)
+    gid = make_guild("pro")
+    sid = make_script(gid)
+    target = load_target(gid, sid)
+    assert target is not None
+    hits = [StatHit(target.endpoint_id, NOW, 200, 1.0, f"198.51.100.{i}") for i in range(40)]
+    hits += [StatHit(target.endpoint_id, NOW, 200, 1.0, "198.51.100.0")] * 9   # a known caller
+    write_batch(hits)
+    write_batch([StatHit(target.endpoint_id, NOW, 200, 1.0, f"203.0.113.{i}") for i in range(40)])
+    rows = {r.ip: r.count for r in StatIp.select().where(StatIp.endpoint == target.endpoint_id)}
+    assert len(rows) == 5 + 1 and rows["other"] == 35 + 40 and rows["198.51.100.0"] == 10
+    top = core.stats(MANAGER, gid, sid)["topIps"]
+    assert "other" not in {t["ip"] for t in top} and top[0] == {"ip": "198.51.100.0", "count": 10}

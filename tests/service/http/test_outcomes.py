@@ -279,3 +279,36 @@ def test_the_error_log_says_where_a_timed_out_script_was(server: Server, make_en
     assert record["kind"] == "script_timeout" and record["line"] in (3, 4), record
     assert "stopped at line" in record["message"]
     assert 'line 6, in' in record["traceback"] and "spin()" in record["traceback"]
+
+
+def test_only_accepted_callers_are_counted_by_address(server: Server, make_endpoint, http_env,
+                                                       bind) -> None:
+    # Security review, session 16: every refused request (wrong secret,
+    # disabled endpoint, over the quota) added a statistics row for its source
+    # address: ~1,000 rows a second from one client rotating 127.x.y.z.
+    import http.client
+
+    from service.core import reads
+    from service.core.access import Actor
+    ep = make_endpoint("on endpoint(event):\n    event.reply(1)\n")
+
+    def post(source: str, secret: str) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30,
+                                          source_address=(source, 0))
+        try:
+            conn.request("POST", ep.path, body=b"{}", headers={
+                "Content-Type": "application/json", "Authorization": f"Bearer {secret}"})
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    for i in range(2, 12):
+        assert post(f"127.0.9.{i}", "lsk_" + "x" * 43) == 401
+    assert post("127.0.0.1", ep.secret) == 200
+
+    def stats() -> dict:
+        bind()
+        return reads.stats(Actor.user("4242"), ep.guild_id, ep.script_id, plans=http_env.plans)
+    assert wait_until(lambda: stats()["total"] == 11, 20)
+    assert stats()["topIps"] == [{"ip": "127.0.0.1", "count": 1}]
+    assert stats()["byStatus"] == {"200": 1, "401": 10}
