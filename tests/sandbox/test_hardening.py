@@ -15,13 +15,15 @@ import pytest
 
 from sandbox.pool import Pool
 
-from tests.sandbox.poolkit import event, exec_seen, ref, run_with_pool
+from tests.sandbox.poolkit import alive, event, exec_seen, ref, run_with_pool
 
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = os.geteuid() == 0
 
-PROBE = '''
+#: The start of a probe: `res` and `attempt(name, fn)`, which records "allowed"
+#: or the errno a call raised.
+ATTEMPT = '''
 import errno, os, socket
 res = {}
 def attempt(name, fn):
@@ -30,7 +32,9 @@ def attempt(name, fn):
         res[name] = "allowed"
     except OSError as exc:
         res[name] = exc.errno
+'''
 
+PROBE = ATTEMPT + '''
 attempt("socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
 attempt("unix_socket", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
 attempt("socketpair", lambda: socket.socketpair())
@@ -195,10 +199,7 @@ for name, fn in (("kill", lambda: os.kill({pids[1]}, signal.SIGKILL)),
         res[name] = exc.errno
 result = res
 '''
-        worker = next(w for w in pool._workers.values() if w is not None and w.pid == pids[0])
-        pool._idle.remove(worker)
-        pool._idle.append(worker)  # the hook takes the most recently idle worker
-        ok, res = await pool._test_exec(code)
+        ok, res, _ = await exec_seen(pool, code)   # in pids[0]
         assert ok, res
         assert res == {"kill": errno.EPERM, "kill_group": errno.EPERM, "kill_all": errno.EPERM,
                        "self": "allowed"}
@@ -237,27 +238,16 @@ os.write(w, b"x")
 res["owner"] = fcntl.fcntl(r, fcntl.F_GETOWN)
 result = res
 '''
-        worker = next(w for w in pool._workers.values() if w is not None and w.pid == pids[0])
-        pool._idle.remove(worker)
-        pool._idle.append(worker)  # the hook takes the most recently idle worker
-        ok, res = await pool._test_exec(code)
+        ok, res, _ = await exec_seen(pool, code)
         assert ok, res
         assert res == {"setown": errno.EPERM, "setown_ex": errno.EPERM, "setsig": errno.EPERM,
                        "setlease": errno.EPERM, "notify": errno.EPERM,
                        "fiosetown": errno.EPERM, "siocspgrp": errno.EPERM,
                        "fioasync": errno.EPERM, "owner": 0}
         await asyncio.sleep(0.2)
-        assert pids[1] in pool.worker_pids and _alive(pids[1])
+        assert pids[1] in pool.worker_pids and alive(pids[1])
 
     run_with_pool(scenario, size=2, _unsafe_test_hooks=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] not in "ZX"
-    except OSError:
-        return False
 
 
 def test_a_worker_opens_no_file(tmp_path: Any) -> None:
@@ -273,15 +263,7 @@ def test_a_worker_opens_no_file(tmp_path: Any) -> None:
 
     async def scenario(pool: Pool) -> dict[str, Any]:
         pids = pool.worker_pids
-        code = f'''
-import errno, os
-res = {{}}
-def attempt(name, fn):
-    try:
-        fn()
-        res[name] = "allowed"
-    except OSError as exc:
-        res[name] = exc.errno
+        code = ATTEMPT + f'''
 for name, path in (("service_cmdline", "/proc/{os.getpid()}/cmdline"),
                    ("service_net_tcp", "/proc/{os.getpid()}/net/tcp"),
                    ("sibling_status", "/proc/{pids[1]}/status"),
@@ -296,10 +278,7 @@ attempt("own_net_tcp", lambda: open("/proc/self/net/tcp", "rb").close())
 attempt("own_fds", lambda: os.listdir("/proc/self/fd"))
 result = res
 '''
-        worker = next(w for w in pool._workers.values() if w is not None and w.pid == pids[0])
-        pool._idle.remove(worker)
-        pool._idle.append(worker)
-        ok, res = await pool._test_exec(code)
+        ok, res, _ = await exec_seen(pool, code)
         assert ok, res
         return {"probe": res, "layer": pool.hardening["landlock"],
                 "note": pool.hardening_notes.get("landlock", "")}
