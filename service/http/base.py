@@ -53,8 +53,7 @@ class _RefusalLog:
         if count == 1:
             log.info("%s %s", request_id, key)
         else:
-            log.info("%s %s (%d such in %.0f s)", request_id, key, count,
-                     REFUSAL_LOG_INTERVAL)
+            log.info("%s %s (%d such since the last line about them)", request_id, key, count)
 
 
 _refusals = _RefusalLog()
