@@ -253,6 +253,11 @@ _EPERM_ALWAYS = (
     "semget", "semop", "semtimedop", "semctl", "ipc",
     "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
 )
+# statmount and listmount (Linux 6.8; one number on every architecture since
+# 5.1's unified table): the host's mount table, which Landlock leaves open
+# (it closes /proc/self/mountinfo). By number: libseccomp before 2.6 does not
+# know their names.
+_EPERM_BY_NUMBER = (457, 458)
 # Namespace flags: refused for clone() even together with CLONE_THREAD (a
 # worker that kept capabilities could otherwise enter new namespaces).
 # CLONE_NEWTIME (0x80) is only valid for unshare/clone3, both refused.
@@ -307,6 +312,8 @@ def build_seccomp_filter() -> Any:
             flt.add_rule(eperm, name)
         except (OSError, ValueError):
             pass  # not a syscall on this architecture (e.g. open on arm64)
+    for number in _EPERM_BY_NUMBER:
+        flt.add_rule(eperm, number)
     for name in _ENOSYS:
         flt.add_rule(sc.ERRNO(errno.ENOSYS), name)
     flt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))

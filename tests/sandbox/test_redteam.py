@@ -889,6 +889,8 @@ sc("io_uring_setup", 425, 1, 0)
 sc("socket", 41, 2, 1, 0)
 sc("fanotify_init", 300, 0, 0)
 sc("syslog", 103, 3, 0, 0)
+sc("statmount", 457, 0, 0, 0, 0)
+sc("listmount", 458, 0, 0, 0, 0)
 sc("acct", 163, 0)
 sc("settimeofday", 164, 0, 0)
 sc("openat2", 437, -100, ptr(b"/etc/hostname"), 0, 0)
@@ -940,6 +942,7 @@ OS_DENIED = [
     "perf_event_open", "bpf", "keyctl", "add_key", "personality", "ptrace",
     "process_vm_readv", "process_vm_writev", "pidfd_open", "execveat", "io_uring_setup",
     "socket", "fanotify_init", "syslog", "acct", "settimeofday", "openat_wronly",
+    "statmount", "listmount",   # the host's mount table (review of session 16)
     "openat_tmpfile",
 ]
 
