@@ -135,7 +135,7 @@ def _run_child(text: str) -> tuple[CompileError, ...]:
 # --- the child ---------------------------------------------------------------
 
 def _harden(payload: dict[str, Any]) -> None:
-    from sandbox import hardening
+    from sandbox import hardening, seccomp_rules
     os.environ.clear()
     mem = int(payload["mem"])
     # The budget is the profiling timer's (child_main); RLIMIT_CPU is the
@@ -153,7 +153,7 @@ def _harden(payload: dict[str, Any]) -> None:
     hardening.set_no_new_privs()
     landlock.apply()   # no file opened from here on (where the kernel has Landlock)
     # One process, one filter: libseccomp builds and loads it (no prebuilt program).
-    hardening.load_seccomp(hardening.build_seccomp_filter())
+    seccomp_rules.load_seccomp(seccomp_rules.build_seccomp_filter())
 
 
 def child_main(payload: dict[str, Any]) -> None:

@@ -9,10 +9,13 @@ Order matters and is fixed (see :func:`harden`):
    CAP_SYS_ADMIN, so before the drop);
 4. drop to an unprivileged user, then RLIMIT_NPROC=0 (a process limit only
    binds a non-root user);
-5. ``PR_SET_NO_NEW_PRIVS`` (also required for an unprivileged seccomp load);
-6. last, the seccomp filter, so every earlier step could still use the
-   system calls it needs (the fork server prebuilt its BPF program once, the
-   worker patches its own pid into a copy: ``sandbox.seccomp_bpf``).
+5. ``PR_SET_NO_NEW_PRIVS`` (also required for an unprivileged seccomp load
+   and for Landlock);
+6. Landlock: no file is opened from here on (``sandbox.landlock``);
+7. last, the seccomp filter (its rules: ``sandbox.seccomp_rules``), so every
+   earlier step could still use the system calls it needs (the fork server
+   prebuilt its BPF program once, the worker patches its own pid into a
+   copy: ``sandbox.seccomp_bpf``).
 
 Each step reports whether it took effect; the pool logs and exposes that as
 ``pool.hardening``; nothing is skipped silently.  One failure is fatal: a
@@ -25,13 +28,13 @@ worker.
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import signal
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox import landlock, limits, seccomp_bpf
+from sandbox.seccomp_rules import load_seccomp
 
 CHANNEL_FD = 3
 #: Exit status of a worker in the shared namespaces whose seccomp filter did not
@@ -39,7 +42,6 @@ CHANNEL_FD = 3
 EXIT_NO_SECCOMP = 67
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWIPC = 0x08000000
-_CLONE_THREAD = 0x00010000
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_GET_NO_NEW_PRIVS = 39
@@ -48,13 +50,6 @@ _PR_SET_DUMPABLE = 4
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
-try:
-    import pyseccomp as _seccomp  # type: ignore[import-untyped]
-except Exception:  # pragma: no cover - missing libseccomp on the host
-    _seccomp = None
-
-LAYERS = ("close_fds", "rlimits", "network_namespace", "drop_user", "nproc",
-          "no_new_privs", "seccomp")
 
 
 @dataclass(frozen=True)
@@ -209,151 +204,6 @@ def set_parent_death_signal(expected_parent: int) -> None:
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != expected_parent:  # parent died before the prctl
         os._exit(70)
-
-
-# --- seccomp ---------------------------------------------------------------
-
-_EPERM_ALWAYS = (
-    "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
-    "execve", "execveat", "fork", "vfork",
-    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp",
-    "mkdir", "mkdirat", "unlink", "unlinkat", "rmdir", "rename", "renameat", "renameat2",
-    "link", "linkat", "symlink", "symlinkat", "chmod", "fchmod", "fchmodat",
-    "chown", "fchown", "fchownat", "lchown", "truncate", "mknod", "mknodat",
-    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot",
-    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
-    "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "init_module", "finit_module", "delete_module", "kexec_load", "reboot",
-    "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
-    "personality",
-    # Found in the redteam review (R5-R8): each of these worked for a hardened
-    # worker. creat() is open(O_CREAT|O_WRONLY|O_TRUNC) under its own number,
-    # so the open/openat flag rules never saw it (it created and truncated
-    # files); the *_handle_at pair opens by file handle with any flags.
-    "creat", "name_to_handle_at", "open_by_handle_at", "memfd_create",
-    "utime", "utimes", "futimesat", "utimensat",
-    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
-    # Scheduling of *other* processes: as the same user a worker could renice
-    # (PRIO_USER: every worker at once), pin or SCHED_IDLE a sibling that runs
-    # another guild's script, or move its pages. The runtime needs none.
-    "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
-    "sched_setattr", "ioprio_set", "migrate_pages", "move_pages",
-    "process_madvise", "process_mrelease",
-    # The new mount API and other administration calls (they need privileges
-    # a worker should not have; denied outright in case it has them).
-    "fsopen", "fsconfig", "fsmount", "fspick", "open_tree", "move_mount", "mount_setattr",
-    "fanotify_init", "acct", "swapon", "swapoff", "sethostname", "setdomainname",
-    "syslog", "vhangup", "quotactl", "settimeofday", "clock_settime", "clock_adjtime",
-    "adjtimex", "iopl", "ioperm", "kexec_file_load", "uselib", "lookup_dcookie",
-    # System V IPC and POSIX message queues (security review V5): segments and
-    # queues outlive the worker (memory outside its RLIMIT_AS and memory cap)
-    # and would be a channel between workers of different guilds in the IPC
-    # namespace the fork server shares. The runtime needs none of them.
-    "shmget", "shmat", "shmdt", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl",
-    "semget", "semop", "semtimedop", "semctl", "ipc",
-    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
-)
-# statmount and listmount (Linux 6.8; one number on every architecture since
-# 5.1's unified table): the host's mount table, which Landlock leaves open
-# (it closes /proc/self/mountinfo). By number: libseccomp before 2.6 does not
-# know their names.
-_EPERM_BY_NUMBER = (457, 458)
-# Namespace flags: refused for clone() even together with CLONE_THREAD (a
-# worker that kept capabilities could otherwise enter new namespaces).
-# CLONE_NEWTIME (0x80) is only valid for unshare/clone3, both refused.
-_CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000,
-                          0x20000000, 0x40000000)
-# Terminal ioctls that inject input into (or drive) a terminal: with a
-# controlling terminal, TIOCSTI types commands into the operator's shell.
-# The kernel reads the request as a 32-bit int: compare the low 32 bits only,
-# or 0x1_0000_5412 would pass an equality rule and still mean TIOCSTI.
-# FIOSETOWN, SIOCSPGRP and FIOASYNC are the ioctl forms of fcntl's F_SETOWN
-# and O_ASYNC (below).
-_DENIED_IOCTLS = (0x5412, 0x541C,  # TIOCSTI, TIOCLINUX
-                  0x8901, 0x8902, 0x5452)  # FIOSETOWN, SIOCSPGRP, FIOASYNC
-# fcntl commands that direct a signal at a process the caller names: F_SETOWN,
-# F_SETSIG, F_SETOWN_EX, F_SETLEASE (a lease's break signal), F_NOTIFY.
-_DENIED_FCNTLS = (8, 10, 15, 1024, 1026)
-_IOCTL_CMD_MASK = 0xFFFFFFFF
-# Signals (kill, tkill, tgkill, rt_*sigqueueinfo) are allowed only towards the
-# worker itself; see load_seccomp and seccomp_bpf.
-# Answered "not implemented" so callers take their fallback path: glibc falls
-# back from clone3 to clone (which the filter can inspect), Python from
-# openat2 to openat.
-_ENOSYS = ("clone3", "openat2")
-_WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC)
-
-
-def build_seccomp_filter() -> Any:
-    """Build (not load) the worker filter; done once in the fork server.
-
-    Default allow; EPERM for the calls above, for ``clone`` without
-    CLONE_THREAD (a new process) and for ``open``/``openat`` with any of
-    O_WRONLY, O_RDWR, O_CREAT, O_TRUNC.  Signal calls get their per-pid
-    rules in :func:`load_seccomp` (the fork server prebuilds the program with
-    a placeholder pid once, ``seccomp_bpf.prepare``).
-    Syscalls of a foreign architecture (32-bit x86 on x86_64) are killed by
-    libseccomp's default bad-arch action.
-    """
-    if _seccomp is None:
-        return None
-    sc = _seccomp
-    flt = sc.SyscallFilter(sc.ALLOW)
-    try:
-        # A binary tree by syscall number instead of one long list of
-        # compares: the same decisions, fewer instructions per system call
-        # (and a cheaper install for each worker).
-        flt.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
-    except (AttributeError, OSError, ValueError):
-        pass   # an older libseccomp: the list
-    eperm = sc.ERRNO(errno.EPERM)
-    for name in _EPERM_ALWAYS:
-        try:
-            flt.add_rule(eperm, name)
-        except (OSError, ValueError):
-            pass  # not a syscall on this architecture (e.g. open on arm64)
-    for number in _EPERM_BY_NUMBER:
-        flt.add_rule(eperm, number)
-    for name in _ENOSYS:
-        flt.add_rule(sc.ERRNO(errno.ENOSYS), name)
-    flt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
-    for flag in _CLONE_NAMESPACE_FLAGS:
-        flt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
-    for request in _DENIED_IOCTLS:
-        flt.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, _IOCTL_CMD_MASK, request))
-    # Signals the kernel sends on the worker's behalf (security review,
-    # session 16): F_SETOWN/F_SETSIG and O_ASYNC on a pipe made the kernel
-    # send SIGKILL to a same-uid sibling on the next write, past the signal
-    # calls' own rules. Owning a descriptor's I/O signals is what starts it;
-    # the runtime never does.
-    for command in _DENIED_FCNTLS:
-        flt.add_rule(eperm, "fcntl", sc.Arg(1, sc.MASKED_EQ, _IOCTL_CMD_MASK, command))
-    # Resource limits of another process (a same-uid sibling: lowering its
-    # RLIMIT_CPU or RLIMIT_AS kills the guild it serves); pid 0 is "myself",
-    # which is what setrlimit() uses and what the CPU backstop needs.
-    flt.add_rule(eperm, "prlimit64", sc.Arg(0, sc.NE, 0))
-    for flag in _WRITE_FLAGS:
-        for name, argno in (("open", 1), ("openat", 2)):
-            try:
-                flt.add_rule(eperm, name, sc.Arg(argno, sc.MASKED_EQ, flag, flag))
-            except (OSError, ValueError):
-                pass
-    return flt
-
-
-def load_seccomp(flt: Any) -> tuple[bool, str]:
-    """Install this process's filter (irreversible) from what the fork server
-    prepared (``seccomp_bpf.prepare``: the prebuilt program, patched with this
-    pid) or from a plain filter of :func:`build_seccomp_filter`, to which
-    libseccomp adds this process's rules (``seccomp_bpf.add_process_rules``).
-
-    Signals may only be sent to this process itself (its pid is known only
-    after fork, hence here): a compromised worker cannot kill a sibling that
-    runs another guild's script, even though both run as the same user.
-    """
-    if flt is None:
-        return False, "pyseccomp/libseccomp not available"
-    return seccomp_bpf.load(flt)
 
 
 def harden(channel_fd: int, cfg: HardeningConfig, seccomp_filter: Any,

@@ -39,7 +39,7 @@ from typing import Any, NoReturn
 
 import msgpack  # type: ignore[import-untyped]
 
-from sandbox import hardening, limits, seccomp_bpf, worker
+from sandbox import hardening, limits, seccomp_bpf, seccomp_rules, worker
 from sandbox.errors import SpawnError
 
 WARM_MODULES = (
@@ -189,7 +189,7 @@ class _Zygote:
         os.set_blocking(self.wake_w, False)
         # The seccomp program, built and verified once: each worker only writes
         # its pid into it (seccomp_bpf); libseccomp per worker if it cannot be.
-        self.filter = (seccomp_bpf.prepare(hardening.build_seccomp_filter)
+        self.filter = (seccomp_bpf.prepare(seccomp_rules.build_seccomp_filter)
                        if cfg.hardening.seccomp else None)
         # Once, for every worker forked from now on (see hardening.share_network_namespace).
         self.netns = hardening.share_network_namespace(cfg.hardening, self.filter)

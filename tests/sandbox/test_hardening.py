@@ -372,8 +372,8 @@ def test_a_worker_in_its_own_namespace_without_a_filter_serves_and_says_so(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The other side of V4: with no filter to load (libseccomp missing) each worker
     has namespaces of its own, so it serves, with the seccomp layer reported inactive."""
-    from sandbox import hardening
-    monkeypatch.setattr(hardening, "build_seccomp_filter", lambda: None)
+    from sandbox import seccomp_rules
+    monkeypatch.setattr(seccomp_rules, "build_seccomp_filter", lambda: None)
 
     async def scenario(pool: Pool) -> None:
         assert pool.hardening["seccomp"] is False and pool.hardening["network_namespace"]

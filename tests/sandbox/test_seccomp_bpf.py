@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sandbox import hardening, seccomp_bpf
+from sandbox import seccomp_bpf, seccomp_rules
 from sandbox.pool import Pool
 from sandbox.seccomp_bpf import INSN, PLACEHOLDER_PID, TemplateError
 
@@ -70,8 +70,8 @@ def test_a_program_with_unexpected_placeholders_is_refused() -> None:
 
 
 def test_the_template_is_libseccomps_own_program_once_the_pid_is_patched_in() -> None:
-    template = seccomp_bpf.build_template(hardening.build_seccomp_filter)
-    flt = hardening.build_seccomp_filter()
+    template = seccomp_bpf.build_template(seccomp_rules.build_seccomp_filter)
+    flt = seccomp_rules.build_seccomp_filter()
     seccomp_bpf.add_process_rules(flt, os.getpid())
     assert bytes(template.for_pid(os.getpid())) == seccomp_bpf.export_program(flt)
     # libseccomp 2.5 emits one compare with the pid's low half, which the five
@@ -83,7 +83,7 @@ def test_the_template_is_libseccomps_own_program_once_the_pid_is_patched_in() ->
 def test_a_template_that_fails_verification_is_never_used(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(seccomp_bpf, "PLACEHOLDER_PID", CLASHING_PLACEHOLDER)
-    prepared = seccomp_bpf.prepare(hardening.build_seccomp_filter)
+    prepared = seccomp_bpf.prepare(seccomp_rules.build_seccomp_filter)
     assert prepared is not None and prepared.template is None
     assert prepared.fallback is not None and "not a JEQ" in prepared.why
     assert prepared.describe().startswith("libseccomp in each worker")
