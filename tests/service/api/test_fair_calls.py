@@ -14,8 +14,10 @@ from service.http.fair import FairCalls
 from service.http.errors import BusyError
 
 
-def _slow_source(seed: int, functions: int = 300) -> str:
-    """A valid script that takes the compile check most of a second here."""
+def _slow_source(seed: int, functions: int = 150) -> str:
+    """A valid script whose save-time compile takes a while: ~0.5 s of CPU on
+    a fast host, ~1 s on a slow one (300 functions took 2 s there, and over
+    the 5 s budget with six at once on a loaded machine: refused, 422)."""
     lines = [f"# {seed}"]
     for i in range(functions):
         lines.append(f"def f{i}(a):\n    return a[{i}] + a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r.s"
@@ -37,7 +39,7 @@ def test_a_managers_flood_of_slow_saves_never_holds_another_users_call(server, w
     flood = [threading.Thread(target=save, args=(seed,)) for seed in range(6)]
     for thread in flood:
         thread.start()
-    time.sleep(0.15)   # A's saves have arrived and hold the threads (each takes ~0.9 s)
+    time.sleep(0.15)   # A's saves have arrived and hold the threads (each takes 0.5-1 s)
     answered = b.owner("GET", f"/guilds/{b.guild_id}")
     at = time.monotonic()
     for thread in flood:

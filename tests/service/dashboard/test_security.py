@@ -400,7 +400,7 @@ def test_a_managers_flood_of_slow_saves_never_holds_another_users_page(site: Sit
     flood = [threading.Thread(target=save, args=(seed,)) for seed in range(4)]
     for thread in flood:
         thread.start()
-    time.sleep(0.15)   # the saves have arrived (each takes the compile check ~0.9 s)
+    time.sleep(0.15)   # the saves have arrived (each takes the compile check 0.5-1 s)
     page = owner.get(f"/dashboard/{other}")
     at = time.monotonic()
     for thread in flood:
