@@ -27,8 +27,9 @@ def record(actor: Actor, action: str, *, guild_id: str | None = None,
                        script_id=script_id, action=action,
                        detail=json.dumps(detail, sort_keys=True))
     with _lock:
-        due = _since_prune.get(guild_id, 0) + 1 >= PRUNE_EVERY
-        _since_prune[guild_id] = 0 if due else _since_prune.get(guild_id, 0) + 1
+        written = _since_prune.get(guild_id, 0) + 1
+        due = written >= PRUNE_EVERY
+        _since_prune[guild_id] = 0 if due else written
         if len(_since_prune) > 10_000:     # bound the memo; an early prune is harmless
             _since_prune.clear()
     if due:

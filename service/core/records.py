@@ -48,7 +48,7 @@ _last_sweep: dict[int, datetime] = {}
 #: endpoint flooded once and then quiet kept its rows past their retention
 #: (security review, session 16).
 GLOBAL_SWEEP_EVERY = timedelta(hours=1)
-_last_global_sweep: list[datetime] = [datetime.min]
+_last_global_sweep = datetime.min
 
 # Request history is pruned lazily.  Every reader shows only the plan's newest
 # `keep` rows of an endpoint (service.core.reads, record_queries, pages,
@@ -179,8 +179,9 @@ def _write_stats(hits: list[StatHit], now: datetime) -> None:
                 conflict=("endpoint", "start", "key"), add=("count",))
     # Expiry works at minute granularity, so each endpoint is swept at most
     # once a minute per process: two statements fewer on most batches.
-    if _last_global_sweep[0] <= now - GLOBAL_SWEEP_EVERY:
-        _last_global_sweep[0] = now
+    global _last_global_sweep
+    if _last_global_sweep <= now - GLOBAL_SWEEP_EVERY:
+        _last_global_sweep = now
         _sweep_stats(None, now)
         return
     touched = sorted(e for e in {h.endpoint_id for h in hits}
@@ -236,8 +237,9 @@ def _caller(endpoint_id: int, hour: datetime, ip: str) -> str:
 def reset_sweeps() -> None:
     """Forget when endpoints were last swept and pruned, as a process start
     does (tests; after switching databases): each endpoint's next write prunes."""
+    global _last_global_sweep
     _last_sweep.clear()
-    _last_global_sweep[0] = datetime.min
+    _last_global_sweep = datetime.min
     with _callers_lock:
         _callers.clear()
     with _since_prune_lock:

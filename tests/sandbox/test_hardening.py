@@ -297,6 +297,51 @@ result = res
                              "own_fds": errno.EACCES}, seen["probe"]
 
 
+def test_landlock_alone_refuses_tcp_abstract_sockets_and_signals_to_siblings() -> None:
+    # What docs/security-workers.md says layer 8 does beyond files, with the
+    # seccomp filter and the network namespace off so that only Landlock can
+    # refuse (without it all three reach the test's listeners and the sibling).
+    from sandbox import landlock
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract.bind(b"\0logic-landlock-probe-%d" % os.getpid())
+    abstract.listen()
+
+    async def scenario(pool: Pool) -> Any:
+        assert pool.hardening["seccomp"] is False
+        pids = pool.worker_pids
+        code = ATTEMPT + f'''
+def tcp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(1)
+    s.connect(("127.0.0.1", {listener.getsockname()[1]}))
+def unix():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1)
+    s.connect({abstract.getsockname()!r})
+attempt("tcp", tcp)
+attempt("abstract", unix)
+attempt("signal", lambda: os.kill({pids[1]}, 0))
+result = res
+'''
+        ok, res, _ = await exec_seen(pool, code)
+        assert ok, res
+        return res
+
+    try:
+        res = run_with_pool(scenario, size=2, seccomp=False, network_namespace=False,
+                            _unsafe_test_hooks=True)
+    finally:
+        listener.close()
+        abstract.close()
+    if landlock.ABI >= 4:
+        assert res["tcp"] == errno.EACCES, res
+    if landlock.ABI >= 6:
+        assert res["abstract"] == errno.EPERM and res["signal"] == errno.EPERM, res
+
+
 def test_operator_check_also_runs_the_save_time_compile_process() -> None:
     import json
     import subprocess
