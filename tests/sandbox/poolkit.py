@@ -11,6 +11,7 @@ import hashlib
 import os
 from typing import Any, Awaitable, Callable
 
+from sandbox.channel import WorkerHandle
 from sandbox.pool import Limits, Pool, ScriptRef
 
 ECHO = '''import json
@@ -76,6 +77,21 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
         if loop.time() > end:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.005)
+
+
+async def job_worker(pool: Pool) -> WorkerHandle:
+    """The one worker running a job, once it runs it. Not ``pool._busy``: the
+    compile worker is busy too while it compiles the job's source for the cache
+    (on a slow host, long enough for a test to catch it instead)."""
+    found: list[WorkerHandle] = []
+
+    def running() -> bool:
+        found[:] = [w for w in pool._workers.values()
+                    if w is not None and w.req is not None and w.req.kind == "job"]
+        return len(found) == 1
+
+    await wait_for(running)
+    return found[0]
 
 
 def seen_from_outside(pid: int) -> dict[str, Any]:

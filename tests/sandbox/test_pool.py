@@ -16,7 +16,8 @@ from sandbox.codecache import source_digest
 from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, Pool
 
-from tests.sandbox.poolkit import ECHO, LIMITS, alive, event, ref, run_with_pool, wait_for
+from tests.sandbox.poolkit import (ECHO, LIMITS, alive, event, job_worker, ref, run_with_pool,
+                                  wait_for)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -192,8 +193,7 @@ def test_recycle_after_max_jobs() -> None:
 def test_worker_killed_mid_run_is_a_crash_and_is_replaced() -> None:
     async def scenario(pool: Pool) -> None:
         task = asyncio.ensure_future(pool.run(ref(LOOP), event(), Limits(5000, 512)))
-        await wait_for(lambda: pool._busy == 1)
-        victim = next(w for w in pool._workers.values() if w is not None and w.req is not None)
+        victim = await job_worker(pool)   # not the compile worker compiling LOOP first
         os.kill(victim.pid, signal.SIGKILL)
         out = await task
         assert out.error_kind == "crash" and out.status == 500

@@ -21,7 +21,7 @@ import pytest
 
 from sandbox.errors import PoolBusyError
 from sandbox.pool import Limits, Pool
-from tests.sandbox.poolkit import ECHO, LIMITS, event, ref, run_with_pool, wait_for
+from tests.sandbox.poolkit import ECHO, LIMITS, event, job_worker, ref, run_with_pool, wait_for
 from tests.sandbox.script_helpers import block
 
 PROBE = block('''
@@ -348,7 +348,7 @@ def test_a_guild_over_its_budget_is_logged_once_and_served_last(
         # A holds the slot; then A and B both wait: B, in good standing, goes first.
         # (waits on state, not on sleeps: the machine may be slow)
         held = asyncio.ensure_future(pool.run(spin, event({"s": 0.3}), LIMITS, guild="C"))
-        await wait_for(lambda: pool._busy == 1)
+        await job_worker(pool)
         a = asyncio.ensure_future(pool.run(ref(ECHO), event(), LIMITS, guild="A"))
         await wait_for(lambda: pool.scheduler.waiting == 1)
         b = asyncio.ensure_future(pool.run(ref(ECHO), event(), LIMITS, guild="B"))
