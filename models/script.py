@@ -1,8 +1,9 @@
 """Scripts and their one endpoint each.
 
-A script's public ID (`logicScriptId`) is never reused: deleting a script
+A script's public ID (`logicScriptId`) is not reused: deleting a script
 keeps its row as a tombstone (`deleted_at` set, source cleared), and the unique
-index on `public_id` then refuses the same ID forever.
+index on `public_id` refuses the same ID while it is kept (a guild's newest
+1,000 tombstones; `service.core.scripts.KEPT_TOMBSTONES`).
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ COMMON_ERRORS = {400: "Bad input (`invalid_input`, `invalid_body`, ...).",
                  413: "The request body is too large (`payload_too_large`).",
                  429: "Rate limited (`rate_limited`, `auth_throttled`)."}
 ERROR_TEXT = {409: "The plan refuses it or it clashes (`endpoint_quota`, `script_quota`, "
-                   "`plan_feature`, ...).",
+                   "`plan_feature`, `manager_limit`, ...).",
               412: "`If-Match` names another version (`version_mismatch`).",
               422: "The source does not compile (`compile_error`, with `errors`).",
               503: "No sandbox worker was free (`busy`)."}

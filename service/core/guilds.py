@@ -16,6 +16,9 @@ from service.plans import DEFAULT_PLAN_NAME, DEFAULT_PLANS, PLAN_KEYS, Plan, res
 
 log = logging.getLogger("logic.core")
 
+#: Managers a guild may have (each is a row, listed in every view of the guild).
+MAX_MANAGERS = 100
+
 
 def _check_plan(plans: Mapping[str, Plan], name: str) -> Plan:
     if name not in plans:
@@ -157,13 +160,19 @@ def set_plan(actor: Actor, guild_id: str, plan: str, *,
 def add_manager(actor: Actor, guild_id: str, user_id: str, *,
                 plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
     """Add a manager (owner or operator).  Idempotent.  Raises
-    `ValidationError`, `NotFoundError`, `PermissionDeniedError`."""
+    `ValidationError`, `ConflictError` (`manager_limit`: `MAX_MANAGERS`),
+    `NotFoundError`, `PermissionDeniedError`."""
     validate_user_id(user_id)
     with database.atomic():
-        guild = get_guild(guild_id)
+        guild = get_guild(guild_id, lock=True)     # serialises the count
         require_role(actor, guild, (Role.OWNER, Role.OPERATOR), "add managers")
         if user_id == guild.owner_id:
             raise ValidationError("the owner is not added as a manager", code="is_owner")
+        managers = GuildManager.select().where(GuildManager.guild == guild.id)
+        if (managers.count() >= MAX_MANAGERS
+                and not managers.where(GuildManager.user_id == user_id).exists()):
+            raise ConflictError(f"guild {guild.id} has {MAX_MANAGERS} managers, the most it "
+                                "may have: remove one first", code="manager_limit")
         try:
             with database.atomic():      # savepoint: a racing duplicate is not an error
                 GuildManager.create(guild=guild.id, user_id=user_id, created_at=utcnow())

@@ -4,8 +4,9 @@ Source is compiled at save time by `sandbox.compile_gate.check_source` (a
 sandboxed one-shot process with a CPU and memory budget) when the sandbox
 package provides it, and always checked for size and UTF-8.  Every script gets its
 endpoint, disabled, in the same transaction (DESIGN section 4: 404 only for an
-unknown guild or script).  Deleting keeps a tombstone so the ID is never
-reused.  User source is never logged.
+unknown guild or script).  Deleting keeps a tombstone so the ID is not
+reused (the newest `KEPT_TOMBSTONES` per guild; an older ID, 132 random bits,
+is as unlikely to come again as any collision).  User source is never logged.
 """
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ log = logging.getLogger("logic.core")
 
 MAX_SOURCE_BYTES = 262144
 MAX_NAME_CHARS = 100
+#: Deleted scripts kept per guild as tombstones (their IDs refused by the unique
+#: index); older ones are removed, their IDs as unguessable as any new one.
+KEPT_TOMBSTONES = 1000
 SCRIPT_ID_PREFIX = "logic_"
 _ID_ALPHABET = string.ascii_letters + string.digits + "-_"
 
@@ -222,8 +226,21 @@ def delete_script(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]
         Endpoint.update(enabled=False, secret_hash=None, secret_hint=None,
                         whitelist="[]").where(Endpoint.id == endpoint.id).execute()
         Script.update(deleted_at=utcnow(), source="").where(Script.id == script.id).execute()
+        _drop_old_tombstones(guild.id)
         audit.record(actor, "script.deleted", guild_id=guild.id, script_id=script.public_id)
     return {"logicScriptId": script.public_id, "guildId": guild.id, "deleted": True}
+
+
+def _drop_old_tombstones(guild_id: str) -> None:
+    """Keep the guild's newest `KEPT_TOMBSTONES` deleted scripts: creating and
+    deleting in a loop must not grow the database for ever. Whatever a late
+    record writer added to an old tombstone goes with it (foreign keys cascade)."""
+    old = [row.id for row in Script.select(Script.id)
+           .where((Script.guild == guild_id) & Script.deleted_at.is_null(False))
+           .order_by(Script.deleted_at.desc(), Script.id.desc())
+           .offset(KEPT_TOMBSTONES).limit(100)]
+    if old:
+        Script.delete().where(Script.id.in_(old)).execute()
 
 
 def show_script(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]:

@@ -103,6 +103,15 @@ def test_managers_are_the_owners_to_change(world) -> None:
     assert w.owner("PUT", f"{m}/999").json["managers"] == [MANAGER_ID, "999"]   # idempotent
     assert w.owner("DELETE", f"{m}/999").json["managers"] == [MANAGER_ID]
     assert_error(w.owner("DELETE", f"{m}/999"), 404, "manager_not_found")
+    # At most 100 managers: the 101st is refused with the numbers, nothing added.
+    from models import GuildManager
+    from models.clock import utcnow
+    GuildManager.insert_many([{"guild": w.guild_id, "user_id": str(700_000 + i),
+                               "created_at": utcnow()} for i in range(99)]).execute()
+    err = assert_error(w.owner("PUT", f"{m}/999"), 409, "manager_limit")
+    assert err["message"] == (f"guild {w.guild_id} has 100 managers, the most it may have: "
+                              "remove one first")
+    assert len(w.owner("GET", f"/guilds/{w.guild_id}").json["managers"]) == 100
 
 
 def test_scripts_crud_compile_errors_and_versions(world) -> None:

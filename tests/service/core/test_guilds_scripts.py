@@ -181,3 +181,55 @@ def test_the_audit_trail_keeps_each_guilds_newest_records(db, monkeypatch):
     assert 5 <= len(names) < 5 + 3                   # the newest kept, within the slack
     assert names[0] == "n19" and names[:5] == [f"n{i}" for i in range(19, 14, -1)]
     assert AuditRecord.select().where(AuditRecord.guild_id == other).count() == keep_other
+
+
+def test_a_guild_has_at_most_max_managers(db, monkeypatch):
+    # Resource bounds: an owner could add managers without end (a row each,
+    # listed in every view of the guild).
+    from models import GuildManager
+    from service.core import guilds
+    managers_by_default = guilds.MAX_MANAGERS
+    monkeypatch.setattr(guilds, "MAX_MANAGERS", 3)
+    gid = make_guild(manager=False)
+    for user in ("201", "202", "203"):
+        core.add_manager(OWNER, gid, user)
+    with pytest.raises(core.ConflictError) as err:
+        core.add_manager(OPERATOR, gid, "204")
+    assert err.value.code == "manager_limit" and err.value.status == 409
+    assert err.value.message == f"guild {gid} has 3 managers, the most it may have: remove one first"
+    assert not GuildManager.select().where(GuildManager.user_id == "204").exists()
+    core.add_manager(OWNER, gid, "202")              # still idempotent at the limit
+    core.remove_manager(OWNER, gid, "201")
+    core.add_manager(OWNER, gid, "204")
+    assert core.show_guild(OWNER, gid)["managers"] == ["202", "203", "204"]
+    assert managers_by_default == 100
+
+
+def test_only_the_newest_tombstones_of_a_guild_are_kept(db, monkeypatch):
+    # Resource bounds: creating and deleting scripts in a loop left a row per
+    # script (and its endpoint) for ever, within the plan's live scripts.
+    from models import RequestRecord
+    from models.clock import utcnow
+    monkeypatch.setattr(scripts_module, "KEPT_TOMBSTONES", 3)
+    gid, other = make_guild(), make_guild()
+    kept_elsewhere = core.delete_script(OWNER, other, make_script(other))["logicScriptId"]
+    live = make_script(gid, "live")
+    deleted = []
+    for i in range(6):
+        sid = make_script(gid, f"gone{i}")
+        endpoint = Endpoint.get(Endpoint.script == Script.get(Script.public_id == sid).id)
+        core.delete_script(OWNER, gid, sid)
+        # A record the writer added after the delete (it answered just before).
+        RequestRecord.create(endpoint=endpoint.id, request_id=f"req_late{i}", time=utcnow(),
+                             method="POST", status=200, duration_ms=1.0, ip="127.0.0.1")
+        deleted.append(sid)
+    tombstones = [s.public_id for s in Script.select().where(
+        (Script.guild == gid) & Script.deleted_at.is_null(False))]
+    assert sorted(tombstones) == sorted(deleted[-3:])
+    assert Endpoint.select().join(Script).where(Script.guild == gid).count() == 4
+    assert RequestRecord.select().where(RequestRecord.request_id.startswith("req_late")).count() == 3
+    for sid in deleted:                               # every deleted ID stays unknown
+        with pytest.raises(core.NotFoundError):
+            core.show_script(OWNER, gid, sid)
+    assert core.show_script(OWNER, gid, live)["logicScriptId"] == live
+    assert Script.get(Script.public_id == kept_elsewhere).deleted_at is not None
