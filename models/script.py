@@ -35,12 +35,13 @@ class Script(BaseModel):
 
 
 class ScriptVersion(BaseModel):
-    """One kept version of a script's source (the newest N per script)."""
+    """One kept version of a script's source (the newest per script, by count and bytes)."""
 
     id = BigAutoField()
     script = ForeignKeyField(Script, backref="versions", on_delete="CASCADE", index=False)
     version = IntegerField()
     source = TextField()
+    source_bytes = IntegerField(default=0)     # len(source) in UTF-8
     author = CharField(max_length=80)          # actor label: "operator" or "user:<id>"
     created_at = DateTimeField(default=utcnow)
 

@@ -1,6 +1,9 @@
 """Script versions: every saved source is kept (the newest N per script), listed and restored.
 
-N is the plan's history size, at least `MIN_KEPT`.  `keep(...)` runs inside
+N is the plan's history size, at least `MIN_KEPT`; versions past the newest
+`MIN_KEPT` are kept only while the script's kept sources come to at most
+`KEPT_BYTES`, so a script keeps about 4 MiB of versions at most, whatever the
+plan (ten sources of 256 KB are 2.5 MiB).  `keep(...)` runs inside
 the transaction that saves the source; `rollback` saves an old source as a
 new version (the history only grows, so a rollback can itself be undone).
 Request and error records name the version that ran (`scriptVersion`).
@@ -16,6 +19,9 @@ from service.core.errors import NotFoundError
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
 
 MIN_KEPT = 10
+#: Versions past the newest `MIN_KEPT` are dropped once a script's kept sources
+#: would pass this many UTF-8 bytes.
+KEPT_BYTES = 4 << 20
 
 
 def kept(plan: Plan) -> int:
@@ -25,11 +31,19 @@ def kept(plan: Plan) -> int:
 
 def keep(actor: Actor, script: Script, plan: Plan) -> None:
     """Store `script`'s current source as its version and prune the oldest."""
-    ScriptVersion.create(script=script.id, version=script.version, source=script.source,
-                         author=actor.label, created_at=utcnow())
-    cutoff = script.version - kept(plan)
-    ScriptVersion.delete().where((ScriptVersion.script == script.id)
-                                 & (ScriptVersion.version <= cutoff)).execute()
+    source = str(script.source)
+    ScriptVersion.create(script=script.id, version=script.version, source=source,
+                         source_bytes=len(source.encode("utf-8")), author=actor.label,
+                         created_at=utcnow())
+    most, total, drop = kept(plan), 0, []
+    rows = (ScriptVersion.select(ScriptVersion.id, ScriptVersion.source_bytes)
+            .where(ScriptVersion.script == script.id).order_by(ScriptVersion.version.desc()))
+    for i, row in enumerate(rows):
+        total += row.source_bytes
+        if i >= most or (i >= MIN_KEPT and total > KEPT_BYTES):
+            drop.append(row.id)      # and every older one: both tests only grow
+    if drop:
+        ScriptVersion.delete().where(ScriptVersion.id.in_(drop)).execute()
 
 
 def list_versions(actor: Actor, guild_id: str, script_id: str, *,
@@ -37,12 +51,14 @@ def list_versions(actor: Actor, guild_id: str, script_id: str, *,
     """`{"current", "kept", "versions": [{"version", "time", "author", "sourceBytes"}]}`,
     newest first.  Raises `NotFoundError`, `PermissionDeniedError`."""
     guild, script, _ = guild_and_script(actor, guild_id, script_id, "view scripts")
-    rows = (ScriptVersion.select().where(ScriptVersion.script == script.id)
+    rows = (ScriptVersion.select(ScriptVersion.version, ScriptVersion.created_at,
+                                 ScriptVersion.author, ScriptVersion.source_bytes)
+            .where(ScriptVersion.script == script.id)
             .order_by(ScriptVersion.version.desc()))
     return {"logicScriptId": script.public_id, "current": script.version,
             "kept": kept(resolve_plan(plans, guild.plan)),
             "versions": [{"version": r.version, "time": iso(r.created_at), "author": r.author,
-                          "sourceBytes": len(r.source.encode("utf-8"))} for r in rows]}
+                          "sourceBytes": r.source_bytes} for r in rows]}
 
 
 def version_source(actor: Actor, guild_id: str, script_id: str, version: int) -> str:

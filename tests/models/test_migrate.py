@@ -11,6 +11,8 @@ from models.db import connect, database, open_database
 from models.migrate import HISTORY_TABLE, Runner, SchemaBehindError, discover, latest_version
 
 LATEST = latest_version()
+#: A kept version's source in a seeded database: more UTF-8 bytes than characters.
+OLD_SOURCE = "on endpoint(e):\n    pass  # é€\n"
 #: Shipped versions in order (numbers are reserved per branch, so there may be gaps).
 VERSIONS = [m.version for m in discover()]
 
@@ -40,6 +42,10 @@ def _seed(db, version: int) -> None:
                        f"VALUES ((SELECT id FROM endpoint), 'h', {p}, 200, 1, 1.0, "
                        f"1,0,0,0,0,0,0,0,0,0,0,0{extra[1]})",
                        (now.replace(minute=0, second=0, microsecond=0),))
+    if version >= 8:
+        db.execute_sql(f"INSERT INTO script_version (script_id, version, source, author, "
+                       f"created_at) VALUES ((SELECT id FROM script), 3, {p}, 'operator', {p})",
+                       (OLD_SOURCE, now))
 
 
 def test_there_are_several_versions():
@@ -96,6 +102,9 @@ def test_upgrade_from_every_earlier_version(db_url, start):
     from models import Endpoint, Guild, Script
     script = Script.get()
     assert (Guild.get().plan, script.version, Endpoint.get().enabled) == ("pro", 3, True)
+    if start >= 8:     # 0011 sized the versions already kept
+        from models import ScriptVersion
+        assert ScriptVersion.get().source_bytes == len(OLD_SOURCE.encode("utf-8")) == 34
     db.close()
     database.initialize(None)
 

@@ -36,6 +36,31 @@ def test_the_plans_history_count_of_versions_is_kept_at_least_ten(db, plan, kept
     assert view["version"] == 26 and core.show_script(OWNER, gid, sid)["source"] == _source(20)
 
 
+def test_versions_past_the_newest_ten_are_kept_only_within_the_byte_budget(db, monkeypatch):
+    # Resource bounds: the pro plan kept 200 versions of up to 256 KB per
+    # script (~5 GB per guild); now about KEPT_BYTES per script.
+    from service.core import versions
+    assert versions.KEPT_BYTES == 4 << 20
+    monkeypatch.setattr(versions, "KEPT_BYTES", 2000)
+    gid = make_guild("pro")                              # keeps 200 by count
+    sid = make_script(gid)
+    padded = [SOURCE + f"# {n} " + "é" * 40 + "\n" for n in range(2, 31)]   # 2 bytes per é
+    for source in padded:
+        core.update_script(OWNER, gid, sid, source)
+    listed = core.list_versions(OWNER, gid, sid)["versions"]
+    sizes = [v["sourceBytes"] for v in listed]
+    assert sizes[0] == len(padded[-1].encode("utf-8")) > len(padded[-1])
+    assert sum(sizes) <= 2000 and sum(sizes) + len(padded[0].encode()) > 2000
+    assert len(listed) > 10 and [v["version"] for v in listed] == \
+        list(range(30, 30 - len(listed), -1))          # the newest, without a gap
+    # The newest ten are kept whatever their size.
+    monkeypatch.setattr(versions, "KEPT_BYTES", 1)
+    core.update_script(OWNER, gid, sid, SOURCE + "# last\n")
+    assert [v["version"] for v in core.list_versions(OWNER, gid, sid)["versions"]] == \
+        list(range(31, 21, -1))
+    assert ScriptVersion.select().count() == 10
+
+
 def test_a_renamed_script_keeps_its_version_and_delete_drops_the_versions(db):
     gid = make_guild()
     sid = make_script(gid, name="a")
