@@ -45,6 +45,10 @@ def inspect(pid: int) -> dict[str, Any]:
         own_netns: bool | None = os.readlink(f"{base}/ns/net") != os.readlink("/proc/self/ns/net")
     except PermissionError:
         own_netns = None
+    try:   # the worker's root: an empty, removed directory where it could chroot
+        root: str | None = os.readlink(f"{base}/root")
+    except (PermissionError, FileNotFoundError):
+        root = None
     try:
         listed = sorted(int(fd) for fd in os.listdir(f"{base}/fd"))
         # Past the channel and /dev/null: what each descriptor is open on.
@@ -58,6 +62,7 @@ def inspect(pid: int) -> dict[str, Any]:
         "no_new_privs": status.get("NoNewPrivs", "").strip() == "1",
         "seccomp_filter": status.get("Seccomp", "").strip() == "2",
         "own_network_namespace": own_netns,
+        "root": root,
         "fds": fds,
         "fd_targets": fd_targets,
         "limits": limits,

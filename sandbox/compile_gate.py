@@ -136,6 +136,9 @@ def _run_child(text: str) -> tuple[CompileError, ...]:
 
 def _harden(payload: dict[str, Any]) -> None:
     from sandbox import hardening, seccomp_rules
+    # Before the rlimits: with a file size limit of 0, tempfile finds no
+    # directory it can write its probe file into.
+    root_fd = hardening.make_empty_root(hardening.HardeningConfig(0))
     os.environ.clear()
     mem = int(payload["mem"])
     # The budget is the profiling timer's (child_main); RLIMIT_CPU is the
@@ -148,6 +151,7 @@ def _harden(payload: dict[str, Any]) -> None:
                          cpu_lifetime_s=cpu_s, cpu_soft_s=cpu_s, nofile=16)
     if os.geteuid() == 0:
         hardening.enter_network_namespace()
+        hardening.enter_empty_root(root_fd)
         hardening.drop_privileges(int(payload["uid"]), int(payload["gid"]))
         limits.forbid_new_processes()
     hardening.set_no_new_privs()

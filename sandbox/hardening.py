@@ -7,12 +7,14 @@ Order matters and is fixed (see :func:`harden`):
 2. rlimits: address space, CPU, open files, file size 0, no core dumps;
 3. a new, empty network namespace and a new IPC namespace (need
    CAP_SYS_ADMIN, so before the drop);
-4. drop to an unprivileged user, then RLIMIT_NPROC=0 (a process limit only
+4. an empty root: ``chroot`` into a directory the fork server made and
+   removed (root only, so before the drop): no path names any file;
+5. drop to an unprivileged user, then RLIMIT_NPROC=0 (a process limit only
    binds a non-root user);
-5. ``PR_SET_NO_NEW_PRIVS`` (also required for an unprivileged seccomp load
+6. ``PR_SET_NO_NEW_PRIVS`` (also required for an unprivileged seccomp load
    and for Landlock);
-6. Landlock: no file is opened from here on (``sandbox.landlock``);
-7. last, the seccomp filter (its rules: ``sandbox.seccomp_rules``), so every
+7. Landlock: no file is opened from here on (``sandbox.landlock``);
+8. last, the seccomp filter (its rules: ``sandbox.seccomp_rules``), so every
    earlier step could still use the system calls it needs (the fork server
    prebuilt its BPF program once, the worker patches its own pid into a
    copy: ``sandbox.seccomp_bpf``).
@@ -28,8 +30,10 @@ worker.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import signal
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +69,7 @@ class HardeningConfig:
     gid: int = 65534
     seccomp: bool = True
     landlock: bool = True
+    empty_root: bool = True
 
 
 @dataclass
@@ -81,11 +86,18 @@ class HardeningReport:
             self.notes.append(f"{layer}: {note}")
 
 
-def close_inherited_fds(channel_fd: int) -> int:
-    """Keep only the channel (moved to fd 3) and /dev/null on 0-2; returns the channel fd."""
+def close_inherited_fds(channel_fd: int, keep: int = -1) -> tuple[int, int]:
+    """Keep only the channel (moved to fd 3), /dev/null on 0-2 and ``keep`` (moved
+    past 3; -1: none); returns the channel's and ``keep``'s new numbers."""
+    if keep >= 0:
+        keep = fcntl.fcntl(keep, fcntl.F_DUPFD_CLOEXEC, CHANNEL_FD + 1)
     if channel_fd != CHANNEL_FD:
         os.dup2(channel_fd, CHANNEL_FD, inheritable=False)
-    os.closerange(CHANNEL_FD + 1, 1 << 20)
+    if keep >= 0:
+        os.closerange(CHANNEL_FD + 1, keep)
+        os.closerange(keep + 1, 1 << 20)
+    else:
+        os.closerange(CHANNEL_FD + 1, 1 << 20)
     for fd in (0, 1, 2):
         try:
             os.close(fd)
@@ -97,7 +109,45 @@ def close_inherited_fds(channel_fd: int) -> int:
     for fd in (0, 1, 2):
         if fd != null:
             os.dup2(null, fd)
-    return CHANNEL_FD
+    return CHANNEL_FD, keep
+
+
+def make_empty_root(cfg: HardeningConfig) -> int:
+    """In the fork server: a descriptor of an empty directory that no longer exists
+    (made 0700 for root, opened, removed), for every worker's ``chroot``; -1 when
+    the layer is off or the service is not root (``chroot`` needs root)."""
+    if not cfg.empty_root or os.geteuid() != 0:
+        return -1
+    try:
+        path = tempfile.mkdtemp(prefix="logic-worker-root-")
+    except OSError:
+        return -1
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    finally:
+        os.rmdir(path)   # nothing is left on disk, whatever ends the service
+
+
+def enter_empty_root(root_fd: int) -> tuple[bool, str]:
+    """``chroot`` into ``make_empty_root``'s directory and close it: every path,
+    ``/`` and ``..`` included, resolves inside a removed directory that only
+    root may search, so not even ``stat`` reaches a file (Landlock does not
+    cover ``stat``). Needs root: before ``drop_user``."""
+    if root_fd < 0:
+        why = ("not started as root: chroot needs it; a worker can stat() what its "
+               "uid can reach" if os.geteuid() != 0 else "no empty directory could be made")
+        return False, why
+    try:
+        os.fchdir(root_fd)
+        os.chroot(".")
+        os.chdir("/")
+    except OSError as exc:
+        return False, exc.strerror or str(exc)
+    finally:
+        os.close(root_fd)
+    return True, ""
 
 
 def enter_network_namespace() -> tuple[bool, str]:
@@ -207,7 +257,8 @@ def set_parent_death_signal(expected_parent: int) -> None:
 
 
 def harden(channel_fd: int, cfg: HardeningConfig, seccomp_filter: Any,
-           shared_netns: tuple[bool, str] | None = None) -> tuple[int, HardeningReport]:
+           shared_netns: tuple[bool, str] | None = None,
+           root_fd: int = -1) -> tuple[int, HardeningReport]:
     """Apply every layer in order; returns the channel's new fd and the report.
 
     ``shared_netns``: the fork server already entered an empty network and
@@ -216,10 +267,11 @@ def harden(channel_fd: int, cfg: HardeningConfig, seccomp_filter: Any,
     and the worker does not unshare again.  Such a worker shares those
     namespaces with every other guild's workers, which only the seccomp filter
     makes safe: when the filter does not load it exits (``EXIT_NO_SECCOMP``)
-    before it reports ready, so it never serves.
+    before it reports ready, so it never serves.  ``root_fd``: the fork
+    server's ``make_empty_root``.
     """
     report = HardeningReport()
-    fd = close_inherited_fds(channel_fd)
+    fd, root_fd = close_inherited_fds(channel_fd, root_fd)
     report.set("close_fds", True)
     limits.statm_pages()   # opens this worker's /proc/self/statm while it still may
     # The service's environment may hold a database URL with a password or
@@ -240,6 +292,13 @@ def harden(channel_fd: int, cfg: HardeningConfig, seccomp_filter: Any,
         report.set("network_namespace", ok, why)
     else:
         report.set("network_namespace", False, "disabled by configuration")
+
+    if cfg.empty_root:   # after the last file this worker opens by name, before the drop
+        report.set("empty_root", *enter_empty_root(root_fd))
+    else:
+        if root_fd >= 0:
+            os.close(root_fd)
+        report.set("empty_root", False, "disabled by configuration")
 
     if cfg.drop_user:
         ok, why = drop_privileges(cfg.uid, cfg.gid)

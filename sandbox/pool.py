@@ -61,7 +61,8 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
                  max_rss_mb: int = 200, kill_grace_ms: int = 15, spawn_timeout_s: float = 10.0,
                  address_space_mb: int = 768, compile_cache: int = 256, user: str = "nobody",
                  network_namespace: bool = True, drop_user: bool = True, seccomp: bool = True,
-                 landlock: bool = True, prefer_memguard: bool = True, worker_spin_us: int = 0,
+                 landlock: bool = True, empty_root: bool = True, prefer_memguard: bool = True,
+                 worker_spin_us: int = 0,
                  fresh_interpreter: bool = True, max_workers: int | None = None,
                  spares: int | None = None, guild_share: float = 0.5,
                  guild_budget_s: float = 60.0, idle_retire_s: float = 600.0,
@@ -103,7 +104,7 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
         uid, gid = sandbox_user(user)
         self._hcfg = HardeningConfig(address_space=0, network_namespace=network_namespace,
                                      drop_user=drop_user, uid=uid, gid=gid, seccomp=seccomp,
-                                     landlock=landlock)
+                                     landlock=landlock, empty_root=empty_root)
         self._compile_cache = compile_cache
         self._prefer_memguard = prefer_memguard
         self._test_hooks = _unsafe_test_hooks

@@ -336,17 +336,20 @@ def _spin_until_readable(sock: socket.socket, spin_s: float) -> None:
 
 
 def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any,
-          shared_netns: tuple[bool, str] | None = None, forked_at: float = 0.0) -> NoReturn:
+          shared_netns: tuple[bool, str] | None = None, forked_at: float = 0.0,
+          root_fd: int = -1) -> NoReturn:
     """Worker entry point after fork; never returns.
 
     ``shared_netns``: the fork server's network namespace result (see
     ``hardening.share_network_namespace``); ``forked_at``: its
     ``perf_counter()`` just before the fork, so the ready message can say
-    what each start-up step cost (``ms``: fork, harden, init).
+    what each start-up step cost (``ms``: fork, harden, init); ``root_fd``:
+    the empty directory to ``chroot`` into (``hardening.make_empty_root``).
     """
     try:
         t_child = time.perf_counter()
-        fd, report = hardening.harden(channel_fd, cfg.hardening, seccomp_filter, shared_netns)
+        fd, report = hardening.harden(channel_fd, cfg.hardening, seccomp_filter, shared_netns,
+                                      root_fd)
         t_hard = time.perf_counter()
         sock = socket.socket(fileno=fd)
         sock.setblocking(True)

@@ -193,6 +193,8 @@ class _Zygote:
                        if cfg.hardening.seccomp else None)
         # Once, for every worker forked from now on (see hardening.share_network_namespace).
         self.netns = hardening.share_network_namespace(cfg.hardening, self.filter)
+        # The empty directory every worker makes its root (-1: not root, or off).
+        self.root_fd = hardening.make_empty_root(cfg.hardening)
 
     def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         data = msgpack.packb(message, use_bin_type=True)
@@ -224,7 +226,7 @@ class _Zygote:
                 self.ctl.detach()
                 parent_end.detach()
                 fd = child_end.detach()
-                worker.serve(fd, self.cfg, self.filter, self.netns, t0)
+                worker.serve(fd, self.cfg, self.filter, self.netns, t0, self.root_fd)
             finally:
                 os._exit(70)
         fork_ms = (time.perf_counter() - t0) * 1000.0

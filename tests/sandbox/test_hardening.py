@@ -283,7 +283,9 @@ result = res
         return {"probe": res, "layer": pool.hardening["landlock"],
                 "note": pool.hardening_notes.get("landlock", "")}
 
-    seen = run_with_pool(scenario, size=2, _unsafe_test_hooks=True)
+    # The empty root (chroot) would refuse these paths too: off, so only
+    # Landlock stands between the worker and the files.
+    seen = run_with_pool(scenario, size=2, _unsafe_test_hooks=True, empty_root=False)
     if landlock.abi_version() == 0:
         # A kernel without Landlock: the layer says so instead of pretending.
         assert seen["layer"] is False and "Landlock unavailable" in seen["note"]
@@ -474,7 +476,6 @@ for name, args in (("shmat", (-1, None, 0)), ("shmdt", (None,)), ("shmctl", (-1,
     ctypes.set_errno(0)
     calls[name] = getattr(libc, name)(*args) == -1 and ctypes.get_errno()
 res["calls"] = calls
-res["ipc_ns"] = os.stat("/proc/self/ns/ipc").st_ino
 result = res
 '''
 
@@ -493,11 +494,13 @@ def test_a_hardened_worker_cannot_create_ipc_objects() -> None:
     POSIX message queues are refused (EPERM), and the worker's IPC namespace is
     not the host's."""
     async def scenario(pool: Pool) -> dict[str, Any]:
+        # Its namespace read from outside (the worker's own /proc is out of its reach).
+        ns = _ipcns(pool.worker_pids[0]) if ROOT else None
         ok, res = await pool._test_exec(IPC_PROBE.replace("IPC_KEY", "0x10C1C5")
                                         .replace("KEEP_SHM", "False"))
         assert ok, res
         assert isinstance(res, dict)
-        return res
+        return {**res, "ipc_ns": ns}
 
     res = run_with_pool(scenario, size=1, _unsafe_test_hooks=True)
     assert {name: res[name] for name in ("shmget", "msgget", "semget", "mq_open")} == \
@@ -539,3 +542,52 @@ def test_without_seccomp_ipc_objects_stay_in_the_workers_own_namespace() -> None
         shmid = libc.shmget(key, 0, 0)
         if shmid != -1:
             libc.shmctl(shmid, 0, None)
+
+
+STAT_PROBE = ATTEMPT + '''
+for name, path in (("etc_passwd", "/etc/passwd"), ("service_cmdline", "/proc/SERVICE/cmdline"),
+                   ("world_readable", "READABLE"), ("parent", ".."), ("up_and_over", "../etc"),
+                   ("relative", "etc")):
+    attempt(name, lambda path=path: os.stat(path))
+attempt("list_root", lambda: os.listdir("/"))
+result = res
+'''
+
+
+@pytest.mark.parametrize("empty_root", [True, False])
+def test_a_worker_cannot_even_stat_a_file(tmp_path: Any, empty_root: bool) -> None:
+    # Landlock does not cover stat(): a compromised worker could see which
+    # files exist and watch the database's size and times change with other
+    # guilds' traffic. Each worker now chroots into an empty directory that
+    # the fork server made (0700, root) and removed (Landlock off here, so
+    # only the empty root refuses).
+    from sandbox.check import inspect
+    readable = tmp_path / "world-readable.txt"
+    readable.write_text("operator data")
+    tmp_path.chmod(0o755)
+    code = STAT_PROBE.replace("SERVICE", str(os.getpid())).replace("READABLE", str(readable))
+
+    async def scenario(pool: Pool) -> dict[str, Any]:
+        ok, res, _ = await exec_seen(pool, code)
+        assert ok, res
+        return {"probe": res, "layer": pool.hardening["empty_root"],
+                "note": pool.hardening_notes.get("empty_root", ""),
+                "root": inspect(pool.worker_pids[0])["root"]}
+
+    seen = run_with_pool(scenario, size=1, _unsafe_test_hooks=True, landlock=False,
+                         empty_root=empty_root)
+    probe = seen["probe"]
+    if not empty_root:
+        assert seen["layer"] is False and seen["note"] == "disabled by configuration"
+        assert probe["etc_passwd"] == "allowed" and probe["list_root"] == "allowed"
+        return
+    if not ROOT:
+        # chroot needs root: the layer says so instead of pretending.
+        assert seen["layer"] is False and "not started as root" in seen["note"], seen
+        return
+    assert seen["layer"] is True
+    assert probe == dict.fromkeys(("etc_passwd", "service_cmdline", "world_readable", "parent",
+                                   "up_and_over", "relative", "list_root"), errno.EACCES), probe
+    # Its root is the removed directory: nothing is left on disk.
+    assert seen["root"].endswith(" (deleted)") and "logic-worker-root-" in seen["root"]
+    assert not os.path.exists(seen["root"][:-len(" (deleted)")])

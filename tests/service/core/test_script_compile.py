@@ -110,6 +110,11 @@ try:
 except OSError as exc:
     seen["read"] = exc.errno
 try:
+    os.stat("/etc/passwd")
+    seen["stat"] = "allowed"
+except OSError as exc:
+    seen["stat"] = exc.errno
+try:
     socket.socket()
     seen["socket"] = "allowed"
 except OSError as exc:
@@ -144,3 +149,4 @@ sys.stdout.write(json.dumps(seen))
     assert seen["cpu_limit"] == [5, 5] and seen["cpu_used"] >= 2.5
     if os.geteuid() == 0:
         assert seen["uid"] == 65534
+        assert seen["stat"] == 13    # an empty root that only root may search: EACCES
