@@ -7,7 +7,7 @@ index on `public_id` refuses the same ID while it is kept (a guild's newest
 """
 from __future__ import annotations
 
-from peewee import (AutoField, BigAutoField, BooleanField, CharField, DateTimeField,
+from peewee import (SQL, AutoField, BigAutoField, BooleanField, CharField, DateTimeField,
                     ForeignKeyField, IntegerField, TextField)
 
 from models.clock import utcnow
@@ -41,7 +41,9 @@ class ScriptVersion(BaseModel):
     script = ForeignKeyField(Script, backref="versions", on_delete="CASCADE", index=False)
     version = IntegerField()
     source = TextField()
-    source_bytes = IntegerField(default=0)     # len(source) in UTF-8
+    # len(source) in UTF-8; the database's own default lets nodes of the release
+    # before 0011 keep saving versions during a rolling upgrade.
+    source_bytes = IntegerField(default=0, constraints=[SQL("DEFAULT 0")])
     author = CharField(max_length=80)          # actor label: "operator" or "user:<id>"
     created_at = DateTimeField(default=utcnow)
 

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from sandbox.compile_gate import check_source
+from sandbox.compile_gate import check_source, inactive_layers
 from sandbox.pool import Pool
 
 _CHECK_SOURCE = "import statistics\non endpoint(event):\n    event.reply(statistics.mode([1]))\n"
@@ -80,9 +80,11 @@ def main() -> int:
         asyncio.run(pool.stop())
     # The save-time compile process starts, hardens itself and compiles.
     verdict = check_source(_CHECK_SOURCE)
-    report["compile_gate"] = {"ok": verdict.ok, "errors": [e.message for e in verdict.errors]}
+    inactive = inactive_layers()
+    report["compile_gate"] = {"ok": verdict.ok, "errors": [e.message for e in verdict.errors],
+                              "inactive": inactive}
     print(json.dumps(report, indent=2, sort_keys=True))
-    return 0 if all(pool.hardening.values()) and verdict.ok else 1
+    return 0 if all(pool.hardening.values()) and verdict.ok and not inactive else 1
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import pwd
@@ -64,6 +65,30 @@ class Verdict:
 
 _verdicts: OrderedDict[str, Verdict] = OrderedDict()
 _lock = threading.Lock()
+log = logging.getLogger("sandbox.compile_gate")
+#: Layers a compile process said did not take effect, with the reason (each
+#: logged once per service process, as the pool logs its workers' at start).
+_inactive: dict[str, str] = {}
+
+
+def inactive_layers() -> dict[str, str]:
+    """The hardening layers the compile processes so far reported inactive."""
+    with _lock:
+        return dict(_inactive)
+
+
+def _note_inactive(reported: Any) -> None:
+    if not isinstance(reported, dict):
+        return
+    for layer, why in reported.items():
+        if not (isinstance(layer, str) and isinstance(why, str)) or len(_inactive) > 32:
+            continue
+        with _lock:
+            new = _inactive.get(layer) != why
+            _inactive[layer] = why
+        if new:
+            log.warning("save-time compile process: layer %s is NOT active: %s",
+                        layer[:64], why[:200])
 
 
 def check_source(text: str) -> Verdict:
@@ -125,6 +150,7 @@ def _run_child(text: str) -> tuple[CompileError, ...]:
         over = bool(out["over"])
     except (ValueError, KeyError, TypeError, IndexError):
         return _failed("compile process answered nonsense")
+    _note_inactive(out.get("inactive"))
     if over:
         return (CompileError(1, 1, f"script needs more than "
                                    f"{limits.COMPILE_MEMORY_BYTES >> 20} MB of memory to "
@@ -134,8 +160,16 @@ def _run_child(text: str) -> tuple[CompileError, ...]:
 
 # --- the child ---------------------------------------------------------------
 
-def _harden(payload: dict[str, Any]) -> None:
+def _harden(payload: dict[str, Any]) -> dict[str, str]:
+    """Harden this process like a worker; returns the layers that did not take
+    effect, with the reason (reported to the service, which logs them)."""
     from sandbox import hardening, seccomp_rules
+    inactive: dict[str, str] = {}
+
+    def note(layer: str, result: tuple[bool, str]) -> None:
+        if not result[0]:
+            inactive[layer] = result[1] or "failed"
+
     # Before the rlimits: with a file size limit of 0, tempfile finds no
     # directory it can write its probe file into.
     root_fd = hardening.make_empty_root(hardening.HardeningConfig(0))
@@ -150,14 +184,18 @@ def _harden(payload: dict[str, Any]) -> None:
                          + limits.AS_SLACK_BYTES,
                          cpu_lifetime_s=cpu_s, cpu_soft_s=cpu_s, nofile=16)
     if os.geteuid() == 0:
-        hardening.enter_network_namespace()
-        hardening.enter_empty_root(root_fd)
-        hardening.drop_privileges(int(payload["uid"]), int(payload["gid"]))
+        note("network_namespace", hardening.enter_network_namespace())
+        note("empty_root", hardening.enter_empty_root(root_fd))
+        note("drop_user", hardening.drop_privileges(int(payload["uid"]), int(payload["gid"])))
         limits.forbid_new_processes()
-    hardening.set_no_new_privs()
-    landlock.apply()   # no file opened from here on (where the kernel has Landlock)
+    else:
+        for layer in ("network_namespace", "empty_root", "drop_user"):
+            inactive[layer] = f"not started as root (uid {os.geteuid()})"
+    note("no_new_privs", hardening.set_no_new_privs())
+    note("landlock", landlock.apply())   # no file opened from here on (where it is)
     # One process, one filter: libseccomp builds and loads it (no prebuilt program).
-    seccomp_rules.load_seccomp(seccomp_rules.build_seccomp_filter())
+    note("seccomp", seccomp_rules.load_seccomp(seccomp_rules.build_seccomp_filter()))
+    return inactive
 
 
 def child_main(payload: dict[str, Any]) -> None:
@@ -165,7 +203,7 @@ def child_main(payload: dict[str, Any]) -> None:
     from sandbox.compiler import compile_script
     source = sys.stdin.buffer.read()
     accountant = limits.make_accountant()
-    _harden(payload)
+    inactive = _harden(payload)
     # Default action of SIGPROF: the process ends, wherever it is.
     signal.setitimer(signal.ITIMER_PROF, float(payload["cpu"]))
     guarded = accountant.enforcing  # tracemalloc would slow the compile 8-24x
@@ -177,5 +215,5 @@ def child_main(payload: dict[str, Any]) -> None:
         over = accountant.disarm()[1] if guarded else False
     signal.setitimer(signal.ITIMER_PROF, 0)
     errors = [[e.line, e.column, e.message] for e in result.errors]
-    sys.stdout.write(json.dumps({"errors": errors, "over": over}))
+    sys.stdout.write(json.dumps({"errors": errors, "over": over, "inactive": inactive}))
     sys.stdout.flush()

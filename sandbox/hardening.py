@@ -112,22 +112,38 @@ def close_inherited_fds(channel_fd: int, keep: int = -1) -> tuple[int, int]:
     return CHANNEL_FD, keep
 
 
+#: Why ``make_empty_root`` made no directory (set in the fork server, so the
+#: workers it forks can say it).
+_empty_root_failure = ""
+
+
 def make_empty_root(cfg: HardeningConfig) -> int:
     """In the fork server: a descriptor of an empty directory that no longer exists
     (made 0700 for root, opened, removed), for every worker's ``chroot``; -1 when
-    the layer is off or the service is not root (``chroot`` needs root)."""
+    the layer is off, the service is not root (``chroot`` needs root) or no such
+    directory could be made (the reason is kept for the workers' report)."""
+    global _empty_root_failure
     if not cfg.empty_root or os.geteuid() != 0:
         return -1
+    fd = -1
     try:
         path = tempfile.mkdtemp(prefix="logic-worker-root-")
-    except OSError:
+        try:
+            # Not a symbolic link put in its place; owned by root, 0700, and
+            # once removed, linked nowhere: the directory mkdtemp made.
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        finally:
+            os.rmdir(path)   # nothing is left on disk, whatever ends the service
+        st = os.fstat(fd)
+        if st.st_uid != 0 or st.st_mode & 0o7777 != 0o700 or st.st_nlink != 0:
+            raise OSError(f"{path} was not the empty directory made for it")
+        _empty_root_failure = ""
+        return fd
+    except OSError as exc:
+        if fd >= 0:
+            os.close(fd)
+        _empty_root_failure = exc.strerror or str(exc)
         return -1
-    try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return -1
-    finally:
-        os.rmdir(path)   # nothing is left on disk, whatever ends the service
 
 
 def enter_empty_root(root_fd: int) -> tuple[bool, str]:
@@ -137,7 +153,8 @@ def enter_empty_root(root_fd: int) -> tuple[bool, str]:
     cover ``stat``). Needs root: before ``drop_user``."""
     if root_fd < 0:
         why = ("not started as root: chroot needs it; a worker can stat() what its "
-               "uid can reach" if os.geteuid() != 0 else "no empty directory could be made")
+               "uid can reach" if os.geteuid() != 0
+               else f"no empty directory could be made ({_empty_root_failure or 'unknown'})")
         return False, why
     try:
         os.fchdir(root_fd)

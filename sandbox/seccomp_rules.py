@@ -59,6 +59,11 @@ _EPERM_ALWAYS = (
     "shmget", "shmat", "shmdt", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl",
     "semget", "semop", "semtimedop", "semctl", "ipc",
     "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+    # A file system's free blocks and inodes (outside review, session 17):
+    # statfs("/") in the empty root still named the disk that holds the
+    # database, whose free space moves with other guilds' traffic; fstatfs
+    # on any descriptor and ustat by device number say the same.
+    "statfs", "fstatfs", "ustat",
 )
 # statmount and listmount (Linux 6.8; one number on every architecture since
 # 5.1's unified table): the host's mount table, which Landlock leaves open

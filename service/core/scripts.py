@@ -36,6 +36,8 @@ MAX_NAME_CHARS = 100
 #: Deleted scripts kept per guild as tombstones (their IDs refused by the unique
 #: index); older ones are removed, their IDs as unguessable as any new one.
 KEPT_TOMBSTONES = 1000
+#: Older tombstones removed at most per delete.
+TOMBSTONES_DROPPED = 500
 SCRIPT_ID_PREFIX = "logic_"
 _ID_ALPHABET = string.ascii_letters + string.digits + "-_"
 
@@ -214,10 +216,11 @@ def update_script(actor: Actor, guild_id: str, script_id: str, source: str | byt
 
 
 def delete_script(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]:
-    """Delete a script: tombstone the row (ID reserved forever), drop its
-    source, secret, history, errors and statistics.  Raises `NotFoundError`,
-    `PermissionDeniedError`."""
+    """Delete a script: tombstone the row (its ID refused while the tombstone is
+    kept, see `KEPT_TOMBSTONES`), drop its source, secret, history, errors and
+    statistics.  Raises `NotFoundError`, `PermissionDeniedError`."""
     with database.atomic():
+        get_guild(guild_id, lock=True)    # serialises the guild's deletes: the bound holds
         guild, script, _ = guild_and_script(actor, guild_id, script_id, "delete scripts")
         endpoint = Endpoint.get(Endpoint.script == script.id)
         for model in (RequestRecord, ErrorRecord, StatBucket, StatIp, StatSketch):
@@ -234,11 +237,13 @@ def delete_script(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]
 def _drop_old_tombstones(guild_id: str) -> None:
     """Keep the guild's newest `KEPT_TOMBSTONES` deleted scripts: creating and
     deleting in a loop must not grow the database for ever. Whatever a late
-    record writer added to an old tombstone goes with it (foreign keys cascade)."""
+    record writer added to an old tombstone goes with it (foreign keys cascade).
+    At most `TOMBSTONES_DROPPED` at a time, so one delete stays short: a backlog
+    from a release without the bound goes over the guild's next deletes."""
     old = [row.id for row in Script.select(Script.id)
            .where((Script.guild == guild_id) & Script.deleted_at.is_null(False))
            .order_by(Script.deleted_at.desc(), Script.id.desc())
-           .offset(KEPT_TOMBSTONES).limit(100)]
+           .offset(KEPT_TOMBSTONES).limit(TOMBSTONES_DROPPED)]
     if old:
         Script.delete().where(Script.id.in_(old)).execute()
 

@@ -105,6 +105,13 @@ def test_upgrade_from_every_earlier_version(db_url, start):
     if start >= 8:     # 0011 sized the versions already kept
         from models import ScriptVersion
         assert ScriptVersion.get().source_bytes == len(OLD_SOURCE.encode("utf-8")) == 34
+        # A node of the release before, which does not know the column, still
+        # saves a version during a rolling upgrade (the database's default).
+        p = db.param
+        db.execute_sql(f"INSERT INTO script_version (script_id, version, source, author, "
+                       f"created_at) VALUES ((SELECT id FROM script), 4, {p}, 'operator', {p})",
+                       (OLD_SOURCE, utcnow()))
+        assert ScriptVersion.get(ScriptVersion.version == 4).source_bytes == 0
     db.close()
     database.initialize(None)
 

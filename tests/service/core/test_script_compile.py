@@ -150,3 +150,41 @@ sys.stdout.write(json.dumps(seen))
     if os.geteuid() == 0:
         assert seen["uid"] == 65534
         assert seen["stat"] == 13    # an empty root that only root may search: EACCES
+
+
+def test_a_compile_process_without_a_layer_says_so(caplog, monkeypatch) -> None:
+    # Outside review, session 17: the compile process went on without its
+    # empty root when none could be made, and nothing said so.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from sandbox import compile_gate
+    probe = r'''
+import errno, json, os, sys, tempfile
+from sandbox import compile_gate, limits
+def no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+tempfile.mkdtemp = no_space
+inactive = compile_gate._harden({"mem": limits.COMPILE_MEMORY_BYTES, "cpu": 3.0,
+                                 "uid": 65534, "gid": 65534})
+sys.stdout.write(json.dumps(inactive))
+'''
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True,
+                          text=True, timeout=60, check=True, env={})
+    inactive = json.loads(proc.stdout)
+    if os.geteuid() == 0:
+        assert inactive["empty_root"] == "no empty directory could be made (No space left on device)"
+    else:
+        assert inactive["empty_root"].startswith("not started as root")
+    # The service logs each missing layer once, and the operator's check shows them.
+    monkeypatch.setattr(compile_gate, "_inactive", {})
+    caplog.set_level("WARNING", logger="sandbox.compile_gate")
+    compile_gate._note_inactive(inactive)
+    compile_gate._note_inactive(inactive)
+    lines = [r.getMessage() for r in caplog.records if "empty_root is NOT active" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert compile_gate.inactive_layers()["empty_root"] == inactive["empty_root"]
