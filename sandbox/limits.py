@@ -135,27 +135,26 @@ RESTART_COST_S = 0.010
 
 
 class ProcessMemory:
-    """This process's mapped and resident bytes, read when they may have changed.
+    """This process's mapped and resident bytes, read at every ``refresh``.
 
-    ``getrusage`` gives the resident high-water mark for ~0.3 µs; only when it
-    rose since the last look is /proc/self/statm read (`statm_pages`). The
-    resident size can only have passed a bound if the high-water mark did.
+    One ``pread`` of the descriptor `statm_pages` keeps (~1.3 µs; getrusage's
+    high-water mark costs ~0.8 µs). Reading only when the high-water mark
+    rose (as before) left both stale after one large passing peak: memory
+    kept later stayed unmeasured below it (a worker kept 73 MB past its
+    64 MB bound) and the next job's address-space bound started from an old
+    size, refusing an honest job.
     """
 
     def __init__(self) -> None:
         self._page = resource.getpagesize()
-        self._hwm = -1
         self.mapped = 0
         self.resident = 0
         self.refresh()
 
     def refresh(self) -> None:
-        """Re-read the sizes if the high-water mark moved."""
-        hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        if hwm != self._hwm:
-            self._hwm = hwm
-            size, rss = statm_pages()
-            self.mapped, self.resident = size * self._page, rss * self._page
+        """Re-read the sizes."""
+        size, rss = statm_pages()
+        self.mapped, self.resident = size * self._page, rss * self._page
 
 
 class AddressSpaceLimit:

@@ -64,6 +64,9 @@ _EPERM_ALWAYS = (
     # database, whose free space moves with other guilds' traffic; fstatfs
     # on any descriptor and ustat by device number say the same.
     "statfs", "fstatfs", "ustat",
+    # The host's free memory and load (outside review, session 17): they move
+    # with the memory and CPU other guilds' scripts use. capget names any pid.
+    "sysinfo", "capget",
 )
 # statmount and listmount (Linux 6.8; one number on every architecture since
 # 5.1's unified table): the host's mount table, which Landlock leaves open
@@ -87,6 +90,20 @@ _DENIED_IOCTLS = (0x5412, 0x541C,  # TIOCSTI, TIOCLINUX
 # F_SETSIG, F_SETOWN_EX, F_SETLEASE (a lease's break signal), F_NOTIFY.
 _DENIED_FCNTLS = (8, 10, 15, 1024, 1026)
 _IOCTL_CMD_MASK = 0xFFFFFFFF
+# Calls that read something of the process (or thread) their argument names,
+# with 0 meaning the caller (outside review, session 17: a sibling's CPU clock
+# showed when and how long another guild's script ran, getpriority() which
+# pids exist). Refused for any pid but 0: (name, argument number).
+_SELF_ONLY = (("getpriority", 1), ("ioprio_get", 1), ("sched_getparam", 0),
+              ("sched_getscheduler", 0), ("sched_getaffinity", 0),
+              ("sched_rr_get_interval", 0), ("sched_getattr", 0), ("getpgid", 0),
+              ("getsid", 0), ("get_robust_list", 0))
+# The clocks of CPU time take a clock id; a negative one (bit 31 of the 32-bit
+# id) encodes another process's or thread's pid. A worker's own CPU time is
+# CLOCK_PROCESS_CPUTIME_ID (2) or CLOCK_THREAD_CPUTIME_ID (3), what
+# time.process_time() and time.thread_time() use.
+_CLOCK_CALLS = ("clock_gettime", "clock_getres", "clock_nanosleep", "timer_create")
+_CLOCK_ID_NEGATIVE = 0x80000000
 # Signals (kill, tkill, tgkill, rt_*sigqueueinfo) are allowed only towards the
 # worker itself; see load_seccomp and seccomp_bpf.
 # Answered "not implemented" so callers take their fallback path: glibc falls
@@ -144,6 +161,11 @@ def build_seccomp_filter() -> Any:
     # RLIMIT_CPU or RLIMIT_AS kills the guild it serves); pid 0 is "myself",
     # which is what setrlimit() uses and what the CPU backstop needs.
     flt.add_rule(eperm, "prlimit64", sc.Arg(0, sc.NE, 0))
+    for name, argno in _SELF_ONLY:
+        flt.add_rule(eperm, name, sc.Arg(argno, sc.NE, 0))
+    for name in _CLOCK_CALLS:
+        flt.add_rule(eperm, name, sc.Arg(0, sc.MASKED_EQ, _CLOCK_ID_NEGATIVE,
+                                         _CLOCK_ID_NEGATIVE))
     for flag in _WRITE_FLAGS:
         for name, argno in (("open", 1), ("openat", 2)):
             try:

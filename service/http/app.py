@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 
 from tornado.web import Application, RequestHandler
 
@@ -18,6 +17,7 @@ from service.http import health, metrics_handler
 from service.http.base import NotFoundHandler
 from service.http.context import AppContext
 from service.http.metrics import Metrics
+from service.http.redaction import loggable_path
 
 
 access_log = logging.getLogger("logic.access")
@@ -40,16 +40,9 @@ def log_request(handler: RequestHandler, metrics: Metrics | None = None) -> None
     level = logging.WARNING if internal else logging.DEBUG
     if access_log.isEnabledFor(level):
         request = handler.request
-        path = request.path
-        if "login/" in path.lower():
-            # What follows may be a login link's token, on a path near the
-            # link's own (`//login/...` from a base URL ending in "/").
-            path = _AFTER_LOGIN.sub(r"\1…", path)
         access_log.log(level, "%s %s %s %d %.1fms", getattr(handler, "request_id", "-"),
-                       request.method, path, status, 1000.0 * request.request_time())
-
-
-_AFTER_LOGIN = re.compile(r"(?i)(login/).*")
+                       request.method, loggable_path(request.path), status,
+                       1000.0 * request.request_time())
 
 
 def make_app(context: AppContext) -> Application:

@@ -9,7 +9,11 @@ one guild's manager sends (saves that spend the compile budget, large
 statistics reads), another user's call finds a thread free at once, or the
 next one to free up, never behind the flood. Calls are bounded per tenant
 (`per_tenant`, running and waiting, then 503 busy for that tenant only) and
-overall (`max_pending`, then 503 busy). The admin API and the dashboard
+overall (`max_pending`): when every slot is taken, a call of a tenant with
+at least two calls fewer than the tenant with the most makes room by
+refusing that tenant's newest waiting call (503 busy), so a few tenants at
+their own bound cannot turn everyone else away; only when no tenant has
+that many more is the new call refused. The admin API and the dashboard
 each share their threads this way (the dashboard's calls made before a
 session is known, resuming one or logging in, go to its pool directly).
 """
@@ -49,11 +53,13 @@ class FairCalls:
     async def run(self, tenant: str, start: Callable[[], Awaitable[T]]) -> T:
         """`await start()` once a thread is this tenant's; raises `BusyError` when
         too many calls (of everyone, or of this tenant) are waiting already."""
-        if self.pending >= self.max_pending:
+        queue = self._waiting.get(tenant)
+        have = self._running.get(tenant, 0) + (len(queue) if queue else 0)
+        if have >= self.per_tenant:
+            raise self._busy(f"Too many of your {self.name} calls at once; retry shortly.")
+        if self.pending >= self.max_pending and not self._make_room(have):
             raise self._busy(f"Too many {self.name} calls at once; retry shortly.")
         queue = self._waiting.get(tenant)
-        if self._running.get(tenant, 0) + (len(queue) if queue else 0) >= self.per_tenant:
-            raise self._busy(f"Too many of your {self.name} calls at once; retry shortly.")
         ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.pending += 1
         try:
@@ -64,6 +70,25 @@ class FairCalls:
             return await ready   # type: ignore[no-any-return]
         finally:
             self.pending -= 1
+
+    def _make_room(self, have: int) -> bool:
+        """Every slot is taken: refuse the newest waiting call of the tenant with
+        the most calls, if it has at least two more than ``have`` (O(tenants
+        waiting), only while full). False when no tenant has."""
+        top, most = None, have + 1
+        for name, queue in self._waiting.items():
+            calls = self._running.get(name, 0) + len(queue)
+            if calls > most:
+                top, most = name, calls
+        if top is None:
+            return False
+        queue = self._waiting[top]
+        _, ready = queue.pop()
+        if not queue:
+            del self._waiting[top]
+        if not ready.done():   # its caller's `run` counts it out of `pending` as it wakes
+            ready.set_exception(self._busy(f"Too many {self.name} calls at once; retry shortly."))
+        return True
 
     def _pump(self) -> None:
         """Start waiting calls while threads are free, one tenant's turn after another."""

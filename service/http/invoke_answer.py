@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from service.http.base import error_body
 from service.http.errors import ServiceError
 from service.http.journal_facts import JournaledRequest, request_facts
+from service.http.redaction import loggable_path
 
 if TYPE_CHECKING:
     from sandbox.pool import Outcome
@@ -108,7 +109,8 @@ class RequestAnswers:
         level = logging.WARNING if internal else logging.DEBUG
         if access_log.isEnabledFor(level):
             access_log.log(level, "%s %s %s %d %.1fms", self.request_id, self.method or "-",
-                           self.path, status, 1000.0 * (self.finished - self.started))
+                           loggable_path(self.path), status,
+                           1000.0 * (self.finished - self.started))
         event = self.event
         if event is not None:  # history needs only these of it: free the body
             self.event = {"query": event["query"], "headers": event["headers"]}

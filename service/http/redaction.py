@@ -19,7 +19,7 @@ import logging
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote_plus
+from urllib.parse import unquote, unquote_plus
 
 from service.core.secrets import SECRET_PREFIX
 
@@ -194,7 +194,26 @@ def redact_all(redactors: list[Redactor], value: Any) -> Any:
 
 
 #: Secret- and token-shaped text in a log line.
-_SECRET_SHAPES = re.compile(r"\b(lsk|lat)_[A-Za-z0-9_\-]{6,}|(?i:\b(bearer|basic)\s+)[^\s'\",;]+")
+#: (No word boundary before the prefix: "x_lsk_..." is redacted too, and
+#: what is cut off before a prefix is only ever over-redaction.)
+_SECRET_SHAPES = re.compile(r"(lsk|lat)_[A-Za-z0-9_\-]{6,}|(?i:\b(bearer|basic)\s+)[^\s'\",;]+")
+
+
+_AFTER_LOGIN = re.compile(r"(?i)(login/).*")
+
+
+def loggable_path(path: str) -> str:
+    """A request path as an access line may show it: what follows a `login/`
+    segment, in any letter case and percent-encoded or not, may be a login
+    link's token (`//login/...` from a base URL ending in "/", a link typed in
+    capitals, `/%6Cogin/...`), and is cut."""
+    if "%" in path:
+        decoded = unquote(path)
+        if "login/" in decoded.lower():
+            return _AFTER_LOGIN.sub(r"\1…", decoded)
+    if "login/" in path.lower():
+        return _AFTER_LOGIN.sub(r"\1…", path)
+    return path
 
 
 def scrub(text: str) -> str:

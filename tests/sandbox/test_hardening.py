@@ -601,3 +601,93 @@ def test_a_worker_cannot_even_stat_a_file(tmp_path: Any, empty_root: bool) -> No
     # Its root is the removed directory: nothing is left on disk.
     assert seen["root"].endswith(" (deleted)") and "logic-worker-root-" in seen["root"]
     assert not os.path.exists(seen["root"][:-len(" (deleted)")])
+
+
+OTHERS_PROBE = ATTEMPT + '''
+import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+def c_call(fn, *args):
+    def call():
+        ctypes.set_errno(0)
+        if fn(*args) == -1 and ctypes.get_errno():
+            raise OSError(ctypes.get_errno(), "")
+    return call
+class SysInfo(ctypes.Structure):
+    _fields_ = [("uptime", ctypes.c_long), ("loads", ctypes.c_ulong * 3),
+                ("totalram", ctypes.c_ulong), ("freeram", ctypes.c_ulong),
+                ("rest", ctypes.c_char * 128)]
+for who, pid in (("sibling", SIBLING), ("service", SERVICE)):
+    attempt(who + "_cpu_clock", lambda pid=pid: time.clock_gettime((~pid << 3) | 2))
+    attempt(who + "_thread_clock", lambda pid=pid: time.clock_gettime((~pid << 3) | 6))
+    attempt(who + "_getpriority", c_call(libc.getpriority, 0, pid))
+    attempt(who + "_getpgid", lambda pid=pid: os.getpgid(pid))
+    attempt(who + "_getsid", lambda pid=pid: os.getsid(pid))
+    attempt(who + "_sched_getscheduler", lambda pid=pid: os.sched_getscheduler(pid))
+    attempt(who + "_sched_getparam", lambda pid=pid: os.sched_getparam(pid))
+    attempt(who + "_sched_getaffinity", lambda pid=pid: os.sched_getaffinity(pid))
+    attempt(who + "_sched_rr_get_interval", lambda pid=pid: os.sched_rr_get_interval(pid))
+attempt("sysinfo", c_call(libc.sysinfo, ctypes.byref(SysInfo())))
+# What is the worker's own stays open: its CPU time, its own scheduling.
+attempt("own_process_time", time.process_time)
+attempt("own_thread_time", time.thread_time)
+attempt("own_affinity", lambda: os.sched_getaffinity(0))
+attempt("own_priority", c_call(libc.getpriority, 0, 0))
+result = res
+'''
+
+
+@pytest.mark.parametrize("seccomp", [True, False])
+def test_a_worker_cannot_watch_another_process(seccomp: bool) -> None:
+    # Outside review, session 17: a hardened worker read a sibling's CPU clock
+    # (0.003 s, then 0.578 s while another guild's 0.6 s job ran there) and
+    # the service's, learned which pids exist from getpriority(), and the
+    # host's free memory from sysinfo(). Seccomp now refuses every call that
+    # names another process, and sysinfo.
+    async def scenario(pool: Pool) -> dict[str, Any]:
+        pids = pool.worker_pids
+        code = OTHERS_PROBE.replace("SIBLING", str(pids[1])).replace("SERVICE", str(os.getpid()))
+        ok, res, _ = await exec_seen(pool, code)   # runs in pids[0]
+        assert ok, res
+        return res  # type: ignore[no-any-return]
+
+    res = run_with_pool(scenario, size=2, _unsafe_test_hooks=True, seccomp=seccomp)
+    own = ("own_process_time", "own_thread_time", "own_affinity", "own_priority")
+    assert all(res[name] == "allowed" for name in own), res
+    others = {name: value for name, value in res.items() if name not in own}
+    if not seccomp:
+        # Without the filter the same calls reach the kernel, which allows them.
+        assert others["sibling_cpu_clock"] == "allowed" and others["sysinfo"] == "allowed"
+        assert others["service_getpriority"] == "allowed", others
+        return
+    assert others == dict.fromkeys(others, errno.EPERM), others
+
+
+I386_GETPID = '''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+page = libc.mmap(None, 4096, 7, 0x22, -1, 0)   # read, write, execute; private, anonymous
+code = bytes([0xb8, 0x14, 0, 0, 0, 0xcd, 0x80, 0xc3])   # mov eax, 20 (i386 getpid); int 0x80; ret
+ctypes.memmove(page, code, len(code))
+result = {"i386_getpid": ctypes.CFUNCTYPE(ctypes.c_long)(page)(), "pid": os.getpid()}
+'''
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the 32-bit x86 ABI is x86_64's")
+@pytest.mark.parametrize("seccomp", [True, False])
+def test_a_system_call_of_the_32_bit_abi_kills_the_worker(seccomp: bool) -> None:
+    # Every rule of the filter is written for x86_64's numbers; through
+    # `int 0x80` the same calls have other numbers, so any call of that ABI
+    # ends the worker (libseccomp's bad-architecture action) instead of
+    # slipping past the rules.
+    async def scenario(pool: Pool) -> Any:
+        return await pool._test_exec(I386_GETPID)
+
+    out = run_with_pool(scenario, size=1, _unsafe_test_hooks=True, seccomp=seccomp)
+    if seccomp:
+        assert getattr(out, "error_kind", None) == "crash", out
+    else:   # without the filter the call simply works
+        ok, value = out
+        assert ok and value["i386_getpid"] == value["pid"], out

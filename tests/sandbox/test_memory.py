@@ -105,3 +105,43 @@ def test_a_worker_that_keeps_memory_after_its_jobs_retires(
     assert len({pid for pid, _ in seen}) > 1  # retired at least once
     # One version adds ~0.5 MB; none is ever kept far past the bound.
     assert max(rss for _, rss in seen) < start + (2 << 20) + (8 << 20)
+
+
+def test_memory_kept_after_a_large_passing_peak_still_retires_the_worker(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Outside review, session 17: the worker read its resident size only when
+    # getrusage's high-water mark rose, so after one job that briefly used
+    # 110 MB the memory later jobs kept went unmeasured (a worker kept 73 MB
+    # past its 64 MB bound) and the next job's address-space bound started
+    # from a stale size. Here: a 24 MB passing peak, then versions that keep
+    # ~0.5 MB each, under a 2 MB bound.
+    monkeypatch.setattr(limits, "MAX_RSS_GROWTH_BYTES", 2 << 20, raising=False)
+    peak = "on endpoint(event):\n    x = bytearray(24 << 20)\n    event.reply(len(x))\n"
+
+    def grower(n: int) -> str:
+        return (f"BIG = \"{n:04d}" + "ab" * 120_000 + "\"\n"
+                "on endpoint(event):\n    event.reply(len(BIG))\n")
+
+    async def scenario(pool: Pool) -> tuple[int, int, list[tuple[int, int]]]:
+        first = pool.worker_pids[0]
+        start = psutil.Process(first).memory_info().rss
+        out = await pool.run(ref(peak), event(), Limits(5000, 32768))
+        assert out.error_kind is None, out.error_message
+        seen = []
+        for n in range(12):
+            out = await pool.run(ref(grower(n)), event({"n": n}), Limits(5000, 16384))
+            assert out.error_kind is None, out.error_message
+            while not pool.worker_pids:
+                await asyncio.sleep(0.005)
+            pid = pool.worker_pids[0]
+            try:
+                seen.append((pid, psutil.Process(pid).memory_info().rss))
+            except psutil.NoSuchProcess:
+                pass
+        return first, start, seen
+
+    import _strptime
+    _strptime._regex_cache.clear()
+    first, start, seen = run_with_pool(scenario, size=1, fresh_interpreter=False)
+    assert {pid for pid, _ in seen} - {first}  # retired although below the old peak
+    assert max(rss for pid, rss in seen if pid == first) < start + (2 << 20) + (8 << 20)

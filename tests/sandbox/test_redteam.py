@@ -953,6 +953,28 @@ def test_os_layer_denies(os_probe: dict[str, Any], name: str) -> None:
     assert os_probe[name] in DENIED, (name, os_probe[name])
 
 
+@pytest.fixture(scope="module")
+def seccomp_probe() -> dict[str, Any]:
+    """The same probe with Landlock and the empty root off: what only the
+    seccomp filter (or the missing privilege) refuses."""
+    async def scenario(pool: Pool) -> dict[str, Any]:
+        pids = pool.worker_pids
+        ok, value, _ = await exec_seen(pool, OS_PROBE.replace("SIBLING", str(pids[1])))
+        assert ok, value
+        return value  # type: ignore[no-any-return]
+
+    return run_with_pool(scenario, size=2, _unsafe_test_hooks=True,  # type: ignore[no-any-return]
+                         landlock=False, empty_root=False)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", OS_DENIED)
+def test_the_seccomp_filter_itself_denies(seccomp_probe: dict[str, Any], name: str) -> None:
+    # Outside review, session 17: 23 of these also passed with seccomp off,
+    # Landlock's or the empty root's EACCES standing in for the filter's EPERM.
+    assert seccomp_probe[name] == errno.EPERM, (name, seccomp_probe[name])
+
+
 @pytest.mark.timeout(60)
 def test_os_layer_details(os_probe: dict[str, Any]) -> None:
     assert not os.path.exists("/tmp/redteam-creat-probe")

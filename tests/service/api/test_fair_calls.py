@@ -112,12 +112,54 @@ def test_waiting_calls_are_bounded_per_tenant_and_overall() -> None:
             await calls.run("a", hold)             # A's fourth: A's own limit
         held += [asyncio.ensure_future(calls.run("b", hold)) for _ in range(2)]
         await _settle()
-        with pytest.raises(BusyError, match="at once"):
-            await calls.run("c", hold)             # everyone's limit
+        # Every slot taken (A 3, B 2): C's call takes the place of A's newest
+        # waiting one, which is refused (A has at least two more than C).
+        held.append(asyncio.ensure_future(calls.run("c", hold)))
+        await _settle()
+        assert isinstance(held[2].exception(), BusyError) and "at once" in str(held[2].exception())
+        assert not held[-1].done() and calls.pending == 5
         release.set()
-        await asyncio.gather(*held)
+        await asyncio.gather(*held[:2], *held[3:])
         assert calls.pending == 0
         await calls.run("c", hold)                 # room again
+        # When nobody has two calls more than the newcomer, everyone's limit
+        # refuses it.
+        release.clear()
+        few = FairCalls(capacity=1, max_pending=3, per_tenant=3)
+        held = [asyncio.ensure_future(few.run(t, hold)) for t in "abc"]
+        await _settle()
+        with pytest.raises(BusyError, match="at once"):
+            await few.run("d", hold)
+        release.set()
+        await asyncio.gather(*held)
+
+    asyncio.run(scenario())
+
+
+def test_a_few_tenants_at_their_own_bound_cannot_turn_everyone_else_away() -> None:
+    # Outside review, session 17: 7 API users x 40 calls (16 dashboard accounts
+    # x 16) filled every slot, and then any other user's first call was 503.
+    # Now the tenant with the most calls gives up its newest waiting one.
+    async def scenario() -> None:
+        calls = FairCalls(capacity=2, max_pending=12, per_tenant=4)
+        release = asyncio.Event()
+
+        async def hold() -> str:
+            await release.wait()
+            return "done"
+
+        flood = [asyncio.ensure_future(calls.run(t, hold)) for t in "abc" for _ in range(4)]
+        await _settle()
+        assert calls.pending == 12
+        innocent = [asyncio.ensure_future(calls.run(t, hold)) for t in "xyz"]
+        await _settle()
+        refused = [f for f in flood if f.done()]
+        assert len(refused) == 3 and all(isinstance(f.exception(), BusyError) for f in refused)
+        assert not any(f.done() for f in innocent)
+        release.set()
+        assert await asyncio.gather(*innocent) == ["done"] * 3
+        assert await asyncio.gather(*(f for f in flood if f not in refused)) == ["done"] * 9
+        assert calls.pending == 0
 
     asyncio.run(scenario())
 

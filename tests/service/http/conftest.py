@@ -110,7 +110,8 @@ def _start(http_env: Env, tmp_path: Path, **options: Any) -> Server:
         lines.append(f'[records]\njournal = "{tmp_path / f"journal-{n}"}"')
     config = tmp_path / f"server-{n}.toml"
     config.write_text("\n".join(lines) + "\n" + CONFIG)
-    return Server(http_env.database_url, str(config), nofile=options.get("nofile")).start()
+    return Server(http_env.database_url, str(config), nofile=options.get("nofile"),
+                  env=options.get("env", {})).start()
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,29 @@ def test_connections_per_ip_are_capped(make_server) -> None:
             sock.close()
 
 
+def test_a_trusted_proxy_is_not_held_to_the_per_address_cap(make_server) -> None:
+    # A proxy in front carries every client's connections from one address.
+    # (Outside review, session 17: the exemption had no test.)
+    server: Server = make_server(extra="[server]\nmax_connections_per_ip = 3\n"
+                                       "trusted_proxies = [\"127.0.0.9/32\"]")
+    held = [_connect(server, "127.0.0.9") for _ in range(8)]
+    try:
+        assert all(_refused(s) is None for s in held[-2:])   # all admitted
+        assert server.request_from("127.0.0.9", "/healthz", method="GET").status == 200
+        others = [_connect(server, "127.0.0.10") for _ in range(3)]
+        try:
+            extra = _connect(server, "127.0.0.10")          # any other address: capped
+            refused = _refused(extra)
+            assert refused is not None and refused["error"]["code"] == "busy"  # type: ignore[index]
+            extra.close()
+        finally:
+            for sock in others:
+                sock.close()
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def test_connections_in_all_are_capped(make_server) -> None:
     server: Server = make_server(extra="[server]\nmax_connections = 6")
     held = [_connect(server, f"127.0.1.{n + 1}") for n in range(6)]

@@ -148,10 +148,20 @@ def test_trusted_proxy_supplies_the_client_ip(make_server, make_endpoint, tmp_pa
     ep = make_endpoint(source=echo_ip)
     forged = {"X-Forwarded-For": "203.0.113.9"}
     assert plain.request(ep.path, json_body={}, secret=ep.secret, headers=forged).json == "127.0.0.1"
-    proxied = make_server(trusted_proxies=["127.0.0.1/32"])
+    proxied = make_server(trusted_proxies=["127.0.0.0/8"])
     resp = proxied.request(ep.path, json_body={}, secret=ep.secret,
                            headers={"X-Forwarded-For": "198.51.100.1, 203.0.113.9"})
     assert resp.json == "203.0.113.9"
+    # Read right to left up to the first hop that is not a trusted proxy: a
+    # trusted hop at the end is passed over, what the client wrote before the
+    # first untrusted one is never believed, and garbage ends the walk at the
+    # peer (outside review, session 17: only the one-hop case was tested).
+    for chain, seen in (("198.51.100.1, 203.0.113.9, 127.0.0.5", "203.0.113.9"),
+                        ("203.0.113.7, 127.0.0.6, 127.0.0.5", "203.0.113.7"),
+                        ("garbage, 127.0.0.5", "127.0.0.1")):
+        resp = proxied.request(ep.path, json_body={}, secret=ep.secret,
+                               headers={"X-Forwarded-For": chain})
+        assert resp.json == seen, (chain, resp.json)
 
 
 def test_requests_arriving_while_draining_are_refused_503(make_server, make_endpoint) -> None:

@@ -7,6 +7,7 @@ import threading
 import time
 
 import psutil
+import pytest
 
 from tests.service.http.harness import Server, wait_until
 from tests.service.http.test_checks import assert_error
@@ -61,6 +62,22 @@ def test_x_service_secret_is_hidden_from_the_script(server: Server, make_endpoin
     assert resp.status == 200
     assert "x-service-secret" not in resp.json["headers"]
     assert ep.secret not in resp.body.decode()
+
+
+@pytest.mark.parametrize("name", ["cookie", "COOKIE", "Proxy-Authorization",
+                                  "proxy-authorization", "authorization"])
+def test_credential_headers_are_hidden_from_the_script(server: Server, make_endpoint,
+                                                       name: str) -> None:
+    # Outside review, session 17: no test failed with Proxy-Authorization
+    # taken off the list of headers scripts never see.
+    ep = make_endpoint(source=ECHO_EVENT)
+    credential = "Basic " + "c2VjcmV0LWNyZWRlbnRpYWw="
+    resp = server.request(ep.path, json_body={}, headers={
+        "X-Service-Secret": ep.secret, name: credential, "X-Other": "kept"})
+    assert resp.status == 200, resp.body
+    seen = {key.lower() for key in resp.json["headers"]}
+    assert name.lower() not in seen and "x-other" in seen, seen
+    assert "c2VjcmV0LWNyZWRlbnRpYWw" not in resp.body.decode()
 
 
 def test_reply_status_and_headers(server: Server, make_endpoint) -> None:
