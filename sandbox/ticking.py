@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import PoolBusyError
+from sandbox.limits import COMPILE_BUDGET_MS
 from sandbox.outcome import Outcome, failure
 
 if TYPE_CHECKING:
@@ -57,6 +58,8 @@ class Ticking:
 
     if TYPE_CHECKING:  # provided by Supervisor and Pool
         def _ensure_tick(self) -> None: ...
+
+        def _note_crash(self, req: RequestState, reason: str, now: float) -> None: ...
 
         def _unhome(self, req: RequestState) -> None: ...
 
@@ -132,6 +135,18 @@ class Ticking:
     def _timeout(self, w: WorkerHandle, req: RequestState, now: float) -> None:
         if req.kind == "job":
             self._c["timeouts"] += 1
+        if req.kind == "job" and (req.ships_source or (req.asked_source and not req.compiled)):
+            # Past the compile budget before the script ran: the script's fault,
+            # not its time limit's, and counted like a crash, so a version that
+            # keeps overrunning it is quarantined instead of taking a worker
+            # for the whole budget at every request.
+            log.info("sandbox worker %d passed the compile budget; killed", w.pid)
+            self._note_crash(req, "its compile passed the compile budget", now)
+            self._replace(w, failure(
+                "script_error", f"script took too long to compile in its worker (more than "
+                f"{COMPILE_BUDGET_MS / 1000:g} s; the host may be overloaded)",
+                (now - req.t0) * 1000.0), backoff=False)
+            return
         log.info("sandbox worker %d passed the %d ms limit; killed", w.pid, req.limits.time_ms)
         message = f"script ran longer than {req.limits.time_ms} ms"
         out = failure("script_timeout", message, (now - req.t0) * 1000.0)
