@@ -65,6 +65,36 @@ def test_compiling_runs_under_the_guard(monkeypatch: pytest.MonkeyPatch) -> None
     assert replaced  # the worker retires after a compile that hit the cap
 
 
+def _grower(n: int) -> str:
+    """Version n of a script whose cached compiled form keeps ~0.5 MB (a 240 KB constant)."""
+    return (f"BIG = \"{n:04d}" + "ab" * 120_000 + "\"\n"
+            "on endpoint(event):\n    event.reply(len(BIG))\n")
+
+
+async def _run_growers(pool: Pool, count: int = 12) -> list[tuple[int, int]]:
+    """Run `count` new versions; (pid, resident bytes) of the worker after each."""
+    seen = []
+    for n in range(count):
+        out = await pool.run(ref(_grower(n)), event({"n": n}), Limits(5000, 16384))
+        assert out.error_kind is None, out.error_message
+        while not pool.worker_pids:
+            await asyncio.sleep(0.005)
+        pid = pool.worker_pids[0]
+        try:
+            seen.append((pid, psutil.Process(pid).memory_info().rss))
+        except psutil.NoSuchProcess:
+            pass
+    return seen
+
+
+def _fork_with_an_empty_strptime_cache() -> None:
+    # The worker forks from this process (for the patched bound): start it with
+    # strptime's cache empty, whatever earlier tests here left in it (past 100
+    # formats the cache empties itself, and the growth would vanish).
+    import _strptime
+    _strptime._regex_cache.clear()
+
+
 def test_a_worker_that_keeps_memory_after_its_jobs_retires(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Each script version a worker ran stays in its compiled-script cache (up
@@ -77,30 +107,11 @@ def test_a_worker_that_keeps_memory_after_its_jobs_retires(
     # than at start-up.
     monkeypatch.setattr(limits, "MAX_RSS_GROWTH_BYTES", 2 << 20, raising=False)
 
-    def grower(n: int) -> str:
-        return (f"BIG = \"{n:04d}" + "ab" * 120_000 + "\"\n"
-                "on endpoint(event):\n    event.reply(len(BIG))\n")
-
     async def scenario(pool: Pool) -> tuple[int, list[tuple[int, int]]]:
         start = psutil.Process(pool.worker_pids[0]).memory_info().rss
-        seen = []
-        for n in range(12):
-            out = await pool.run(ref(grower(n)), event({"n": n}), Limits(5000, 16384))
-            assert out.error_kind is None, out.error_message
-            while not pool.worker_pids:
-                await asyncio.sleep(0.005)
-            pid = pool.worker_pids[0]
-            try:
-                seen.append((pid, psutil.Process(pid).memory_info().rss))
-            except psutil.NoSuchProcess:
-                pass
-        return start, seen
+        return start, await _run_growers(pool)
 
-    # The worker forks from this process (for the bound above): start it with
-    # strptime's cache empty, whatever earlier tests here left in it (past 100
-    # formats the cache empties itself, and the growth would vanish).
-    import _strptime
-    _strptime._regex_cache.clear()
+    _fork_with_an_empty_strptime_cache()
     start, seen = run_with_pool(scenario, size=1, fresh_interpreter=False)
     assert len({pid for pid, _ in seen}) > 1  # retired at least once
     # One version adds ~0.5 MB; none is ever kept far past the bound.
@@ -118,30 +129,14 @@ def test_memory_kept_after_a_large_passing_peak_still_retires_the_worker(
     monkeypatch.setattr(limits, "MAX_RSS_GROWTH_BYTES", 2 << 20, raising=False)
     peak = "on endpoint(event):\n    x = bytearray(24 << 20)\n    event.reply(len(x))\n"
 
-    def grower(n: int) -> str:
-        return (f"BIG = \"{n:04d}" + "ab" * 120_000 + "\"\n"
-                "on endpoint(event):\n    event.reply(len(BIG))\n")
-
     async def scenario(pool: Pool) -> tuple[int, int, list[tuple[int, int]]]:
         first = pool.worker_pids[0]
         start = psutil.Process(first).memory_info().rss
         out = await pool.run(ref(peak), event(), Limits(5000, 32768))
         assert out.error_kind is None, out.error_message
-        seen = []
-        for n in range(12):
-            out = await pool.run(ref(grower(n)), event({"n": n}), Limits(5000, 16384))
-            assert out.error_kind is None, out.error_message
-            while not pool.worker_pids:
-                await asyncio.sleep(0.005)
-            pid = pool.worker_pids[0]
-            try:
-                seen.append((pid, psutil.Process(pid).memory_info().rss))
-            except psutil.NoSuchProcess:
-                pass
-        return first, start, seen
+        return first, start, await _run_growers(pool)
 
-    import _strptime
-    _strptime._regex_cache.clear()
+    _fork_with_an_empty_strptime_cache()
     first, start, seen = run_with_pool(scenario, size=1, fresh_interpreter=False)
     assert {pid for pid, _ in seen} - {first}  # retired although below the old peak
     assert max(rss for pid, rss in seen if pid == first) < start + (2 << 20) + (8 << 20)
