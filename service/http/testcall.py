@@ -187,10 +187,11 @@ class _Run:
             user_agent=clean(request.headers.get("user-agent", "")), status=result.status,
             response_headers=clean(dict(result.headers)), response_body=clean(result.body),
             duration_ms=result.duration_ms, output=clean(result.output), error=clean(error),
-            keep=target.plan.history, test=True))
+            keep=target.plan.history, test=True, script_version=target.script_version))
         if outcome is not None and outcome.error_kind and target.plan.error_logs:
             items.append(ErrorRecordIn(
                 endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,
                 kind=outcome.error_kind, message=clean(message),
-                line=outcome.error_line, traceback=clean(traceback)))
+                line=outcome.error_line, traceback=clean(traceback),
+                script_version=target.script_version))
         return items

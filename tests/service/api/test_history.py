@@ -89,6 +89,7 @@ def test_test_call_runs_the_pipeline_and_is_marked(world) -> None:
     assert wait_until(lambda: len(_history(w.manager, path)) == 1)
     record = _history(w.manager, path)[0]
     assert record["test"] is True and record["requestId"] == result["requestId"]
+    assert record["scriptVersion"] == 1    # the version that ran, as for an invocation
     assert record["query"] == {"a": "b"} and record["headers"]["x-thing"] == "1"
     assert "authorization" not in record["headers"]
     # Replayed: the same request again, a new record marked as a test call.
@@ -111,6 +112,7 @@ def test_test_call_script_failure_is_the_invoke_answer(world) -> None:
     assert result["status"] == 500 and result["error"] == "script_error"
     assert '"script_error"' in result["body"] and result["requestId"] in result["body"]
     assert wait_until(lambda: w.manager("GET", w.script_path + "/errors").json["items"] != [])
+    assert w.manager("GET", w.script_path + "/errors").json["items"][0]["scriptVersion"] == 2
 
 
 def test_test_calls_count_once_against_the_quota(world, server) -> None:
