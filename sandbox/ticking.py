@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import OrderedDict, deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from sandbox.channel import RequestState, WorkerHandle
+from sandbox import limits
 from sandbox.errors import PoolBusyError
-from sandbox.limits import COMPILE_BUDGET_MS
 from sandbox.outcome import Outcome, failure
 
 if TYPE_CHECKING:
@@ -135,16 +136,20 @@ class Ticking:
     def _timeout(self, w: WorkerHandle, req: RequestState, now: float) -> None:
         if req.kind == "job":
             self._c["timeouts"] += 1
-        if req.kind == "job" and (req.ships_source or (req.asked_source and not req.compiled)):
-            # Past the compile budget before the script ran: the script's fault,
-            # not its time limit's, and counted like a crash, so a version that
-            # keeps overrunning it is quarantined instead of taking a worker
-            # for the whole budget at every request.
+        if req.kind == "job" and req.ships_source:
+            # Past the compile budget before the script ran: a script error, not
+            # its time limit's. Counted like a crash (a version that keeps doing
+            # it is quarantined instead of taking a worker for the whole budget
+            # at every request) only when the worker spent the save-time CPU
+            # budget compiling: wall time alone may be the host's load, which a
+            # caller sending many first requests at once could make, and must
+            # not get a healthy version quarantined.
             log.info("sandbox worker %d passed the compile budget; killed", w.pid)
-            self._note_crash(req, "its compile passed the compile budget", now)
+            if _cpu_seconds(w.pid) >= limits.COMPILE_CPU_BUDGET_S:
+                self._note_crash(req, "its compile passed the compile budget", now)
             self._replace(w, failure(
                 "script_error", f"script took too long to compile in its worker (more than "
-                f"{COMPILE_BUDGET_MS / 1000:g} s; the host may be overloaded)",
+                f"{limits.COMPILE_BUDGET_MS / 1000:g} s; the host may be overloaded)",
                 (now - req.t0) * 1000.0), backoff=False)
             return
         log.info("sandbox worker %d passed the %d ms limit; killed", w.pid, req.limits.time_ms)
@@ -182,3 +187,16 @@ class Ticking:
     def _clear_failures(self, w: WorkerHandle) -> None:
         if w.alive:
             self._failures[w.slot] = 0
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` has used; 0.0 when unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS   # fields 14 and 15 of proc(5)
+    except (OSError, IndexError, ValueError):
+        return 0.0

@@ -32,6 +32,13 @@ def kept(plan: Plan) -> int:
 def keep(actor: Actor, script: Script, plan: Plan) -> None:
     """Store `script`'s current source as its version and prune the oldest."""
     source = str(script.source)
+    # Versions a node of the release before migration 0011 saved carry the
+    # column's default, 0: sized here, before they count against the budget.
+    for row in ScriptVersion.select(ScriptVersion.id, ScriptVersion.source).where(
+            (ScriptVersion.script == script.id) & (ScriptVersion.source_bytes == 0)):
+        size = len(str(row.source).encode("utf-8"))
+        if size:
+            ScriptVersion.update(source_bytes=size).where(ScriptVersion.id == row.id).execute()
     ScriptVersion.create(script=script.id, version=script.version, source=source,
                          source_bytes=len(source.encode("utf-8")), author=actor.label,
                          created_at=utcnow())

@@ -75,20 +75,25 @@ class FairCalls:
         """Every slot is taken: refuse the newest waiting call of the tenant with
         the most calls, if it has at least two more than ``have`` (O(tenants
         waiting), only while full). False when no tenant has."""
-        top, most = None, have + 1
-        for name, queue in self._waiting.items():
-            calls = self._running.get(name, 0) + len(queue)
-            if calls > most:
-                top, most = name, calls
-        if top is None:
-            return False
-        queue = self._waiting[top]
-        _, ready = queue.pop()
-        if not queue:
+        while True:
+            top, most = None, have + 1
+            for name, queue in self._waiting.items():
+                calls = self._running.get(name, 0) + len(queue)
+                if calls > most:
+                    top, most = name, calls
+            if top is None:
+                return False
+            queue = self._waiting[top]
+            while queue:
+                _, ready = queue.pop()
+                if not ready.done():   # (one whose caller went away frees no place)
+                    if not queue:
+                        del self._waiting[top]
+                    # Its caller's `run` counts it out of `pending` as it wakes.
+                    ready.set_exception(self._busy(
+                        f"Too many {self.name} calls at once; retry shortly."))
+                    return True
             del self._waiting[top]
-        if not ready.done():   # its caller's `run` counts it out of `pending` as it wakes
-            ready.set_exception(self._busy(f"Too many {self.name} calls at once; retry shortly."))
-        return True
 
     def _pump(self) -> None:
         """Start waiting calls while threads are free, one tenant's turn after another."""

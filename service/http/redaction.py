@@ -199,18 +199,21 @@ def redact_all(redactors: list[Redactor], value: Any) -> Any:
 _SECRET_SHAPES = re.compile(r"(lsk|lat)_[A-Za-z0-9_\-]{6,}|(?i:\b(bearer|basic)\s+)[^\s'\",;]+")
 
 
-_AFTER_LOGIN = re.compile(r"(?i)(login/).*")
+_AFTER_LOGIN = re.compile(r"(?is)(login/).*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def loggable_path(path: str) -> str:
     """A request path as an access line may show it: what follows a `login/`
     segment, in any letter case and percent-encoded or not, may be a login
     link's token (`//login/...` from a base URL ending in "/", a link typed in
-    capitals, `/%6Cogin/...`), and is cut."""
+    capitals, `/%6Cogin/...`), and is cut. A path cut after decoding is shown
+    decoded, its control characters encoded again (no forged log lines)."""
     if "%" in path:
         decoded = unquote(path)
         if "login/" in decoded.lower():
-            return _AFTER_LOGIN.sub(r"\1…", decoded)
+            return _CONTROL.sub(lambda m: f"%{ord(m.group()):02X}",
+                                _AFTER_LOGIN.sub(r"\1…", decoded))
     if "login/" in path.lower():
         return _AFTER_LOGIN.sub(r"\1…", path)
     return path

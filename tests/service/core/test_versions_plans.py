@@ -180,3 +180,25 @@ def test_history_and_error_filters(db):
     assert record["status"] == 500 and record["errorRecord"] is None
     with pytest.raises(core.NotFoundError):
         core.history_record(OWNER, gid, sid, "r0")                      # pruned
+
+
+def test_a_version_an_older_node_saved_is_sized_at_the_next_save(db, monkeypatch):
+    # Second review, session 17: during a rolling upgrade a node of the release
+    # before migration 0011 saves versions with the column's default, 0, which
+    # the byte budget would count as free.
+    from models import Script
+    from service.core import versions
+    monkeypatch.setattr(versions, "KEPT_BYTES", 1000)   # fewer than ten of these
+    gid = make_guild("pro")
+    sid = make_script(gid)
+    script = Script.get(Script.public_id == sid)
+    for n in range(2, 16):
+        core.update_script(OWNER, gid, sid, SOURCE + f"# {n} " + "é" * 40 + "\n")
+    assert ScriptVersion.select().where(ScriptVersion.script == script.id).count() == 10
+    ScriptVersion.update(source_bytes=0).where(ScriptVersion.script == script.id).execute()
+    core.update_script(OWNER, gid, sid, SOURCE + "# last\n")
+    listed = core.list_versions(OWNER, gid, sid)["versions"]
+    assert all(v["sourceBytes"] > 0 for v in listed), listed
+    # Counted again: past the newest ten the budget drops the oldest (as free
+    # rows they would have stayed: eleven).
+    assert len(listed) == 10, [v["version"] for v in listed]

@@ -64,8 +64,11 @@ def test_no_access_line_holds_what_follows_a_login_segment(make_server, tmp_path
     srv = make_server(env={"PYTHONPATH": path})
     token = secrets.token_urlsafe(32)
     paths = (f"/endpoints/1/login/{token}", f"/endpoints/login/{token}",
-             f"/endpoints/1/%6Cogin/{token}", f"/%6Cogin/{token}", f"/x/LOGIN/{token}")
+             f"/endpoints/1/%6Cogin/{token}", f"/%6Cogin/{token}", f"/x/LOGIN/{token}",
+             # decoded to be cut, a newline must not forge a log line
+             f"/x%0Aforged-line/login/{token}", f"/login/%0A{token}")
     for target in paths:
         assert srv.request(target, method="POST", body=b"{}").status in (404, 405)
     wait_until(lambda: srv.log.count("login/…") + srv.log.count("LOGIN/…") >= len(paths))
     assert token not in srv.log and token[:12] not in srv.log
+    assert "\nforged-line" not in srv.log and "%0Aforged-line/login/…" in srv.log
