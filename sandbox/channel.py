@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import psutil  # type: ignore[import-untyped,unused-ignore]
 
 from sandbox import protocol
+from sandbox.limits import process_cpu_seconds
 
 if TYPE_CHECKING:
     from sandbox.codecache import CodeCache
@@ -58,7 +59,7 @@ class RequestState:
 
     __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker",
                  "ships_source", "compiled", "asked_source", "guild", "queued", "deprioritised", "waited",
-                 "seated", "excess", "where", "dig", "code_waited", "homeless")
+                 "seated", "excess", "where", "dig", "code_waited", "homeless", "cpu_at_ship")
 
     def __init__(self, future: "asyncio.Future[Any]", kind: str, ref: Any,
                  event: dict[str, Any], limits: "Limits", guild: str = "") -> None:
@@ -81,6 +82,7 @@ class RequestState:
         self.deadline = 0.0
         self.worker: WorkerHandle | None = None
         self.ships_source = False  # the worker compiles first: see limits.COMPILE_BUDGET_MS
+        self.cpu_at_ship = 0.0     # the worker's CPU seconds when the source was sent
         self.compiled = False      # it said "compiled": the script may have run since
         # A worker may ask for the source ("need") once per request: each ask
         # resets the deadline to a fresh compile budget (redteam finding R10).
@@ -151,6 +153,8 @@ class WorkerHandle:
         # The code cache's key names the guild (never another guild's code).
         entry = None if have or codes is None else codes.get((req.guild, *key))
         req.ships_source = not have and entry is None
+        if req.ships_source:   # (once per version and worker: the compile's CPU is what follows)
+            req.cpu_at_ship = process_cpu_seconds(self.pid)
         frame = protocol.encode(
             {"t": "job", "id": req.id, "key": ref.key, "ver": ref.version, "dig": req.dig,
              "src": None if have else ref.source,

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import OrderedDict, deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sandbox.channel import RequestState, WorkerHandle
 from sandbox import limits
+from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import PoolBusyError
 from sandbox.outcome import Outcome, failure
 
@@ -145,7 +144,8 @@ class Ticking:
             # caller sending many first requests at once could make, and must
             # not get a healthy version quarantined.
             log.info("sandbox worker %d passed the compile budget; killed", w.pid)
-            if _cpu_seconds(w.pid) >= limits.COMPILE_CPU_BUDGET_S:
+            spent = limits.process_cpu_seconds(w.pid) - req.cpu_at_ship
+            if spent >= limits.COMPILE_CPU_BUDGET_S:
                 self._note_crash(req, "its compile passed the compile budget", now)
             self._replace(w, failure(
                 "script_error", f"script took too long to compile in its worker (more than "
@@ -188,15 +188,3 @@ class Ticking:
         if w.alive:
             self._failures[w.slot] = 0
 
-
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) process ``pid`` has used; 0.0 when unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS   # fields 14 and 15 of proc(5)
-    except (OSError, IndexError, ValueError):
-        return 0.0
