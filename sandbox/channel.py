@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Callable
 import psutil  # type: ignore[import-untyped,unused-ignore]
 
 from sandbox import protocol
-from sandbox.limits import process_cpu_seconds
 
 if TYPE_CHECKING:
     from sandbox.codecache import CodeCache
@@ -154,7 +153,7 @@ class WorkerHandle:
         entry = None if have or codes is None else codes.get((req.guild, *key))
         req.ships_source = not have and entry is None
         if req.ships_source:   # (once per version and worker: the compile's CPU is what follows)
-            req.cpu_at_ship = process_cpu_seconds(self.pid)
+            req.cpu_at_ship = self.cpu_seconds()
         frame = protocol.encode(
             {"t": "job", "id": req.id, "key": ref.key, "ver": ref.version, "dig": req.dig,
              "src": None if have else ref.source,
@@ -240,11 +239,22 @@ class WorkerHandle:
             os.close(self.pidfd)
             self.pidfd = -1
 
+    def _process(self) -> psutil.Process:
+        if self._proc is None:
+            self._proc = psutil.Process(self.pid)
+        return self._proc
+
     def rss(self) -> int:
         """Resident set size in bytes (0 if it cannot be read)."""
         try:
-            if self._proc is None:
-                self._proc = psutil.Process(self.pid)
-            return int(self._proc.memory_info().rss)
+            return int(self._process().memory_info().rss)
         except psutil.Error:
             return 0
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the worker has used (0.0 if it cannot be read)."""
+        try:
+            times = self._process().cpu_times()
+            return float(times.user + times.system)
+        except psutil.Error:
+            return 0.0

@@ -61,19 +61,6 @@ def statm_pages() -> tuple[int, int]:
     return int(size), int(rss)
 
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) process ``pid`` has used; 0.0 when unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS   # fields 14 and 15 of proc(5)
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 def current_address_space() -> int:
     """Bytes of virtual address space this process maps now (from /proc)."""
     return statm_pages()[0] * resource.getpagesize()

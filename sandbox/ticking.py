@@ -144,7 +144,7 @@ class Ticking:
             # caller sending many first requests at once could make, and must
             # not get a healthy version quarantined.
             log.info("sandbox worker %d passed the compile budget; killed", w.pid)
-            spent = limits.process_cpu_seconds(w.pid) - req.cpu_at_ship
+            spent = w.cpu_seconds() - req.cpu_at_ship
             if spent >= limits.COMPILE_CPU_BUDGET_S:
                 self._note_crash(req, "its compile passed the compile budget", now)
             self._replace(w, failure(

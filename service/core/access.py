@@ -141,8 +141,10 @@ def get_script(guild: Guild, script_id: str) -> Script:
 
 
 def guild_and_script(actor: Actor, guild_id: str, script_id: str, action: str,
-                     allowed: tuple[Role, ...] = EDITORS) -> tuple[Guild, Script, Role]:
-    """Guild, role check, then script: the common preamble of script actions."""
-    guild = get_guild(guild_id)
+                     allowed: tuple[Role, ...] = EDITORS, *,
+                     lock: bool = False) -> tuple[Guild, Script, Role]:
+    """Guild, role check, then script: the common preamble of script actions
+    (``lock``: the guild's row lock, see `get_guild`)."""
+    guild = get_guild(guild_id, lock=lock)
     role = require_role(actor, guild, allowed, action)
     return guild, get_script(guild, script_id), role

@@ -220,8 +220,9 @@ def delete_script(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]
     kept, see `KEPT_TOMBSTONES`), drop its source, secret, history, errors and
     statistics.  Raises `NotFoundError`, `PermissionDeniedError`."""
     with database.atomic():
-        get_guild(guild_id, lock=True)    # serialises the guild's deletes: the bound holds
-        guild, script, _ = guild_and_script(actor, guild_id, script_id, "delete scripts")
+        # Locked: the guild's deletes are serialised, so the tombstone bound holds.
+        guild, script, _ = guild_and_script(actor, guild_id, script_id, "delete scripts",
+                                            lock=True)
         endpoint = Endpoint.get(Endpoint.script == script.id)
         for model in (RequestRecord, ErrorRecord, StatBucket, StatIp, StatSketch):
             model.delete().where(model.endpoint == endpoint.id).execute()
