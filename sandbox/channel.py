@@ -12,6 +12,7 @@ import os
 import select
 import signal
 import socket
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -159,7 +160,9 @@ class WorkerHandle:
              "src": None if have else ref.source,
              "code": entry.code if entry is not None else None,
              "meta": entry.meta() if entry is not None else None, "event": req.event,
-             "ms": req.limits.time_ms, "mem": req.limits.memory_kb * 1024},
+             "ms": req.limits.time_ms, "mem": req.limits.memory_kb * 1024,
+             # The supervisor's deadline counts from after this (``Pool._dispatch``).
+             "until": time.monotonic() + req.limits.time_ms / 1000.0},
             protocol.MAX_JOB_BYTES)
         # Same order of moves and evictions as the worker's LRU.
         if have:

@@ -267,8 +267,14 @@ class Compiling:
                         self._compile_done(q.popleft(), None)
                     return
                 # No compile worker for this guild now: whoever waits goes on
-                # without code (its worker compiles); the source stays queued for
-                # the cache until a spare is ready (``_on_message``: ready).
+                # without code (its worker compiles, and offers the code if it
+                # never ran a script). A long source stays queued for the cache
+                # until a spare is ready (``_on_message``: ready); a short one is
+                # dropped, as when the compile worker is busy (``_await_code``):
+                # otherwise a spare ready before the worker's offer compiled it twice.
+                if len(source) <= OFFERED_SOURCE_CHARS:
+                    self._compile_done(q.popleft(), None, counted=False)
+                    continue
                 if not waiting.done():
                     waiting.set_result(None)
                 return

@@ -12,7 +12,10 @@ Messages (``t`` is the type):
 parent -> worker
     ``{"t": "job", "id", "key", "ver", "dig": source SHA-256, "src": str | None,
     "code": marshalled code | None, "meta": {"events", "endpoint", "gen", "err"} | None,
-    "event", "ms", "mem"}`` (``meta`` set: load ``code``, do not compile)
+    "event", "ms", "mem", "until"}`` (``meta`` set: load ``code``, do not compile;
+    ``until``: the service's ``time.monotonic()`` at which ``ms`` ends, so the
+    worker's report of where the script was comes before the kill even when the
+    job reached it late)
     ``{"t": "compile", "id", "src"}``  (to the compile worker only)
     ``{"t": "exec", "id", "code"}``  (test hook; refused unless the pool enabled it)
 worker -> parent
@@ -162,7 +165,8 @@ def check_job(msg: Any) -> dict[str, Any]:
               and _opt(msg.get("code"), bytes)
               and (msg.get("meta") is None or (check_meta(msg["meta"]) and msg["src"] is not None))
               and type(msg.get("event")) is dict
-              and _is_int(msg.get("ms")) and _is_int(msg.get("mem")))
+              and _is_int(msg.get("ms")) and _is_int(msg.get("mem"))
+              and type(msg.get("until")) is float)
     elif t == "compile":
         ok = _is_int(msg.get("id")) and type(msg.get("src")) is str
     elif t == "exec":

@@ -81,7 +81,7 @@ def test_line_numbers_a_script_can_have_pass() -> None:
 
 def test_job_validation() -> None:
     job = {"t": "job", "id": 1, "key": "k", "ver": 1, "dig": b"d" * 32, "src": None,
-           "event": {}, "ms": 5, "mem": 9}
+           "event": {}, "ms": 5, "mem": 9, "until": 12.5}
     assert protocol.check_job(job) is job
     meta = {"events": ["endpoint"], "endpoint": True, "gen": False, "err": None}
     shipped = {**job, "src": "x", "code": b"c", "meta": meta}
@@ -89,7 +89,8 @@ def test_job_validation() -> None:
     for bad in ({**job, "src": 3}, {**job, "event": []}, {**job, "t": "exec"}, {"t": "x"},
                 {**job, "dig": None}, {**job, "code": "text"}, {**shipped, "src": None},
                 {**shipped, "meta": {**meta, "endpoint": 1}},
-                {**shipped, "meta": {**meta, "err": ["1", "x"]}}):
+                {**shipped, "meta": {**meta, "err": ["1", "x"]}}, {**job, "until": 12},
+                {**job, "until": None}):
         with pytest.raises(ProtocolError):
             protocol.check_job(bad)
 

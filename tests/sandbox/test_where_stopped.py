@@ -2,6 +2,9 @@
 was executing and its script frames (real workers; the kill is unchanged)."""
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from typing import Any
 
 from sandbox.pool import Limits, Pool
@@ -73,3 +76,37 @@ def test_a_script_that_ends_just_in_time_is_unaffected() -> None:
                 for _ in range(20)]
 
     assert all(o.error_kind is None and o.body == b'"done"' for o in run_with_pool(scenario, size=1))
+
+
+SPIN_WHEN_ASKED = """\
+def spin(n):
+    total = 0
+    while True:
+        total += n
+on endpoint(event):
+    if event.body.get("spin"):
+        spin(1)
+    event.reply("quick")
+"""
+
+
+def test_a_job_that_reaches_its_worker_late_still_reports_where_it_stopped() -> None:
+    # On a busy host the worker may read its job well after the supervisor sent
+    # it, and the supervisor's kill counts from the send: the worker's report of
+    # where the script was must come by then, not a time limit after the read.
+    async def scenario(pool: Pool) -> Any:
+        first = await pool.run(ref(SPIN_WHEN_ASKED), event({}), Limits(300, 4096), guild="G")
+        assert first.body == b'"quick"', first
+        (worker,) = pool._guild_idle["G"]
+        os.kill(worker.pid, signal.SIGSTOP)      # it reads its next job 150 ms late
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.15, os.kill, worker.pid, signal.SIGCONT)
+        out = await pool.run(ref(SPIN_WHEN_ASKED), event({"spin": True}), Limits(300, 4096),
+                             guild="G")
+        return out, worker.pid, pool.counters["timeouts"]
+
+    out, pid, timeouts = run_with_pool(scenario, size=1)
+    assert out.error_kind == "script_timeout" and timeouts == 1
+    assert out.error_line in (3, 4), out
+    assert "stopped at line" in (out.error_message or "")
+    assert "in spin" in (out.traceback or ""), out.traceback
