@@ -1,7 +1,7 @@
 """The invoke path's one read: everything a request needs, in one indexed query.
 
-`TargetCache` serves repeated lookups from memory (SQLite: `PRAGMA
-data_version`; PostgreSQL: the change feed) without ever serving a stale one,
+`TargetCache` serves repeated lookups from memory (SQLite: its WAL index
+header, `service.core.wal_index`; PostgreSQL: the change feed) without ever serving a stale one,
 runs PostgreSQL's queries off the event loop, and answers from memory what it
 can, for at most `outage_serve_s`, while PostgreSQL is unreachable (see its
 docstring; `connection_lost` tells "unreachable" from an error the server
@@ -24,6 +24,7 @@ from models.change_feed import ChangeFeed
 from models.db import database
 from service.core.db_errors import connection_lost
 from service.core.target_read import InvokeTarget, load_target
+from service.core.wal_index import WalIndex
 from service.plans import DEFAULT_PLANS, Plan
 
 __all__ = ["InvokeTarget", "load_target", "TargetCache", "TargetsUnavailable", "NeedsQuery",
@@ -64,12 +65,13 @@ _MISSING = object()
 class TargetCache:
     """`load_target` that remembers answers until the database changes.
 
-    Exact, never stale: on SQLite, `PRAGMA data_version` changes whenever
-    another connection — another thread's, or another process's such as the
-    `logic` CLI — commits, and then every remembered answer is dropped. So a
-    regenerated secret, a disabled endpoint or a new whitelist take effect on
-    the very next request, as without the cache. The pragma costs a couple of
-    microseconds against ~15 µs for the join. Writes through this thread's own
+    Exact, never stale: on SQLite, the WAL index header (`WalIndex`; `PRAGMA
+    data_version` outside WAL mode) changes whenever a connection — another
+    thread's, or another process's such as the `logic` CLI — commits, and then
+    every remembered answer is dropped. So a regenerated secret, a disabled
+    endpoint or a new whitelist take effect on the very next request, as
+    without the cache. Reading the header costs a memory read against ~15 µs
+    for the join. Outside WAL mode, writes through this thread's own
     connection do not change its data_version: whoever writes through it must
     call `invalidate()` (the service's loop thread only reads).
 
@@ -114,6 +116,7 @@ class TargetCache:
         self._entries: dict[tuple[str, str], InvokeTarget | None] = {}
         self._version: object = None
         self._conn: object = None
+        self._index: WalIndex | None = None   # SQLite: what committed since the last look
         self._executor: ThreadPoolExecutor | None = None
         self._pending = 0
         self._down_since: float | None = None
@@ -174,8 +177,12 @@ class TargetCache:
         key = (guild_id, script_id)
         if isinstance(db, SqliteDatabase):
             conn = db.connection()  # type: ignore[no-untyped-call]
-            version = conn.execute("PRAGMA data_version").fetchone()[0]
-            entries = self._adopt(version, conn)
+            index = self._index
+            if index is None or index.conn is not conn:
+                if index is not None:
+                    index.close()
+                index = self._index = WalIndex(conn)
+            entries = self._adopt(index.changes(), conn)
             found = entries.get(key, _MISSING)
             if found is _MISSING:
                 found = load_target(guild_id, script_id, self._plans)
@@ -323,9 +330,12 @@ class TargetCache:
         await asyncio.shield(noticing[1])
 
     def close(self) -> None:
-        """Stop the lookup threads."""
+        """Stop the lookup threads; unmap the WAL index."""
         if self._executor is not None:
             self._executor.shutdown(wait=False)
+        if self._index is not None:
+            self._index.close()
+            self._index = None
 
 
 async def _feed_noticed(feed: ChangeFeed) -> None:

@@ -1,0 +1,160 @@
+"""Whether anything committed to a SQLite database since the last look, read from
+its WAL index without a system call.
+
+`PRAGMA data_version` answers that exactly, but its read transaction costs
+three system calls (two `fcntl` locks and an `fstat`), about 6 % of the
+invoke path's throughput (docs/performance.md). In WAL mode every commit,
+from any connection of any process, rewrites the WAL index header at the
+start of the database's `-shm` file (SQLite's `walIndexWriteHdr`: a change
+counter, the last frame, checksums and salts) before the committing
+connection lets go of its write lock; every connection of every process
+reads that header through a shared mapping of the file, and the pragma
+itself is computed from it. `WalIndex` maps the same file read-only and
+compares the header's two copies (96 bytes): one memory read.
+
+- SQLite truncates and re-initialises `-shm` only when no process holds its
+  dead-man lock, and deletes it only under an exclusive lock on the
+  database: neither can happen while a connection of this process is open,
+  and a `WalIndex` serves one open connection (`TargetCache` makes a new one
+  whenever its connection changes).
+- POSIX locks belong to the process: closing *any* descriptor of a file
+  drops every lock the process holds on it, SQLite's own (its dead-man and
+  read locks on the index) included. So the descriptor and the mapping made
+  here are never closed: they are kept for the life of the process, one per
+  file (`_MAPS`, at most `MAX_MAPS`; past that the pragma answers).
+- A header whose change counter is 0 (a fresh index, or one SQLite rebuilt
+  after a process died while writing it) could repeat an earlier one: the
+  pragma answers too while it is.
+- As a tripwire against a SQLite that behaves otherwise, the pragma also
+  runs once every `CROSS_CHECK_S`: if it saw a commit that the header did
+  not show, the mapping is abandoned for the pragma (logged).
+
+Outside WAL mode, or when the file cannot be mapped, the pragma answers.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import sqlite3
+import threading
+import time
+from typing import Callable
+
+log = logging.getLogger("logic.targets")
+
+#: Both copies of the WAL index header (SQLite's `WalIndexHdr`, 48 bytes each).
+HEADER_BYTES = 96
+#: The change counter (`iChange`) of the first copy.
+_CHANGE = slice(8, 12)
+_NO_CHANGE = bytes(4)
+#: How often the pragma cross-checks the header (seconds).
+CROSS_CHECK_S = 1.0
+#: Index files mapped per process (tests open many databases; a service one).
+MAX_MAPS = 64
+
+#: (device, inode) of an index file -> its descriptor and mapping, never closed.
+_MAPS: dict[tuple[int, int], tuple[int, mmap.mmap | None]] = {}
+_MAPS_LOCK = threading.Lock()
+#: A second descriptor of a file already in `_MAPS` (opened in a race): kept too.
+_SPARE_FDS: list[int] = []
+
+
+class WalIndex:
+    """What has committed to the database of one open WAL-mode connection."""
+
+    __slots__ = ("conn", "_map", "_clock", "_checked_at", "_pragma", "_header_then")
+
+    def __init__(self, conn: sqlite3.Connection,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.conn = conn
+        self._clock = clock
+        _data_version(conn)   # a read in WAL mode: the connection maps the index
+        self._map: mmap.mmap | None = _map_index(conn)
+        # The cross-check's last header (read before its pragma) and pragma.
+        self._header_then = self._map[:HEADER_BYTES] if self._map is not None else b""
+        self._pragma = _data_version(conn)
+        self._checked_at = clock()
+
+    def changes(self) -> object:
+        """A value that differs from the last one whenever anything committed in
+        between (and sometimes when nothing did)."""
+        m = self._map
+        if m is None:
+            return _data_version(self.conn)
+        header = m[:HEADER_BYTES]
+        now = self._clock()
+        if now - self._checked_at >= CROSS_CHECK_S:
+            header = self._cross_check(header, now)
+            if self._map is None:
+                return _data_version(self.conn)
+        if header[_CHANGE] == _NO_CHANGE:
+            return header, _data_version(self.conn)
+        return header
+
+    def _cross_check(self, before: bytes, now: float) -> bytes:
+        """Run the pragma; the header read after it."""
+        # Any commit the pragma saw since its last run came after the header read
+        # before that run and before the header read after this one: if those two
+        # are equal, the header missed it.
+        pragma = _data_version(self.conn)
+        m = self._map
+        assert m is not None
+        after = m[:HEADER_BYTES]
+        if pragma != self._pragma and after == self._header_then:
+            log.warning("the SQLite WAL index did not show a commit that PRAGMA data_version "
+                        "saw; endpoint lookups run the pragma from now on")
+            self._map = None
+        self._header_then, self._pragma, self._checked_at = before, pragma, now
+        return after
+
+    def close(self) -> None:
+        """Stop reading the mapping (which stays: see the module's docstring)."""
+        self._map = None
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+def _map_index(conn: sqlite3.Connection) -> mmap.mmap | None:
+    """The read-only mapping of the `-shm` file of ``conn``'s main database, or
+    None when it is not in WAL mode or has no such file (an in-memory database)."""
+    try:
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        rows = conn.execute("PRAGMA database_list").fetchall()
+    except sqlite3.Error:
+        return None
+    path = next((row[2] for row in rows if row[1] == "main"), "")
+    if str(mode).lower() != "wal" or not path:
+        return None
+    shm = path + "-shm"
+    with _MAPS_LOCK:
+        try:
+            st = os.stat(shm, follow_symlinks=False)
+        except OSError:
+            return None
+        kept = _MAPS.get((st.st_dev, st.st_ino))
+        if kept is not None:
+            return kept[1]
+        if len(_MAPS) >= MAX_MAPS:
+            return None
+        try:
+            fd = os.open(shm, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        # From here on `fd` is never closed (it would drop SQLite's locks).
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        kept = _MAPS.get(key)
+        if kept is not None:   # replaced between the stat and the open
+            _SPARE_FDS.append(fd)
+            return kept[1]
+        mapped: mmap.mmap | None = None
+        if st.st_size >= mmap.PAGESIZE:
+            try:
+                mapped = mmap.mmap(fd, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+            except OSError:
+                mapped = None
+        _MAPS[key] = (fd, mapped)
+        return mapped
