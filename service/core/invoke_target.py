@@ -71,7 +71,7 @@ class TargetCache:
     every remembered answer is dropped. So a regenerated secret, a disabled
     endpoint or a new whitelist take effect on the very next request, as
     without the cache. Reading the header costs a memory read against ~15 µs
-    for the join. Outside WAL mode, writes through this thread's own
+    for the join. Where the pragma answers, writes through this thread's own
     connection do not change its data_version: whoever writes through it must
     call `invalidate()` (the service's loop thread only reads).
 

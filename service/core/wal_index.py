@@ -10,29 +10,37 @@ counter, the last frame, checksums and salts) before the committing
 connection lets go of its write lock; every connection of every process
 reads that header through a shared mapping of the file, and the pragma
 itself is computed from it. `WalIndex` maps the same file read-only and
-compares the header's two copies (96 bytes): one memory read.
+compares the header (both of its copies, 96 bytes) with what it read at the
+previous look: one memory read.
 
-- SQLite truncates and re-initialises `-shm` only when no process holds its
-  dead-man lock, and deletes it only under an exclusive lock on the
-  database: neither can happen while a connection of this process is open,
-  and a `WalIndex` serves one open connection (`TargetCache` makes a new one
-  whenever its connection changes).
+- SQLite truncates and re-initialises `-shm` only when no connection of any
+  process holds its dead-man lock, and deletes it only under an exclusive
+  lock on the database: neither can happen while a connection of this
+  process is open, and a `WalIndex` serves one open connection
+  (`TargetCache` makes a new one whenever its connection changes). A file
+  re-created after every connection closed is a new inode (the descriptor
+  kept here holds the old one), so it gets a mapping of its own.
 - POSIX locks belong to the process: closing *any* descriptor of a file
   drops every lock the process holds on it, SQLite's own (its dead-man and
-  read locks on the index) included. So the descriptor and the mapping made
-  here are never closed: they are kept for the life of the process, one per
-  file (`_MAPS`, at most `MAX_MAPS`; past that the pragma answers).
+  read locks on the index) included. So the one descriptor opened here per
+  file and its mapping (made through libc: `mmap.mmap` would duplicate the
+  descriptor and close the duplicate) are kept for the life of the process
+  (`_MAPS`, at most `MAX_MAPS` files; past that the pragma answers).
 - A header whose change counter is 0 (a fresh index, or one SQLite rebuilt
   after a process died while writing it) could repeat an earlier one: the
   pragma answers too while it is.
 - As a tripwire against a SQLite that behaves otherwise, the pragma also
   runs once every `CROSS_CHECK_S`: if it saw a commit that the header did
-  not show, the mapping is abandoned for the pragma (logged).
+  not show, this `WalIndex` answers with the pragma from then on (logged).
+- The lookups must not leave a statement unfinished on the connection: its
+  read transaction would pin an old snapshot that a lookup could then store
+  under a new header (`load_target` reads its one row and finishes).
 
 Outside WAL mode, or when the file cannot be mapped, the pragma answers.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import os
@@ -54,7 +62,7 @@ CROSS_CHECK_S = 1.0
 MAX_MAPS = 64
 
 #: (device, inode) of an index file -> its descriptor and mapping, never closed.
-_MAPS: dict[tuple[int, int], tuple[int, mmap.mmap | None]] = {}
+_MAPS: dict[tuple[int, int], tuple[int, memoryview | None]] = {}
 _MAPS_LOCK = threading.Lock()
 #: A second descriptor of a file already in `_MAPS` (opened in a race): kept too.
 _SPARE_FDS: list[int] = []
@@ -70,9 +78,9 @@ class WalIndex:
         self.conn = conn
         self._clock = clock
         _data_version(conn)   # a read in WAL mode: the connection maps the index
-        self._map: mmap.mmap | None = _map_index(conn)
+        self._map: memoryview | None = _map_index(conn)
         # The cross-check's last header (read before its pragma) and pragma.
-        self._header_then = self._map[:HEADER_BYTES] if self._map is not None else b""
+        self._header_then = _read(self._map) if self._map is not None else b""
         self._pragma = _data_version(conn)
         self._checked_at = clock()
 
@@ -82,7 +90,7 @@ class WalIndex:
         m = self._map
         if m is None:
             return _data_version(self.conn)
-        header = m[:HEADER_BYTES]
+        header = m[:HEADER_BYTES].tobytes()
         now = self._clock()
         if now - self._checked_at >= CROSS_CHECK_S:
             header = self._cross_check(header, now)
@@ -100,10 +108,10 @@ class WalIndex:
         pragma = _data_version(self.conn)
         m = self._map
         assert m is not None
-        after = m[:HEADER_BYTES]
+        after = m[:HEADER_BYTES].tobytes()
         if pragma != self._pragma and after == self._header_then:
             log.warning("the SQLite WAL index did not show a commit that PRAGMA data_version "
-                        "saw; endpoint lookups run the pragma from now on")
+                        "saw; endpoint lookups on this connection run the pragma from now on")
             self._map = None
         self._header_then, self._pragma, self._checked_at = before, pragma, now
         return after
@@ -113,11 +121,15 @@ class WalIndex:
         self._map = None
 
 
+def _read(m: memoryview) -> bytes:
+    return m[:HEADER_BYTES].tobytes()
+
+
 def _data_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA data_version").fetchone()[0])
 
 
-def _map_index(conn: sqlite3.Connection) -> mmap.mmap | None:
+def _map_index(conn: sqlite3.Connection) -> memoryview | None:
     """The read-only mapping of the `-shm` file of ``conn``'s main database, or
     None when it is not in WAL mode or has no such file (an in-memory database)."""
     try:
@@ -150,11 +162,25 @@ def _map_index(conn: sqlite3.Connection) -> mmap.mmap | None:
         if kept is not None:   # replaced between the stat and the open
             _SPARE_FDS.append(fd)
             return kept[1]
-        mapped: mmap.mmap | None = None
-        if st.st_size >= mmap.PAGESIZE:
-            try:
-                mapped = mmap.mmap(fd, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ)
-            except OSError:
-                mapped = None
+        mapped = _map_page(fd) if st.st_size >= mmap.PAGESIZE else None
         _MAPS[key] = (fd, mapped)
         return mapped
+
+
+def _map_page(fd: int) -> memoryview | None:
+    """The first page of ``fd``, mapped shared and read-only, never unmapped.
+
+    Through libc, not `mmap.mmap`: that one works on a duplicate of the
+    descriptor, which it closes when the mapping fails or is freed, and that
+    close would drop SQLite's locks."""
+    addr = _libc_mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == _MAP_FAILED:
+        return None
+    return memoryview((ctypes.c_char * mmap.PAGESIZE).from_address(addr)).cast("B")
+
+
+_libc_mmap = ctypes.CDLL(None, use_errno=True).mmap
+_libc_mmap.restype = ctypes.c_void_p
+_libc_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_MAP_FAILED = ctypes.c_void_p(-1).value

@@ -158,8 +158,9 @@ def test_invalidate_drops_entries(db, endpoint):
     first = must(cache(gid, sid))
     assert cache(gid, "logic_" + "y" * 22) is None
     assert len(cache._entries) == 2  # private dict, read to see what is remembered
-    # A write through this thread's own connection does not move its
-    # data_version; the documented contract is that such a writer invalidates.
+    # A write through this thread's own connection need not move what the
+    # cache watches (the pragma, where it answers, ignores the connection's own
+    # commits); the documented contract is that such a writer invalidates.
     core.disable_endpoint(OWNER, gid, sid)
     cache.invalidate()
     assert cache._entries == {}

@@ -98,8 +98,9 @@ def test_a_header_that_missed_a_commit_hands_over_to_the_pragma(db, endpoint, ca
     now = [0.0]
     index = WalIndex(db.connection(), clock=lambda: now[0])
     assert index._map is not None                # (the real mapping stays open)
-    index._map = frozen = mmap.mmap(-1, mmap.PAGESIZE)   # a header that never changes
-    frozen[8:12] = b"\x01\x00\x00\x00"          # (a change counter past 0)
+    frozen = bytearray(mmap.PAGESIZE)            # a header that never changes,
+    frozen[8:12] = b"\x01\x00\x00\x00"          # its change counter past 0
+    index._map = memoryview(frozen)
     index._header_then = first = index.changes()
     _commit_elsewhere(db, endpoint[1], "# elsewhere\n")
     assert index.changes() == first              # missed, until the cross-check
@@ -136,6 +137,66 @@ def test_outside_wal_mode_the_pragma_answers(tmp_path):
             other.execute("INSERT INTO t VALUES (1)")
         assert index.changes() != before
         index.close()
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize("kept_open", [False, True], ids=["index-re-created", "index-kept"])
+def test_a_new_connection_sees_every_commit_after_it(db, endpoint, monkeypatch, kept_open):
+    # The loop's connection closes and reopens: with another connection keeping
+    # the -shm file, or with none (SQLite deletes it and re-creates it, a new
+    # file); either way the new connection's lookups see each commit at once.
+    monkeypatch.setattr(wal_index, "CROSS_CHECK_S", 1e9)
+    gid, sid = endpoint
+    cache = TargetCache()
+    assert cache(gid, sid) is not None
+    shm = db.database + "-shm"
+    inode = os.stat(shm).st_ino
+    with closing(sqlite3.connect(db.database)) as other:
+        if kept_open:
+            other.execute("PRAGMA data_version").fetchone()
+        else:
+            other.close()
+        db.close()
+        assert os.path.exists(shm) == kept_open
+        db.connect()
+        assert cache(gid, sid) is not None
+        assert (os.stat(shm).st_ino == inode) == kept_open
+        for n in range(3):
+            _commit_elsewhere(db, sid, f"# {n}\n")
+            target = cache(gid, sid)
+            assert target is not None and target.source == f"# {n}\n", n
+
+
+@SQLITE_ONLY
+def test_lookups_leave_no_read_transaction_open(db, endpoint):
+    # An unfinished statement would pin an old snapshot that a lookup could
+    # store under a newer header: none is left (a checkpoint that must wait
+    # for every reader completes at once).
+    gid, sid = endpoint
+    cache = TargetCache()
+    for _ in range(3):
+        assert cache(gid, sid) is not None
+        assert cache("1" * 18, "logic_" + "x" * 22) is None
+        _commit_elsewhere(db, sid, "# moved\n")
+        assert cache(gid, sid) is not None
+        with closing(sqlite3.connect(db.database, timeout=0)) as other:
+            busy, _, _ = other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        assert busy == 0
+
+
+@SQLITE_ONLY
+def test_a_mapping_that_fails_leaves_sqlites_locks_and_the_pragma_answers(db, endpoint,
+                                                                          monkeypatch):
+    gid, sid = endpoint
+    held = _locks_held(db.database + "-shm")
+    monkeypatch.setattr(wal_index, "_MAPS", {})
+    monkeypatch.setattr(wal_index, "_libc_mmap", lambda *args: wal_index._MAP_FAILED)
+    cache = TargetCache()
+    assert cache(gid, sid) is not None
+    assert _locks_held(db.database + "-shm") == held
+    _commit_elsewhere(db, sid, "# seen\n")
+    target = cache(gid, sid)
+    assert target is not None and target.source == "# seen\n"
 
 
 @SQLITE_ONLY
