@@ -20,6 +20,7 @@ import select
 import socket
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,8 @@ def measure(source: str) -> tuple[float, float]:
 
     def job(n: int, src: str | None) -> dict[str, Any]:
         return {"t": "job", "id": n, "key": "logic_footprint", "ver": 1, "dig": b"d" * 32,
-                "src": src, "ms": 1000, "mem": 4 << 20, "event": event}
+                "src": src, "ms": 1000, "mem": 4 << 20, "event": event,
+                "until": time.monotonic() + 1.0}
 
     def run(n: int, src: str | None = None) -> None:
         os.write(ctl_w, b"j")
