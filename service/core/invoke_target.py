@@ -1,11 +1,11 @@
 """The invoke path's one read: everything a request needs, in one indexed query.
 
 `TargetCache` serves repeated lookups from memory (SQLite: its WAL index
-header, `service.core.wal_index`; PostgreSQL: the change feed) without ever serving a stale one,
-runs PostgreSQL's queries off the event loop, and answers from memory what it
-can, for at most `outage_serve_s`, while PostgreSQL is unreachable (see its
-docstring; `connection_lost` tells "unreachable" from an error the server
-reported).
+header, `service.core.wal_index`; PostgreSQL: the change feed) without ever
+serving a stale one, runs PostgreSQL's queries off the event loop, and answers
+from memory what it can, for at most `outage_serve_s`, while PostgreSQL is
+unreachable (see its docstring; `connection_lost` tells "unreachable" from an
+error the server reported).
 
 What it remembers is `load_target`'s answer (`service.core.target_read`, the
 one indexed query; re-exported here with `InvokeTarget`).

@@ -20,11 +20,10 @@ from typing import Any
 
 import pytest
 
-from service import core
 from service.core import wal_index
 from service.core.invoke_target import TargetCache
 from service.core.wal_index import WalIndex
-from tests.factories import OWNER, make_guild, make_script
+from tests.service.core.test_target_cache import endpoint  # noqa: F401 - a fixture
 
 SQLITE_ONLY = pytest.mark.parametrize("db", ["sqlite"], indirect=True)
 
@@ -40,14 +39,6 @@ for line in sys.stdin:
     conn.execute("UPDATE script SET source = ? WHERE public_id = ?", (f"# {n}\n", sys.argv[2]))
     print("ok", flush=True)
 """
-
-
-@pytest.fixture
-def endpoint(db) -> tuple[str, str]:
-    gid = make_guild("pro")
-    sid = make_script(gid)
-    core.enable_endpoint(OWNER, gid, sid)
-    return gid, sid
 
 
 @SQLITE_ONLY
