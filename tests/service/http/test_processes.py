@@ -164,6 +164,45 @@ def test_two_fronts_answer_on_one_port_each_with_its_own_workers(start, make_end
 
 
 @SQLITE_ONLY
+def test_a_regenerated_secret_is_dead_on_the_next_request_of_every_front(
+        start, make_endpoint, bind) -> None:
+    # Each front keeps its own endpoint cache, told of commits by SQLite's WAL
+    # index (service/core/wal_index.py): a change committed by another process
+    # (this test's) is seen by the very next request on each front.
+    from service.core import secrets
+    from service.core.access import Actor
+
+    server = start()
+    pids = fronts(server)
+    ep = make_endpoint(source=ECHO, plan="bench")
+    kept: dict[int, http.client.HTTPConnection] = {}
+    try:
+        for _ in range(64):
+            if len(kept) == 2:
+                break
+            conn = _connect(server.port)
+            front = front_of(conn, pids, server.port)
+            if front in kept:
+                conn.close()
+            else:
+                kept[front] = conn
+        assert set(kept) == set(pids)
+        secret = ep.secret
+        for round_ in range(3):
+            for conn in kept.values():   # each front verified and remembers the secret
+                assert _post(conn, ep.path, secret, {"n": round_})[0] == 200
+            bind()
+            old, secret = secret, secrets.regenerate_secret(
+                Actor.user(OWNER), ep.guild_id, ep.script_id)["secret"]
+            for conn in kept.values():
+                assert _post(conn, ep.path, old)[0] == 401
+                assert _post(conn, ep.path, secret)[0] == 200
+    finally:
+        for conn in kept.values():
+            conn.close()
+
+
+@SQLITE_ONLY
 def test_one_process_runs_no_arbiter(make_server) -> None:
     server: Server = make_server()
     assert "logic.arbiter" not in server.log and "fronts ready" not in server.log
