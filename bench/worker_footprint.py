@@ -5,7 +5,7 @@ when 100 guilds' workers take turns on two cores.
 
 A child forked from a process that imported what the fork server imports (heap
 frozen, as there) runs the worker's loop body on a socket: receive a job frame,
-run it with `sandbox.worker._Runner`, send the reply. The parent clears the
+run it with `sandbox.job_runner.JobRunner`, send the reply. The parent clears the
 child's page reference bits (`/proc/PID/clear_refs`), lets it run one job, and
 sums `Referenced` over the child's writable mappings in `/proc/PID/smaps`: the
 private pages (after copy-on-write) one job reads or writes. A control round
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import sandbox.zygote  # noqa: E402,F401  (what the fork server imports)
-from sandbox import hardening, limits, protocol, worker  # noqa: E402
+from sandbox import hardening, job_runner, limits, protocol, worker  # noqa: E402
 from sandbox_bench import BODY, VALIDATE, make_event  # noqa: E402
 
 TRIVIAL = "on endpoint(event):\n    event.reply(1)\n"
@@ -67,7 +67,7 @@ def measure(source: str) -> tuple[float, float]:
         ours.close()
         os.close(ctl_w)
         os.close(ack_r)
-        runner = worker._Runner(worker.WorkerConfig(hardening.HardeningConfig(address_space=0)),
+        runner = job_runner.JobRunner(worker.WorkerConfig(hardening.HardeningConfig(address_space=0)),
                                 limits.make_accountant(True))
         ready = select.poll()
         ready.register(theirs.fileno(), select.POLLIN)

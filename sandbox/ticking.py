@@ -187,4 +187,3 @@ class Ticking:
     def _clear_failures(self, w: WorkerHandle) -> None:
         if w.alive:
             self._failures[w.slot] = 0
-

@@ -39,7 +39,7 @@ from typing import Any, NoReturn
 
 import msgpack  # type: ignore[import-untyped]
 
-from sandbox import hardening, limits, seccomp_bpf, seccomp_rules, worker
+from sandbox import hardening, job_runner, limits, seccomp_bpf, seccomp_rules, worker
 from sandbox.errors import SpawnError
 
 WARM_MODULES = (
@@ -176,7 +176,7 @@ def _warm() -> None:
     from sandbox.runtime import prepare_worker_process, run_endpoint
     result = compile_script(WARM_SOURCE)
     if result.ok and result.script is not None:
-        run_endpoint(result.script, dict(WARM_EVENT), output_cap=worker.OUTPUT_CAP)
+        run_endpoint(result.script, dict(WARM_EVENT), output_cap=job_runner.OUTPUT_CAP)
     prepare_worker_process()
 
 

@@ -179,8 +179,6 @@ class TargetCache:
             conn = db.connection()  # type: ignore[no-untyped-call]
             index = self._index
             if index is None or index.conn is not conn:
-                if index is not None:
-                    index.close()
                 index = self._index = WalIndex(conn)
             entries = self._adopt(index.changes(), conn)
             found = entries.get(key, _MISSING)
@@ -330,12 +328,10 @@ class TargetCache:
         await asyncio.shield(noticing[1])
 
     def close(self) -> None:
-        """Stop the lookup threads; unmap the WAL index."""
+        """Stop the lookup threads."""
         if self._executor is not None:
             self._executor.shutdown(wait=False)
-        if self._index is not None:
-            self._index.close()
-            self._index = None
+        self._index = None
 
 
 async def _feed_noticed(feed: ChangeFeed) -> None:

@@ -61,11 +61,11 @@ CROSS_CHECK_S = 1.0
 #: Index files mapped per process (tests open many databases; a service one).
 MAX_MAPS = 64
 
-#: (device, inode) of an index file -> its descriptor and mapping, never closed.
-_MAPS: dict[tuple[int, int], tuple[int, memoryview | None]] = {}
+#: (device, inode) of an index file -> its mapping (None: too small to map). Its
+#: descriptor is never closed, nor is a second one a race between the `stat` and
+#: the `open` below may leave.
+_MAPS: dict[tuple[int, int], memoryview | None] = {}
 _MAPS_LOCK = threading.Lock()
-#: A second descriptor of a file already in `_MAPS` (opened in a race): kept too.
-_SPARE_FDS: list[int] = []
 
 
 class WalIndex:
@@ -80,7 +80,7 @@ class WalIndex:
         _data_version(conn)   # a read in WAL mode: the connection maps the index
         self._map: memoryview | None = _map_index(conn)
         # The cross-check's last header (read before its pragma) and pragma.
-        self._header_then = _read(self._map) if self._map is not None else b""
+        self._header_then = self._map[:HEADER_BYTES].tobytes() if self._map is not None else b""
         self._pragma = _data_version(conn)
         self._checked_at = clock()
 
@@ -116,14 +116,6 @@ class WalIndex:
         self._header_then, self._pragma, self._checked_at = before, pragma, now
         return after
 
-    def close(self) -> None:
-        """Stop reading the mapping (which stays: see the module's docstring)."""
-        self._map = None
-
-
-def _read(m: memoryview) -> bytes:
-    return m[:HEADER_BYTES].tobytes()
-
 
 def _data_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA data_version").fetchone()[0])
@@ -146,9 +138,9 @@ def _map_index(conn: sqlite3.Connection) -> memoryview | None:
             st = os.stat(shm, follow_symlinks=False)
         except OSError:
             return None
-        kept = _MAPS.get((st.st_dev, st.st_ino))
-        if kept is not None:
-            return kept[1]
+        key = (st.st_dev, st.st_ino)
+        if key in _MAPS:
+            return _MAPS[key]
         if len(_MAPS) >= MAX_MAPS:
             return None
         try:
@@ -158,13 +150,9 @@ def _map_index(conn: sqlite3.Connection) -> memoryview | None:
         # From here on `fd` is never closed (it would drop SQLite's locks).
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
-        kept = _MAPS.get(key)
-        if kept is not None:   # replaced between the stat and the open
-            _SPARE_FDS.append(fd)
-            return kept[1]
-        mapped = _map_page(fd) if st.st_size >= mmap.PAGESIZE else None
-        _MAPS[key] = (fd, mapped)
-        return mapped
+        if key not in _MAPS:   # (in it: the file was replaced between the stat and the open)
+            _MAPS[key] = _map_page(fd) if st.st_size >= mmap.PAGESIZE else None
+        return _MAPS[key]
 
 
 def _map_page(fd: int) -> memoryview | None:

@@ -127,7 +127,6 @@ def test_outside_wal_mode_the_pragma_answers(tmp_path):
         with closing(sqlite3.connect(path, isolation_level=None)) as other:
             other.execute("INSERT INTO t VALUES (1)")
         assert index.changes() != before
-        index.close()
 
 
 @SQLITE_ONLY
