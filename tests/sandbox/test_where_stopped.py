@@ -10,11 +10,13 @@ from typing import Any
 from sandbox.pool import Limits, Pool
 from tests.sandbox.poolkit import event, ref, run_with_pool
 
-LOOP_IN_FUNCTION = """\
+SPIN = """\
 def spin(n):
     total = 0
     while True:
         total += n
+"""
+LOOP_IN_FUNCTION = SPIN + """\
 on endpoint(event):
     x = 1
     spin(x)
@@ -78,11 +80,7 @@ def test_a_script_that_ends_just_in_time_is_unaffected() -> None:
     assert all(o.error_kind is None and o.body == b'"done"' for o in run_with_pool(scenario, size=1))
 
 
-SPIN_WHEN_ASKED = """\
-def spin(n):
-    total = 0
-    while True:
-        total += n
+SPIN_WHEN_ASKED = SPIN + """\
 on endpoint(event):
     if event.body.get("spin"):
         spin(1)
