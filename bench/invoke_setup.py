@@ -139,15 +139,22 @@ def core_seconds(cpu: int) -> float:
 
 def cpu_split(server_pid: int) -> dict[tuple[str, int], float]:
     """Seconds on a CPU so far of every task of the server and its descendants, keyed by
-    (part, task id): part is the server's main thread, its other threads, or the rest."""
+    (part, task id): part is the server's main thread, its other threads, or the rest
+    (which also holds, under minus the pid, what each descendant's reaped children
+    used: subtract sums of parts, not task by task, so a worker that exits in
+    between is counted)."""
     parents: dict[int, int] = {}
+    reaped: dict[int, float] = {}   # CPU of a process's children it has waited for
+    tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+            fields = stat[stat.rindex(")") + 2:].split()
+            parents[int(entry)] = int(fields[1])
+            reaped[int(entry)] = (int(fields[13]) + int(fields[14])) / tick
     family = {server_pid}
     grew = True
     while grew:
@@ -158,6 +165,10 @@ def cpu_split(server_pid: int) -> dict[tuple[str, int], float]:
                 grew = True
     out: dict[tuple[str, int], float] = {}
     for pid in family:
+        if pid != server_pid:
+            # Workers are recycled under load: one that exited was reaped by
+            # the fork server, whose children's times (clock ticks) now hold it.
+            out[("workers", -pid)] = reaped.get(pid, 0.0)
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:

@@ -42,7 +42,8 @@ and past 256 per run slot they are answered 503 `busy` by design.)
 ways: its event-loop (main) thread, its other threads (the records writer,
 lookups, hashing) and its descendants (fork server and workers), from each
 task's exact run time (`/proc/PID/task/TID/schedstat`); a worker that exited
-during the run is not counted (only the Zipf row starts and retires workers).
+during the run (recycled after its jobs, or retired for another guild) is
+counted through the fork server's reaped children's times (clock ticks).
 
 `PYTHONPATH=DIR python bench/scale_bench.py ...` runs the servers on the
 `service`, `sandbox` and `models` packages found in DIR (another tree, for a
@@ -304,8 +305,12 @@ def measured(url: str, lua: str, args: argparse.Namespace,
     after = cpu_split(server_pid)
     n = max(1.0, r["total"])
     us = {"loop": 0.0, "threads": 0.0, "workers": 0.0}
-    for key, seconds in after.items():   # a task gone meanwhile: its last run time is lost
-        us[key[0]] += (seconds - before.get(key, 0.0)) / n * 1e6
+    # Sums per part: a worker that exited meanwhile leaves its task's entry,
+    # and its whole run time moves to the fork server's reaped children.
+    for key, seconds in after.items():
+        us[key[0]] += seconds / n * 1e6
+    for key, seconds in before.items():
+        us[key[0]] -= seconds / n * 1e6
     return r, (f"event loop {us['loop']:.0f} us, other server threads {us['threads']:.0f} us, "
                f"fork server and workers {us['workers']:.0f} us per request")
 
