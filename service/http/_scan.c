@@ -8,7 +8,7 @@
  *   found:  does the secret appear as it is in a value or a query
  *           parameter's name, or in any letter case in a header's name?
  *   marked: does a name or value carry a mark of an encoding that could
- *           hide it ("%", "\\"; a NUL byte in a body)?
+ *           hide it ("%", "\\", a NUL: UTF-16 read as one byte a character)?
  *
  * It answers None for any shape it does not know (a secret that is not
  * ASCII, a value that is neither text nor bytes, a subclass of str, bytes,
@@ -68,7 +68,8 @@ scan_text(Scan *s, PyObject *text)
         const char *data = (const char *)PyUnicode_1BYTE_DATA(text);
         if (!s->found && holds(data, length, s->needle, s->size))
             s->found = 1;
-        if (!s->marked && (memchr(data, '%', (size_t)length) || memchr(data, '\\', (size_t)length)))
+        if (!s->marked && (memchr(data, '%', (size_t)length) || memchr(data, '\\', (size_t)length)
+                           || memchr(data, '\0', (size_t)length)))
             s->marked = 1;
         return 0;
     }
@@ -82,6 +83,8 @@ scan_text(Scan *s, PyObject *text)
         int mark = has_char(text, '%');
         if (mark == 0)
             mark = has_char(text, '\\');
+        if (mark == 0)
+            mark = has_char(text, '\0');
         if (mark < 0)
             return -1;
         s->marked = mark;
@@ -125,7 +128,8 @@ scan_name(Scan *s, PyObject *name)
     }
     Py_ssize_t length = PyUnicode_GET_LENGTH(name);
     const char *data = (const char *)PyUnicode_1BYTE_DATA(name);
-    if (!s->marked && (memchr(data, '%', (size_t)length) || memchr(data, '\\', (size_t)length)))
+    if (!s->marked && (memchr(data, '%', (size_t)length) || memchr(data, '\\', (size_t)length)
+                       || memchr(data, '\0', (size_t)length)))
         s->marked = 1;
     if (s->found || length < s->size)
         return 0;
@@ -160,14 +164,7 @@ scan_body(Scan *s, PyObject *body)
             s->marked = 1;
         return 0;
     }
-    int rc = scan_text(s, body);
-    if (rc != 0 || s->marked)
-        return rc;
-    int mark = has_char(body, '\0');
-    if (mark < 0)
-        return -1;
-    s->marked = mark;
-    return 0;
+    return scan_text(s, body);  /* its NULs are marks as in any text */
 }
 
 static int

@@ -130,18 +130,20 @@ def _hidden(secret: str, facts: tuple[Any, ...]) -> list[tuple[int, Any, bool]]:
     encoded form (`redaction.hides`): such a value is kept as ``[redacted]``
     whole, and such a name too. Called only for a marked request."""
     found: list[tuple[int, Any, bool]] = []
-    lowered = secret.lower()  # header names are case-insensitive
+    # Header names arrive lower-cased: searched in any letter case, after
+    # decoding too ("%4A" is "J", whatever became of the name's case).
+    lowered = secret.lower()
     for name, item in facts[10].items():
         in_name = hides(secret, name)
         if in_name or any(isinstance(value, str) and hides(secret, value)
                           for value in (item if isinstance(item, list) else [item])):
             found.append((10, name, in_name))
     for name, value in facts[11].items():
-        in_name = hides(lowered, name.lower())
+        in_name = hides(lowered, name, fold=True)
         if in_name or hides(secret, value):
             found.append((11, name, in_name))
     for position, (name, value) in enumerate(facts[14]):
-        in_name = hides(lowered, name.lower())
+        in_name = hides(lowered, name, fold=True)
         if in_name or hides(secret, value):
             found.append((14, position, in_name))
     for index in (12, 13, 15, 16, 17, 19, 21):
@@ -174,7 +176,9 @@ def _scan(secret: str, facts: tuple[Any, ...]) -> tuple[bool, bool]:
         texts += "\n" + "\n".join([t for t in (facts[13], facts[16], facts[17], facts[19], facts[21])
                             if t])
     found = secret in texts or secret.lower() in names
-    marked = "%" in texts or "\\" in texts or "%" in names or "\\" in names
+    # A NUL in text: UTF-16 (a percent-decoded query value, a script's output).
+    marked = ("%" in texts or "\\" in texts or "\x00" in texts
+              or "%" in names or "\\" in names or "\x00" in names)
     data = body if isinstance(body, bytes) else body.encode("utf-8", "replace")
     raw = secret.encode("utf-8", "surrogatepass")
     found = found or raw in data or raw in response_body

@@ -117,31 +117,38 @@ def _utf16_texts(value: bytes) -> list[str]:
             for codec in ("utf-16-le", "utf-16-be") for start in (0, 1)]
 
 
-def _decoded_holds(secret: str, text: str, depth: int) -> bool:
-    if secret in text:
+def _decoded_holds(secret: str, text: str, depth: int, fold: bool) -> bool:
+    probe = text.lower() if fold else text
+    if secret in probe:
+        return True
+    # UTF-16 text read as one byte a character (a query value, decoded \u
+    # escapes): the secret's ASCII with NULs between, at either alignment.
+    if "\x00" in probe and secret in probe.replace("\x00", ""):
         return True
     if depth == 0:
         return False
     if "%" in text:
         decoded = unquote_plus(text)
-        if decoded != text and _decoded_holds(secret, decoded, depth - 1):
+        if decoded != text and _decoded_holds(secret, decoded, depth - 1, fold):
             return True
     if "\\u" in text:
         decoded = _U_ESCAPE.sub(_unescaped, text)
-        if decoded != text and _decoded_holds(secret, decoded, depth - 1):
+        if decoded != text and _decoded_holds(secret, decoded, depth - 1, fold):
             return True
     return False
 
 
-def hides(secret: str, value: bytes | str) -> bool:
+def hides(secret: str, value: bytes | str, *, fold: bool = False) -> bool:
     """Whether `value` holds `secret` in an encoded form a literal search misses:
     percent-encoded (a form body, a URL in a header), as JSON ``\\u`` escapes,
-    one inside the other, or as UTF-16 text at any alignment, within the first
-    `SCAN_CHARS` of `value`. Cheap when none of their marks is present (the
-    usual case)."""
+    one inside the other, or as UTF-16 text at any alignment (bytes, or text
+    with NULs between its letters), within the first `SCAN_CHARS` of `value`.
+    `fold`: in any letter case, before and after each decoding (`secret` given
+    lower-cased; a header name). Cheap when none of their marks is present
+    (the usual case)."""
     value = value[:SCAN_CHARS]
     if isinstance(value, bytes):
-        if 0 in value and any(_decoded_holds(secret, text, DECODE_DEPTH)
+        if 0 in value and any(_decoded_holds(secret, text, DECODE_DEPTH, fold)
                               for text in _utf16_texts(value)):
             return True
         if 37 not in value and 92 not in value:      # no "%", no "\\"
@@ -149,7 +156,8 @@ def hides(secret: str, value: bytes | str) -> bool:
         value = value.decode("utf-8", "replace")
     # The plain secret is cut out where it stands (`Redactor`); what is left
     # must not hold it encoded.
-    return _decoded_holds(secret, value.replace(secret, ""), DECODE_DEPTH)
+    return _decoded_holds(secret, (value.lower() if fold else value).replace(secret, ""),
+                          DECODE_DEPTH, fold)
 
 
 #: An endpoint secret's shape: its public prefix (in any letter case) and 32

@@ -303,6 +303,57 @@ on endpoint(event):
             assert record["responseHeaders"]["x-echo"] == "[redacted]"
 
 
+def _strings(value: object) -> list[str]:
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in (*_strings(k), *_strings(v))]
+    if isinstance(value, list):
+        return [t for v in value for t in _strings(v)]
+    return [value] if isinstance(value, str) else []
+
+
+def test_a_secret_as_utf16_text_or_in_an_encoded_header_name_is_redacted(
+        server: Server, make_endpoint, read_history) -> None:
+    """A header name holding the secret percent-encoded (its letters' case
+    survives the decoding, not the name's lowering), UTF-16 text in a query
+    parameter's value or name (NULs between the letters once the query is
+    decoded) and UTF-16 as JSON escapes: history keeps each as [redacted],
+    and nothing it keeps decodes back to the secret (security review, session 19)."""
+    from urllib.parse import quote, unquote
+    ep = make_endpoint(source=ECHO)
+    part = ep.secret[4:]   # the random part is what is secret
+    upper_hex = "".join("%%%02X" % ord(c) for c in part)
+    utf16 = "".join("%%%02X" % b for b in ep.secret.encode("utf-16-le"))
+    escaped = "".join("\\u%04x\\u0000" % ord(c) for c in ep.secret)
+    sends = [
+        ("", b"{}", {"X-" + upper_hex: "1"}),
+        ("?q=" + utf16, b"{}", {}),
+        ("?" + utf16 + "=1", b"{}", {}),
+        ("", ('{"copy": "' + escaped + '"}').encode(), {}),
+    ]
+    from tests.service.http.harness import wait_until
+    for n, (query, body, headers) in enumerate(sends, 1):
+        resp = server.request(ep.path + query, body=body, secret=ep.secret,
+                              headers={"Content-Type": "application/json", **headers})
+        assert resp.status == 200, resp.body
+        assert wait_until(lambda n=n: len(read_history(ep)) == n)
+    records = read_history(ep)
+    for record in records:
+        for text in _strings(record):
+            decoded = unquote(unquote(text)).replace("\x00", "").lower()
+            decoded = re.sub(r"\\u([0-9a-f]{4})", lambda m: chr(int(m[1], 16)), decoded)
+            assert part.lower() not in decoded.replace("\x00", ""), text[:40]
+    kept = {json.dumps(r["headers"]) for r in records}
+    assert any('"[redacted]": "[redacted]"' in k for k in kept)
+    assert any(r["query"] == {"q": "[redacted]"} for r in records)
+    assert any(r["query"] == {"[redacted]": "[redacted]"} for r in records)
+    assert any(r["body"] == "[redacted]" for r in records)
+    journal = Path(re.search(r'journal = "([^"]+)"', Path(server.config or "").read_text())[1])
+    for segment in sorted(journal.rglob("segment-*.journal")):
+        data = segment.read_bytes()
+        assert upper_hex.encode() not in data and utf16.encode() not in data
+        assert ep.secret.encode("utf-16-le") not in data
+
+
 def test_a_secret_held_in_a_name_is_redacted_too(server: Server, make_endpoint,
                                                  read_history) -> None:
     """A query parameter's name, a request header's name and a reply header's

@@ -31,7 +31,7 @@ def _secret(rng: random.Random) -> str:
 def _piece(rng: random.Random, needle: str) -> str:
     """A bit of text: plain, one to four bytes per character, an encoding's
     mark, or the secret as it is, in another letter case, encoded or nearly."""
-    kind = rng.randrange(90)
+    kind = rng.randrange(95)
     if kind == 0:
         return needle
     if kind == 1:
@@ -56,6 +56,9 @@ def _piece(rng: random.Random, needle: str) -> str:
         return needle.replace("k", "\u212a").replace("K", "\u212a")
     if kind == 10:
         return needle[: rng.randrange(1, len(needle))]
+    if kind == 11:
+        # UTF-16 read as one byte a character (a percent-decoded query value)
+        return "".join(c + "\x00" for c in needle) if rng.random() < 0.5 else "a\x00b"
     return "".join(rng.choice(string.ascii_letters + " -_./:") for _ in range(rng.randrange(12)))
 
 
