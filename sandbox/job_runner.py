@@ -192,8 +192,10 @@ class JobRunner:
         left = min(until - time.monotonic(), msg["ms"] / 1000.0)
         signal.setitimer(signal.ITIMER_REAL, max(left, 0.0002))
         try:
+            # The event as decoded: allocated before the guard was armed, and
+            # the script's alone (never copied, never charged to its cap).
             result = self._run(compiled.script, msg["event"], output_cap=OUTPUT_CAP,
-                               report=report)
+                               report=report, decoded=True)
             failure: BaseException | None = None
         except BaseException as exc:  # the runtime promises plain data; anything else is a fault
             result = None

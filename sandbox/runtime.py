@@ -100,8 +100,14 @@ def _stack_depth() -> int:
 
 def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
                  output_cap: int = DEFAULT_OUTPUT_CAP,
-                 report: RunReport | None = None) -> dict[str, Any]:
+                 report: RunReport | None = None, decoded: bool = False) -> dict[str, Any]:
     """Run the script's ``on endpoint`` block for one request.
+
+    ``decoded``: ``event`` was decoded for this invocation alone (a worker's
+    job), so the script gets its containers as they are instead of a deep
+    copy: made before the memory guard was armed, they are not charged to
+    the script (a body of many small containers would otherwise break a
+    script's cap before its first line runs).
 
     Returns ``{"replied", "status", "headers", "body", "contentType",
     "output", "error"}`` made of plain data. Never raises for anything the
@@ -122,7 +128,7 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
     error: dict[str, Any] | None = None
     handler: Any = None
     try:
-        ev = new_event(event, state)
+        ev = new_event(event, state, copy=not decoded)
         sys.setrecursionlimit(_stack_depth() + RECURSION_BUDGET)
         try:
             exec(script.code, scope)

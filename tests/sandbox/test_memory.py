@@ -12,7 +12,7 @@ import pytest
 
 from sandbox import limits
 from sandbox.pool import Limits, Pool
-from tests.sandbox.poolkit import event, ref, run_with_pool
+from tests.sandbox.poolkit import LIMITS, event, ref, run_with_pool
 
 
 def test_openssl_memory_behind_hmac_objects_is_bounded_per_job() -> None:
@@ -140,3 +140,35 @@ def test_memory_kept_after_a_large_passing_peak_still_retires_the_worker(
     first, start, seen = run_with_pool(scenario, size=1, fresh_interpreter=False)
     assert {pid for pid, _ in seen} - {first}  # retired although below the old peak
     assert max(rss for pid, rss in seen if pid == first) < start + (2 << 20) + (8 << 20)
+
+
+def test_the_event_is_not_charged_to_the_scripts_memory_cap() -> None:
+    # Outside review, session 19: the worker deep-copied the event with the
+    # guard armed, so a body of many small containers (80 KB of JSON here,
+    # within a plan's body limit) broke a script's 512 KB cap before its
+    # first line ran, and any caller could retire a guild's worker per
+    # request. The event is the job's own decoded copy, made before arming.
+    noop = 'on endpoint(event):\n    event.reply("ok")\n'
+    keeps = 'on endpoint(event):\n    event.reply(len(event.body))\n'
+
+    async def scenario(pool: Pool) -> list[Any]:
+        out = []
+        for source in (noop, keeps):
+            pids = set(pool.worker_pids)
+            result = await pool.run(ref(source), event([[] for _ in range(20_000)]), LIMITS, "g")
+            out.append((result.status, result.body, result.error_kind,
+                        result.peak_memory_bytes, pids <= set(pool.worker_pids)))
+        # What the script allocates itself is still charged.
+        grow = 'on endpoint(event):\n    event.body.extend([[] for _ in range(20000)])\n'
+        result = await pool.run(ref(grow), event([]), LIMITS, "g")
+        out.append((result.status, result.error_kind))
+        out.append(pool.counters["memory_kills"])
+        return out
+
+    (s1, b1, k1, peak1, same1), (s2, b2, k2, peak2, same2), grown, kills = \
+        run_with_pool(scenario, size=1)
+    assert (s1, b1, k1) == (200, b'"ok"', None) and same1
+    assert (s2, b2, k2) == (200, b"20000", None) and same2
+    assert peak1 < 256 * 1024 and peak2 < 256 * 1024
+    assert grown == (500, "script_memory_exceeded")
+    assert kills == 1
