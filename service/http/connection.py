@@ -32,7 +32,8 @@ the ones it left to a proxy):
   sends is read and dropped for up to `linger_seconds` — so the client reads the
   answer instead of a reset;
 - malformed requests get 400 and the connection closes (so do HTTP/1.1
-  requests without `Host`); versions other than HTTP/1.0 and 1.1 get 505; a
+  requests without `Host`); whitespace after a header's value is not part
+  of it (RFC 9112 5); versions other than HTTP/1.0 and 1.1 get 505; a
   well-formed request line with a method no registry knows gets 405;
 - no protocol switch is served: an `Upgrade` request is answered normally
   and the connection closes; llhttp leaves its body to the new protocol, so a

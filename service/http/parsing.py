@@ -177,20 +177,22 @@ class ParsingConnection(Connection):
         if getattr(factory, "plain_headers", False):
             # Lower-case names, repeated ones joined with ", " (RFC 9110 5.3):
             # what the invoke path needs, at a fraction of HTTPHeaders' cost.
+            # Whitespace after a value is not part of it (RFC 9112 5); llhttp
+            # keeps it.
             headers = {}
             for raw_name, raw_value in self._raw_headers:
                 name = raw_name.decode("latin1").lower()
-                value = raw_value.decode("latin1")
+                value = raw_value.rstrip(b" \t").decode("latin1")
                 headers[name] = f"{headers[name]}, {value}" if name in headers else value
         else:
             headers = httputil.HTTPHeaders()
             try:
                 for raw_name, raw_value in self._raw_headers:
-                    headers.add(raw_name.decode("latin1"), raw_value.decode("latin1"))
+                    headers.add(raw_name.decode("latin1"), raw_value.rstrip(b" \t").decode("latin1"))
             except httputil.HTTPInputError:
                 # Tornado refuses some values llhttp lets through (e.g. one
-                # ending in a space): the client's error, never a traceback,
-                # and its message quotes the value, so it is not logged.
+                # ending in a control character): the client's error, never a
+                # traceback, and its message quotes the value, so it is not logged.
                 self.server.bad_request(self.context.remote_ip, "invalid header value")
                 raise ParseAbort(400) from None
         hosts = sum(1 for raw_name, _ in self._raw_headers

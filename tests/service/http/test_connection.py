@@ -845,6 +845,19 @@ def test_malformed_request_gets_400_and_close(srv: Running, data: bytes) -> None
     assert srv.events.of("request") == []
 
 
+def test_whitespace_after_a_header_value_is_not_part_of_it(srv: Running) -> None:
+    # RFC 9112 5: whitespace after a field value is excluded by the parser.
+    # Tornado's headers refuse a value ending in a space, so such requests got
+    # 400 on every path but the invoke path (outside review, session 19).
+    with srv.client() as c:
+        c.send(b"POST /echo HTTP/1.1\r\nHost: test\r\nX-A: b \t\r\n"
+               b"Content-Length: 2 \r\nContent-Type: text/plain\t\r\n\r\nok")
+        r = c.read_response()
+        assert r.status == 200 and r.body == b"ok", r
+    # A control character at the end is no whitespace: still refused.
+    assert_refused(srv, b"GET /echo HTTP/1.1\r\nHost: test\r\nX-A: b\x01\r\n\r\n")
+
+
 @pytest.mark.parametrize("data", [
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 32,  # TLS ClientHello
     b"\x00\x01\x02\x03garbage\r\n\r\n",

@@ -51,12 +51,20 @@ def post(path: str, secret: str, body: bytes = b"{}", extra: str = "",
 # --- 3. malformed requests: 400, no traceback, no header value in the log ------------------
 
 def test_bad_header_value_is_400_without_traceback_or_value_in_log(server: Server) -> None:
+    # A value ending in a control character is malformed. (One ending in a
+    # space, which this test sent until session 19, is not: whitespace after
+    # a value is not part of it, RFC 9112 5; it is answered, and logs nothing
+    # of the value either.)
     secret = "lsk_" + "S" * 43
     before = len(server.log)
     for _ in range(200):
         status, _, _ = raw(server, (f"GET /healthz HTTP/1.1\r\nHost: t\r\n"
-                                    f"Authorization: Bearer {secret} \r\n\r\n").encode())
+                                    f"Authorization: Bearer {secret}\x01\r\n\r\n").encode())
         assert status == 400
+    status, _, _ = raw(server, (f"GET /healthz HTTP/1.1\r\nHost: t\r\n"
+                                f"Authorization: Bearer {secret} \r\n"
+                                f"Connection: close\r\n\r\n").encode())
+    assert status == 200
     added = server.log[before:]
     assert secret not in added
     assert "ERROR" not in added and "Traceback" not in added
