@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping
@@ -24,6 +25,7 @@ from models.change_feed import ChangeFeed
 from models.db import database
 from service.core.db_errors import connection_lost
 from service.core.target_read import InvokeTarget, load_target
+from service.core.target_generation import generation
 from service.core.wal_index import WalIndex
 from service.plans import DEFAULT_PLANS, Plan
 
@@ -67,8 +69,11 @@ class TargetCache:
 
     Exact, never stale: on SQLite, the WAL index header (`WalIndex`; `PRAGMA
     data_version` outside WAL mode) changes whenever a connection — another
-    thread's, or another process's such as the `logic` CLI — commits, and then
-    every remembered answer is dropped. So a regenerated secret, a disabled
+    thread's, or another process's such as the `logic` CLI — commits; then
+    the generation that triggers keep (`target_generation`: every change of a
+    guild, script or endpoint row counts) is read, and if it moved, or cannot
+    vouch, every remembered answer is dropped (a commit of the records writer
+    keeps them). So a regenerated secret, a disabled
     endpoint or a new whitelist take effect on the very next request, as
     without the cache. Reading the header costs a memory read against ~15 µs
     for the join. Where the pragma answers, writes through this thread's own
@@ -116,6 +121,7 @@ class TargetCache:
         self._entries: dict[tuple[str, str], InvokeTarget | None] = {}
         self._version: object = None
         self._conn: object = None
+        self._generation: tuple[int, int] | None = None   # SQLite (`target_generation`)
         self._index: WalIndex | None = None   # SQLite: what committed since the last look
         self._executor: ThreadPoolExecutor | None = None
         self._pending = 0
@@ -136,6 +142,7 @@ class TargetCache:
         self._entries.clear()
         self._version = None
         self._conn = None
+        self._generation = None
 
     def _adopt(self, version: object, conn: object) -> dict[tuple[str, str], InvokeTarget | None]:
         # Versions compare only within one connection: a new connection (a
@@ -144,6 +151,19 @@ class TargetCache:
             self._entries.clear()
             self._version = version
             self._conn = conn
+        return self._entries
+
+    def _adopt_sqlite(self, version: object,
+                      conn: sqlite3.Connection) -> dict[tuple[str, str], InvokeTarget | None]:
+        """`_adopt` for SQLite: a commit that changed no guild, script or endpoint
+        (the records writer's) keeps the answers (`target_generation`)."""
+        if version != self._version or conn is not self._conn:
+            # Read after `version`: a change committed in between moves the
+            # header again, so the next lookup looks again.
+            now = generation(conn)
+            if conn is not self._conn or now is None or now != self._generation:
+                self._entries.clear()
+            self._version, self._conn, self._generation = version, conn, now
         return self._entries
 
     def _store(self, key: tuple[str, str], found: InvokeTarget | None) -> None:
@@ -180,7 +200,7 @@ class TargetCache:
             index = self._index
             if index is None or index.conn is not conn:
                 index = self._index = WalIndex(conn)
-            entries = self._adopt(index.changes(), conn)
+            entries = self._adopt_sqlite(index.changes(), conn)
             found = entries.get(key, _MISSING)
             if found is _MISSING:
                 found = load_target(guild_id, script_id, self._plans)

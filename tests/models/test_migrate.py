@@ -42,10 +42,14 @@ def _seed(db, version: int) -> None:
                        f"VALUES ((SELECT id FROM endpoint), 'h', {p}, 200, 1, 1.0, "
                        f"1,0,0,0,0,0,0,0,0,0,0,0{extra[1]})",
                        (now.replace(minute=0, second=0, microsecond=0),))
-    if version >= 8:
+    if 8 <= version < 11:
         db.execute_sql(f"INSERT INTO script_version (script_id, version, source, author, "
                        f"created_at) VALUES ((SELECT id FROM script), 3, {p}, 'operator', {p})",
                        (OLD_SOURCE, now))
+    elif version >= 11:   # a release that knows the size writes it
+        db.execute_sql(f"INSERT INTO script_version (script_id, version, source, author, "
+                       f"created_at, source_bytes) VALUES ((SELECT id FROM script), 3, {p}, "
+                       f"'operator', {p}, {p})", (OLD_SOURCE, now, len(OLD_SOURCE.encode("utf-8"))))
 
 
 def test_there_are_several_versions():
@@ -83,7 +87,8 @@ def test_empty_database_upgrades_and_is_idempotent(db_url):
     assert runner.upgrade() == VERSIONS
     assert runner.upgrade() == []
     runner.check()
-    assert set(db.get_tables()) == {m._meta.table_name for m in ALL_MODELS} | {HISTORY_TABLE}
+    extra = {HISTORY_TABLE} | ({"target_generation"} if db_url.startswith("sqlite") else set())
+    assert set(db.get_tables()) == {m._meta.table_name for m in ALL_MODELS} | extra
     db.close()
     database.initialize(None)
 
@@ -129,7 +134,9 @@ def test_down_to_zero_and_up_again(db_url):
 
 def _shape(db) -> dict[str, tuple]:
     out = {}
-    for table in sorted(t for t in db.get_tables() if t != HISTORY_TABLE):
+    # Tables the migrations keep outside the models: their own history, and
+    # SQLite's lookup generation (written by triggers only, read by raw SQL).
+    for table in sorted(t for t in db.get_tables() if t not in (HISTORY_TABLE, "target_generation")):
         columns = tuple(sorted((c.name, c.data_type.lower(), c.null) for c in db.get_columns(table)))
         indexes = tuple(sorted((tuple(i.columns), i.unique) for i in db.get_indexes(table)))
         out[table] = (columns, indexes)
@@ -180,5 +187,42 @@ def test_concurrent_upgrades_apply_each_migration_once(db_url):
     assert Runner(db).current_version() == LATEST
     rows = db.execute_sql(f"SELECT COUNT(*) FROM {HISTORY_TABLE}").fetchone()[0]
     assert rows == len(VERSIONS)
+    db.close()
+    database.initialize(None)
+
+
+def test_sqlite_counts_every_change_of_what_a_lookup_reads(db_url):
+    """0012: every insert, update and delete of a guild, script or endpoint row
+    adds one to `target_generation.n` (the endpoint cache keeps its answers
+    while it stays); other tables' writes do not; `down` removes it all."""
+    from service.core.target_generation import TRIGGERS, generation
+    db = connect(db_url)
+    Runner(db).upgrade()
+    if not db_url.startswith("sqlite"):
+        # PostgreSQL's change feed notifies these changes (0004, 0009): nothing here.
+        assert "target_generation" not in db.get_tables()
+        db.close()
+        database.initialize(None)
+        return
+    conn = db.connection()
+    first = generation(conn)
+    assert first is not None and len(TRIGGERS) == 9
+    _seed(db, LATEST)   # a guild, a script, an endpoint and statistics: 3 inserts
+    n = first[0] + 3
+    assert generation(conn) == (n, first[1])
+    steps = ["UPDATE guild SET plan = 'free'", "UPDATE script SET name = 'x'",
+             "UPDATE endpoint SET enabled = 0", "DELETE FROM endpoint", "DELETE FROM script",
+             "DELETE FROM guild"]
+    for sql in steps:
+        db.execute_sql(sql)
+        n += 1
+        assert generation(conn) == (n, first[1]), sql
+    db.execute_sql("DELETE FROM stat_bucket")        # no lookup reads it
+    assert generation(conn) == (n, first[1])
+    db.execute_sql("DROP TRIGGER logic_generation_endpoint_update")
+    assert generation(conn) is None                  # one missing: it vouches for nothing
+    assert Runner(db).downgrade(VERSIONS[-2]) == [12]
+    assert "target_generation" not in db.get_tables()
+    assert not db.execute_sql("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall()
     db.close()
     database.initialize(None)

@@ -390,3 +390,58 @@ def test_postgresql_feed_down_every_lookup_queries(db, endpoint, monkeypatch):
         assert dead.generation is None and len(queries) == 2 and cache._entries == {}
     finally:
         dead.stop()
+
+
+@SQLITE_ONLY
+def test_sqlite_a_commit_that_changes_no_lookup_keeps_the_answers(db, endpoint, monkeypatch):
+    """The records writer's commits (history, statistics) move the WAL header
+    but no guild, script or endpoint row: the answers stay (`target_generation`)."""
+    gid, sid = endpoint
+    cache = TargetCache()
+    first = must(cache(gid, sid))
+    unknown = "logic_" + "q" * 22
+    assert cache(gid, unknown) is None
+    queries = count_queries(monkeypatch, db)
+    for _ in range(3):
+        sqlite_write(db, "UPDATE script_version SET author = author || '.' WHERE script_id = "
+                         "(SELECT id FROM script WHERE public_id = ?)", (sid,))
+        assert cache(gid, sid) is first and cache(gid, unknown) is None
+    assert queries == []
+    # A change of what a lookup reads is still seen at once, and a new script too.
+    sqlite_write(db, "UPDATE endpoint SET enabled = 0 WHERE id = ?", (first.endpoint_id,))
+    assert must(cache(gid, sid)).enabled is False
+    sqlite_write(db, "UPDATE script SET public_id = ? WHERE public_id = ?", (unknown, sid))
+    assert must(cache(gid, unknown)).script_id == unknown and cache(gid, sid) is None
+
+
+@SQLITE_ONLY
+def test_sqlite_a_change_made_while_a_trigger_was_missing_is_seen(db, endpoint):
+    """The generation vouches only with every trigger in place, and any trigger
+    dropped and made again moves the schema cookie it is read with."""
+    from service.core.target_generation import generation
+    gid, sid = endpoint
+    cache = TargetCache()
+    endpoint_id = must(cache(gid, sid)).endpoint_id
+    with closing(sqlite3.connect(db.database, timeout=10)) as conn:
+        made = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?",
+                            ("logic_generation_endpoint_update",)).fetchone()[0]
+        with conn:
+            conn.execute("DROP TRIGGER logic_generation_endpoint_update")
+        assert generation(conn) is None
+        with conn:   # no trigger counts this one
+            conn.execute("UPDATE endpoint SET enabled = 0 WHERE id = ?", (endpoint_id,))
+        assert must(cache(gid, sid)).enabled is False   # every commit drops the answers now
+        with conn:
+            conn.execute("UPDATE endpoint SET enabled = 1 WHERE id = ?", (endpoint_id,))
+            conn.execute(made)
+        assert generation(conn) is not None
+    assert must(cache(gid, sid)).enabled is True
+    # Dropped, a change, made again, all between two lookups: still seen.
+    with closing(sqlite3.connect(db.database, timeout=10)) as conn:
+        with conn:
+            conn.execute("DROP TRIGGER logic_generation_endpoint_update")
+        with conn:
+            conn.execute("UPDATE endpoint SET enabled = 0 WHERE id = ?", (endpoint_id,))
+        with conn:
+            conn.execute(made)
+    assert must(cache(gid, sid)).enabled is False
