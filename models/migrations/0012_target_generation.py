@@ -9,8 +9,9 @@ transaction as every insert, update or delete of a `guild`, `script` or
 `endpoint` row, from any connection of any process (the `logic` CLI
 included): the lookups' cache keeps its answers while `n` stays the same.
 
-The cache trusts `n` only while all nine triggers exist (`TRIGGERS`,
-checked again whenever the schema changes): a later migration that rebuilds
+The cache trusts `n` only while all nine triggers exist (`TRIGGERS`, counted
+in the same statement that reads `n`), and takes any schema change for a
+change (`service.core.target_generation`): a later migration that rebuilds
 one of these tables must create its triggers again, or the cache drops its
 answers on every commit, as before this one. PostgreSQL needs nothing: its
 change feed (0004, 0009) already notifies exactly these changes.
