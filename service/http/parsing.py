@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 #: Bytes parsed at a time, so that a large read cannot queue unbounded requests.
 _SLICE = 16384
+#: Whitespace around a header's tokens (RFC 9110 5.6.3: space and tab only;
+#: `str.strip()` would also take Latin-1's NBSP and NEL, which llhttp keeps).
+_OWS = " \t"
 
 
 class ParsingConnection(Connection):
@@ -207,11 +210,11 @@ class ParsingConnection(Connection):
         if version == "HTTP/1.1" and hosts != 1 or hosts > 1:
             raise ParseAbort(400)  # RFC 9112 3.2: none or several Host: a server MUST answer 400
         coding = headers.get("transfer-encoding")
-        if coding is not None and coding.strip().lower() != "chunked":
+        if coding is not None and coding.strip(_OWS).lower() != "chunked":
             # Not chunked last: the body cannot be framed (RFC 9112 6.3), 400.
             # Chunked after another coding: llhttp accepts it, but no coding
             # other than chunked is decoded here, so it is not implemented.
-            last = coding.rpartition(",")[2].strip().lower()
+            last = coding.rpartition(",")[2].strip(_OWS).lower()
             raise ParseAbort(501 if last == "chunked" else 400)
         declared = headers.get("content-length")
         if declared is not None:
@@ -220,7 +223,7 @@ class ParsingConnection(Connection):
             ex.declared = 0  # no body at all (RFC 9112 6.3)
         # llhttp's own flag is set only after this callback: same rule here.
         upgrade = headers.get("upgrade") is not None and "upgrade" in [
-            token.strip() for token in headers.get("connection", "").lower().split(",")]
+            token.strip(_OWS) for token in headers.get("connection", "").lower().split(",")]
         if upgrade and ex.declared != 0:
             # llhttp leaves the body of an Upgrade request to the new protocol.
             # No protocol switch is served (the connection closes after the

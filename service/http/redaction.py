@@ -99,9 +99,10 @@ _U_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
 #: Decoding steps tried one after the other on a marked value (percent-encoding
 #: and ``\\u`` escapes, in either order, one inside the other): bounded work.
 DECODE_DEPTH = 2
-#: How much of a value is searched for an encoded secret: what history keeps
-#: of a body or an output (8 KB) and room for one encoded secret beyond it, so
-#: the search costs at most a few milliseconds even for a crafted megabyte.
+#: How much of a value is searched for an encoded secret, once the plain
+#: secret is cut out of it: what history keeps of a body or an output (8 KB,
+#: counted after that cut) and room for one encoded secret beyond it, so the
+#: search costs at most a few milliseconds even for a crafted megabyte.
 SCAN_CHARS = 9 * 1024
 
 
@@ -122,8 +123,9 @@ def _decoded_holds(secret: str, text: str, depth: int, fold: bool) -> bool:
     if secret in probe:
         return True
     # UTF-16 text read as one byte a character (a query value, decoded \u
-    # escapes): the secret's ASCII with NULs between, at either alignment.
-    if "\x00" in probe and secret in probe.replace("\x00", ""):
+    # escapes): the secret's ASCII with NULs between, at either alignment;
+    # decoded further like UTF-16 bytes are (its percent-encoding, say).
+    if "\x00" in text and _decoded_holds(secret, text.replace("\x00", ""), depth, fold):
         return True
     if depth == 0:
         return False
@@ -142,22 +144,26 @@ def hides(secret: str, value: bytes | str, *, fold: bool = False) -> bool:
     """Whether `value` holds `secret` in an encoded form a literal search misses:
     percent-encoded (a form body, a URL in a header), as JSON ``\\u`` escapes,
     one inside the other, or as UTF-16 text at any alignment (bytes, or text
-    with NULs between its letters), within the first `SCAN_CHARS` of `value`.
+    with NULs between its letters, each decoded further).
     `fold`: in any letter case, before and after each decoding (`secret` given
-    lower-cased; a header name). Cheap when none of their marks is present
-    (the usual case)."""
-    value = value[:SCAN_CHARS]
+    lower-cased; a header name). Searched: the first `SCAN_CHARS` of what is
+    left once the plain secret is cut out. Cheap when none of their marks is
+    present (the usual case)."""
+    # The plain secret is cut out where it stands (`Redactor`); what is left
+    # must not hold it encoded. Cut before the slice: what history keeps of a
+    # value is counted after the cut, so many plain copies must not push an
+    # encoded one past the part searched.
     if isinstance(value, bytes):
+        value = value.replace(secret.encode("utf-8", "surrogatepass"), b"")[:SCAN_CHARS]
         if 0 in value and any(_decoded_holds(secret, text, DECODE_DEPTH, fold)
                               for text in _utf16_texts(value)):
             return True
         if 37 not in value and 92 not in value:      # no "%", no "\\"
             return False
         value = value.decode("utf-8", "replace")
-    # The plain secret is cut out where it stands (`Redactor`); what is left
-    # must not hold it encoded.
-    return _decoded_holds(secret, (value.lower() if fold else value).replace(secret, ""),
-                          DECODE_DEPTH, fold)
+    else:
+        value = (value.lower() if fold else value).replace(secret, "")[:SCAN_CHARS]
+    return _decoded_holds(secret, value, DECODE_DEPTH, fold)
 
 
 #: An endpoint secret's shape: its public prefix (in any letter case) and 32
