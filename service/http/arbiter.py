@@ -122,7 +122,7 @@ class Arbiter:
             database.close()
             self._bind()
             # Made even for Redis storage: a reload may switch to memory://.
-            self.windows = SharedWindows()
+            self.windows = SharedWindows(fronts=self.count)
             self._install_signals()
             for slot in range(self.count):
                 self._spawn(slot, self.generation, journal=slot)

@@ -20,7 +20,12 @@ more than the limit in any 60 s, a slot freed at most `60 / ring` s late.
 
 A key that finds no slot (more live keys in its probe run than `PROBE`, e.g.
 a flood of failed secrets from very many addresses) is counted in this
-front's own memory instead, as with one process.
+front's own memory instead, against its share of the limit (the limit
+divided by the number of fronts, rounded down): whichever fronts its
+requests land on, the node never admits more than the limit, so filling the
+table cannot multiply another guild's quota or another address's
+failed-secret allowance by the number of fronts. Such a key may be admitted
+less than its limit while the table stays full.
 """
 
 from __future__ import annotations
@@ -70,11 +75,14 @@ class SharedWindows(_Windows):
     """Moving windows in a shared mapping; the `_Windows` interface, usable in any front."""
 
     def __init__(self, slots: int = 16384, ring: int = 64,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, fronts: int = 1) -> None:
         """Create the mapping (call in the arbiter, before forking the fronts).
+        `fronts`: how many processes share it (a key without a slot gets that
+        share of its limit in each).
 
         Raises `OSError` where no process-shared robust mutex can be made."""
         super().__init__(clock)
+        self._fronts = max(1, fronts)
         if slots & (slots - 1):
             raise ValueError("slots must be a power of two")
         self._slots, self._ring = slots, ring
@@ -146,8 +154,11 @@ class SharedWindows(_Windows):
         try:
             now = self._clock()
             slot = self._find(key, now, create=True)
-            if slot < 0:
-                return super().hit(key, limit)
+            if slot < 0:   # this front's share, so that all of them admit the limit at most
+                fronts = self._fronts
+                allowed, count, oldest = super().hit(key, limit // fronts)
+                # What the node may have admitted: every front as many as this one.
+                return allowed, min(limit, count * fronts) if allowed else limit, oldest
             head, n, total = self._expire(slot, now)
             ring = self._ring
             base = slot * ring

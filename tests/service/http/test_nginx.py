@@ -35,6 +35,7 @@ HOSTILE = {
     "Alt-Svc": 'h2="evil.example:443"', "Strict-Transport-Security": "max-age=1",
     "Use-As-Dictionary": 'match="/*"', "Sec-Session-Registration": '(ES256);path="/x"',
     "Activate-Storage-Access": "retry; allowed-origin=*", "No-Vary-Search": "params",
+    "Clear-Site-Data": '"cookies", "storage"',
 }
 
 

@@ -135,3 +135,37 @@ def test_keys_beyond_the_table_fall_back_to_the_process_memory(tmp_path: Path) -
     start = time.monotonic()
     assert windows.hit("ep:1", 1) == (True, 1, clock.now)
     assert time.monotonic() - start < 5  # no probing loop gone astray
+
+
+def test_a_key_without_a_slot_gets_each_fronts_share_of_its_limit(tmp_path: Path) -> None:
+    # Outside review, session 19: once a flood of failed secrets from many
+    # addresses had filled the table, every new key (another guild's quota,
+    # another address's throttle) was counted in each front's own memory,
+    # against the whole limit: N fronts admitted N times the limit. Now each
+    # front counts such a key against its share, so the node admits no more.
+    clock = Clock()
+    windows = SharedWindows(slots=16, clock=clock, fronts=4)
+    filler = RateLimits(clock=clock, windows=windows)
+    for n in range(64):   # live keys in every slot
+        filler.hit_key(f"auth:192.0.2.{n}", 20)
+    children = []
+    for _ in range(4):   # four fronts, each 50 requests against one 30/min endpoint
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                limits = RateLimits(clock=clock, windows=windows)
+                code = sum(limits.hit_endpoint(7, 30).allowed for _ in range(50))
+            finally:
+                os._exit(code)
+        children.append(pid)
+    admitted = 0
+    for pid in children:
+        _, status = os.waitpid(pid, 0)
+        admitted += os.WEXITSTATUS(status)
+    assert 0 < admitted <= 30   # 4 x 7 here: each front's share, 30 // 4
+    refused = RateLimits(clock=clock, windows=windows)
+    for _ in range(7):
+        refused.hit_endpoint(8, 30)
+    last = refused.hit_endpoint(8, 30)
+    assert not last.allowed and last.remaining == 0
