@@ -22,8 +22,9 @@ too many flushes, never too few.)
 Never staler than the notification's delivery:
 - `generation` is None whenever the feed cannot vouch for the data: before
   the first `LISTEN` is in place, after the connection is lost (the server
-  closed it, a backend was terminated, a heartbeat query failed or took longer
-  than `heartbeat_timeout_s`), and until a new connection listens again.
+  closed it, a backend was terminated, a heartbeat query failed or has
+  waited longer than `heartbeat_timeout_s`), and until a new connection
+  listens again.
   Callers then query the database for every lookup.
 - a reconnect bumps the generation, so nothing remembered across a gap in
   the feed survives it;
@@ -37,9 +38,15 @@ listening backend dies after a commit queued a notification for it and
 before delivering it, the change is in force once the connection's loss
 reaches the node (the server's goodbye or a TCP reset: milliseconds), and a
 silently dead network is noticed within the TCP keepalive bound (about 4 s:
-`keepalives_idle` 2 s + 2 probes of 1 s, `tcp_user_timeout` 3 s).  No
-heartbeat query runs on the connection: an answer to one would make the
-socket readable and send the hot path to the database for nothing.
+`keepalives_idle` 2 s + 2 probes of 1 s, `tcp_user_timeout` 3 s).  A
+connection that stays up while the backend behind it stops (a stuck
+backend, or a proxy or pooler that keeps the client side open) is what
+keepalives cannot see: every `heartbeat_s` the thread runs `SELECT 1` on
+the connection, and from `heartbeat_timeout_s` after it was sent without an
+answer the feed vouches for nothing (the hot path reads the time the query
+went out); at twice that the socket is shut down, the query fails, and the
+feed reconnects.  An answer makes the socket readable for a moment, which
+sends a few lookups to the database: the price of the bound.
 """
 from __future__ import annotations
 
@@ -47,6 +54,7 @@ import hashlib
 import logging
 import os
 import select
+import socket
 import threading
 import time
 from typing import Any
@@ -86,14 +94,23 @@ def schema_suffix(schema: str) -> str:
 
 #: `application_name` of the feed's connection (plus "/<pid>"), to find it in pg_stat_activity.
 APPLICATION_NAME = "logic-change-feed"
+#: Seconds between heartbeat queries on the feed's connection.
+HEARTBEAT_S = 2.0
+#: Seconds a heartbeat may wait for its answer before the feed stops vouching
+#: (and twice that before its connection is shut down and made again).
+HEARTBEAT_TIMEOUT_S = 2.0
 
 
 class ChangeFeed:
     """Listens for endpoint-data changes on PostgreSQL; see the module docstring."""
 
     def __init__(self, connect_kwargs: dict[str, Any], *, channels: tuple[str, ...] = (CHANNEL,),
-                 retry_s: float = 0.5) -> None:
+                 retry_s: float = 0.5, heartbeat_s: float = HEARTBEAT_S,
+                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S) -> None:
         self._channels = channels
+        self._heartbeat_s, self._heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
+        #: `time.monotonic()` when the heartbeat query now waiting for its answer was sent.
+        self._beat_sent: float | None = None
         # Always its own name, even when the URL names the service's connections.
         self._connect_kwargs = {**connect_kwargs,
                                 "application_name": f"{APPLICATION_NAME}/{os.getpid()}"}
@@ -131,6 +148,9 @@ class ChangeFeed:
         """The current generation, or None when cached answers must not be trusted."""
         if not self._healthy:
             return None
+        sent = self._beat_sent
+        if sent is not None and time.monotonic() - sent > self._heartbeat_timeout_s:
+            return None          # the backend has not answered the heartbeat: stalled
         poller = self._poller
         if poller is not None and poller.poll(0):
             return None          # a notification is waiting for the thread: do not guess
@@ -229,17 +249,50 @@ class ChangeFeed:
             log.info("change feed listening again; endpoint lookups cached again")
 
     def _listen_loop(self) -> None:
-        # Nothing but notifications (and the server's goodbye) ever arrives on
-        # this socket: no query runs on it after LISTEN, so "readable" on the
-        # hot path always means "something changed or the feed is gone".
+        # Nothing but notifications, heartbeat answers and the server's goodbye
+        # arrives on this socket, so "readable" on the hot path means
+        # "something may have changed or the feed is gone" (or, for a moment,
+        # a heartbeat's answer).
         conn = self._conn
+        beat_at = time.monotonic() + self._heartbeat_s
         while not self._stop.is_set():
-            ready, _, _ = select.select([conn], [], [], 0.25)
+            ready, _, _ = select.select([conn], [], [], min(0.25, self._heartbeat_s))
             if ready:
                 conn.poll()                      # raises when the server closed the connection
-                if conn.notifies:
-                    conn.notifies.clear()
-                    self._generation += 1
+            if time.monotonic() >= beat_at:
+                self._heartbeat(conn)            # raises when the backend did not answer
+                beat_at = time.monotonic() + self._heartbeat_s
+            if conn.notifies:
+                conn.notifies.clear()
+                self._generation += 1
+
+    def _heartbeat(self, conn: Any) -> None:
+        """`SELECT 1` on the feed's own connection; shut down if unanswered for
+        twice `heartbeat_timeout_s` (the query then fails and the feed reconnects)."""
+        cut = threading.Timer(2 * self._heartbeat_timeout_s, self._cut, args=(self._watched,))
+        cut.daemon = True
+        self._beat_sent = time.monotonic()
+        cut.start()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT 1")
+        finally:
+            cut.cancel()
+            self._beat_sent = None
+
+    @staticmethod
+    def _cut(watched: int) -> None:
+        """Shut the connection's socket down (through the feed's duplicate of it)."""
+        try:
+            sock = socket.socket(fileno=os.dup(watched))
+        except OSError:
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.close()
 
     def _set_unhealthy(self) -> None:
         self._healthy = False

@@ -445,3 +445,36 @@ def test_sqlite_a_change_made_while_a_trigger_was_missing_is_seen(db, endpoint):
         with conn:
             conn.execute(made)
     assert must(cache(gid, sid)).enabled is False
+
+
+@POSTGRES_ONLY
+def test_postgresql_a_stalled_listening_backend_stops_the_feed_vouching(db, endpoint):
+    """Outside review, session 19: a feed whose connection stays up while its
+    backend stops (a stuck backend, a proxy that keeps the client side open)
+    vouched forever, and a regenerated secret stayed valid on that node. The
+    heartbeat query stops the vouching within its timeout, then shuts the
+    connection down, and the feed listens again on a new one."""
+    import signal
+    from models.change_feed import APPLICATION_NAME, ChangeFeed
+    gid, sid = endpoint
+    feed = ChangeFeed.for_database(db, heartbeat_s=0.2, heartbeat_timeout_s=0.3).start()
+    try:
+        assert feed.healthy and feed.generation is not None
+        cache = TargetCache(feed=feed)
+        must(cache(gid, sid))
+        name = f"{APPLICATION_NAME}/{os.getpid()}"
+        backend = db.execute_sql("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                                 (name,)).fetchone()[0]
+        os.kill(backend, signal.SIGSTOP)
+        try:
+            # What it remembered is not served once the heartbeat went unanswered.
+            assert _wait(lambda: feed.generation is None, timeout=5)
+            secret = in_other_thread(db, lambda: core.regenerate_secret(OWNER, gid, sid))["secret"]
+            assert verify_secret(must(cache(gid, sid)).secret_hash, secret)
+            # Cut off and made again, on a new backend, while the old one is still stopped.
+            assert _wait(lambda: feed.generation is not None and feed.reconnects >= 2, timeout=10)
+            assert verify_secret(must(cache(gid, sid)).secret_hash, secret)
+        finally:
+            os.kill(backend, signal.SIGCONT)
+    finally:
+        feed.stop()
