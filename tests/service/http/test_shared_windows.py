@@ -48,15 +48,17 @@ def test_the_window_is_exact_and_slides_as_in_one_process(tmp_path: Path) -> Non
     assert limits.peek_endpoint(2, 30).remaining == 30
 
 
-def test_forked_processes_share_one_exact_window(tmp_path: Path) -> None:
-    windows = SharedWindows()
+def _admitted_by_forks(windows: SharedWindows, clock: Clock | None = None) -> int:
+    """Four forked processes (as fronts), each trying 50 requests against one
+    30/min endpoint: how many were admitted in all."""
     children = []
     for _ in range(4):
         pid = os.fork()
-        if pid == 0:  # each child tries 50 requests against one 30/min endpoint
+        if pid == 0:
             code = 0
             try:
-                limits = RateLimits(windows=windows)
+                limits = (RateLimits(windows=windows) if clock is None
+                          else RateLimits(clock=clock, windows=windows))
                 code = sum(limits.hit_endpoint(7, 30).allowed for _ in range(50))
             finally:
                 os._exit(code)
@@ -65,6 +67,12 @@ def test_forked_processes_share_one_exact_window(tmp_path: Path) -> None:
     for pid in children:
         _, status = os.waitpid(pid, 0)
         admitted += os.WEXITSTATUS(status)
+    return admitted
+
+
+def test_forked_processes_share_one_exact_window(tmp_path: Path) -> None:
+    windows = SharedWindows()
+    admitted = _admitted_by_forks(windows)
     assert admitted == 30
     assert RateLimits(windows=windows).peek_endpoint(7, 30).remaining == 0
 
@@ -148,21 +156,7 @@ def test_a_key_without_a_slot_gets_each_fronts_share_of_its_limit(tmp_path: Path
     filler = RateLimits(clock=clock, windows=windows)
     for n in range(64):   # live keys in every slot
         filler.hit_key(f"auth:192.0.2.{n}", 20)
-    children = []
-    for _ in range(4):   # four fronts, each 50 requests against one 30/min endpoint
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                limits = RateLimits(clock=clock, windows=windows)
-                code = sum(limits.hit_endpoint(7, 30).allowed for _ in range(50))
-            finally:
-                os._exit(code)
-        children.append(pid)
-    admitted = 0
-    for pid in children:
-        _, status = os.waitpid(pid, 0)
-        admitted += os.WEXITSTATUS(status)
+    admitted = _admitted_by_forks(windows, clock)
     assert 0 < admitted <= 30   # 4 x 7 here: each front's share, 30 // 4
     refused = RateLimits(clock=clock, windows=windows)
     for _ in range(7):
