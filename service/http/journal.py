@@ -260,7 +260,7 @@ def _entry(raw: bytes, number: int | None) -> tuple[Any, ...] | None:
     check.)"""
     try:
         entry = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+    except Exception:  # noqa: BLE001 - any undecodable bytes (TypeError: a map keyed by a list)
         return None
     if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], list):
         stamp, facts = entry

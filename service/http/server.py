@@ -257,17 +257,49 @@ def journal_path(settings: Settings) -> str:
 
 
 def replay_journal(journal: Journal, batch: int = 5000) -> None:
-    """Write the records journaled by a process that did not stop cleanly."""
+    """Write the records journaled by a process that did not stop cleanly.
+
+    All in one transaction, so a start that fails meanwhile (the database
+    unreachable) has written nothing that the next start writes again. An
+    entry that cannot be stored (a damaged file: values the service never
+    journals) is dropped alone, in a savepoint of its own, and counted: it
+    must not keep the service from starting, nor cost the others.
+    """
+    from peewee import InterfaceError, OperationalError
+
+    from models.db import database
     from service.core.records import write_batch
 
     leftovers = journal.leftovers()
     if not leftovers:
         return
     entries = list(read_segments(leftovers))
-    for start in range(0, len(entries), batch):
-        write_batch(expand(entries[start:start + batch]))
+    dropped = 0
+    with database.atomic():
+        for start in range(0, len(entries), batch):
+            part = entries[start:start + batch]
+            try:
+                with database.atomic():
+                    write_batch(expand(part))
+                continue
+            except (OperationalError, InterfaceError):
+                raise
+            except Exception:  # noqa: BLE001 - one by one, below
+                pass
+            for entry in part:
+                try:
+                    with database.atomic():
+                        write_batch(expand([entry]))
+                except (OperationalError, InterfaceError):
+                    raise
+                except Exception:  # noqa: BLE001 - a damaged entry: dropped
+                    dropped += 1
     journal.discard(leftovers)
-    log.info("replayed %d journaled requests from %d segments", len(entries), len(leftovers))
+    log.info("replayed %d journaled requests from %d segments", len(entries) - dropped,
+             len(leftovers))
+    if dropped:
+        log.warning("journal: %d entries could not be stored and were dropped (a damaged "
+                    "file?)", dropped)
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:

@@ -180,3 +180,57 @@ def test_a_segment_left_by_a_version_before_stamps_is_still_replayed(tmp_path: P
                     (msgpack.packb(_facts(n), use_bin_type=True) for n in (1, 2)))
     path.write_bytes(data + bytes(4))
     assert _ids([path]) == ["req_1", "req_2"]
+
+
+def test_replay_stops_at_an_entry_msgpack_refuses_with_a_type_error(tmp_path: Path) -> None:
+    # Outside review, session 19: a map keyed by a list (damaged bytes) made
+    # msgpack raise TypeError, which the reader did not catch: every start failed.
+    import struct
+    path = tmp_path / "segment-000000000999.journal"
+    good = msgpack_entry(999, _facts(1))
+    bad = b"\x92\xcd\x03\xe7\x81\x90\x01"   # [999, {[]: 1}]
+    path.write_bytes(struct.pack("<I", len(good)) + good + struct.pack("<I", len(bad)) + bad
+                     + bytes(4))
+    assert _ids([path]) == ["req_1"]
+
+
+def msgpack_entry(stamp: int, facts: tuple[Any, ...]) -> bytes:
+    import msgpack  # type: ignore[import-untyped]
+    return bytes(msgpack.packb([stamp, list(facts)], use_bin_type=True))
+
+
+def test_an_entry_that_cannot_be_stored_is_dropped_alone_at_replay(db, tmp_path: Path) -> None:
+    # Outside review, session 19: one entry with a value no database column
+    # takes (damaged bytes that still decode) failed the whole replay, so the
+    # service could not start, and each attempt wrote the batches before it again.
+    import struct
+
+    from models import RequestRecord, StatBucket
+    from service import core
+    from service.http.server import replay_journal
+    from tests.factories import OWNER, make_guild, make_script
+    gid = make_guild("pro")
+    sid = make_script(gid)
+    core.enable_endpoint(OWNER, gid, sid)
+    from service.core.invoke_target import load_target
+    endpoint_id = load_target(gid, sid).endpoint_id   # type: ignore[union-attr]
+    journal = Journal(tmp_path / "j")
+    path = tmp_path / "j" / "segment-000000000990.journal"
+    entries = []
+    import time
+    for n in range(5):
+        facts = list(_facts(n))
+        facts[0] = endpoint_id
+        facts[5], facts[6] = time.time(), time.time() + 0.01   # now: within the kept statistics
+        if n == 2:
+            facts[7] = 2 ** 64 - 1        # a status no column takes
+        entries.append(msgpack_entry(990, tuple(facts)))
+    path.write_bytes(b"".join(struct.pack("<I", len(e)) + e for e in entries) + bytes(4))
+    replay_journal(journal, batch=2)
+    kept = sorted(r.request_id for r in RequestRecord.select())
+    assert kept == ["req_0", "req_1", "req_3", "req_4"]
+    assert sum(b.count for b in StatBucket.select().where(StatBucket.granularity == "m")) == 4
+    assert journal.leftovers() == []
+    replay_journal(journal, batch=2)      # nothing left: nothing written twice
+    assert RequestRecord.select().count() == 4
+    journal.close()
