@@ -273,27 +273,24 @@ def replay_journal(journal: Journal, batch: int = 5000) -> None:
     leftovers = journal.leftovers()
     if not leftovers:
         return
+    def stored(part: list[Any]) -> bool:
+        """Whether `part` was written (in a savepoint: nothing of it when not)."""
+        try:
+            with database.atomic():
+                write_batch(expand(part))
+        except (OperationalError, InterfaceError):
+            raise                       # the database: the start fails, nothing written
+        except Exception:  # noqa: BLE001 - a value no column takes
+            return False
+        return True
+
     entries = list(read_segments(leftovers))
     dropped = 0
     with database.atomic():
         for start in range(0, len(entries), batch):
             part = entries[start:start + batch]
-            try:
-                with database.atomic():
-                    write_batch(expand(part))
-                continue
-            except (OperationalError, InterfaceError):
-                raise
-            except Exception:  # noqa: BLE001 - one by one, below
-                pass
-            for entry in part:
-                try:
-                    with database.atomic():
-                        write_batch(expand([entry]))
-                except (OperationalError, InterfaceError):
-                    raise
-                except Exception:  # noqa: BLE001 - a damaged entry: dropped
-                    dropped += 1
+            if not stored(part):        # one by one: only what fails alone is dropped
+                dropped += sum(not stored([entry]) for entry in part)
     journal.discard(leftovers)
     log.info("replayed %d journaled requests from %d segments", len(entries) - dropped,
              len(leftovers))

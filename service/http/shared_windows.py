@@ -22,10 +22,12 @@ A key that finds no slot (more live keys in its probe run than `PROBE`, e.g.
 a flood of failed secrets from very many addresses) is counted in this
 front's own memory instead, against its share of the limit (the limit
 divided by the number of fronts, rounded down): whichever fronts its
-requests land on, the node never admits more than the limit, so filling the
-table cannot multiply another guild's quota or another address's
-failed-secret allowance by the number of fronts. Such a key may be admitted
-less than its limit while the table stays full.
+requests land on, the fronts together admit at most the limit while it has
+no slot, and at most the limit more once it gets one (its fronts' memory is
+not carried into the slot), so at most twice the limit in any 60 s, where
+counting the whole limit in each front admitted the number of fronts times
+it. Such a key may be admitted less than its limit while the table stays
+full.
 """
 
 from __future__ import annotations
@@ -185,8 +187,9 @@ class SharedWindows(_Windows):
         try:
             now = self._clock()
             slot = self._find(key, now, create=False)
-            if slot < 0:
-                return super().peek(key, limit)
+            if slot < 0:   # as `hit` counts it: every front as many as this one
+                count, oldest = super().peek(key, limit)
+                return min(limit, count * self._fronts), oldest
             head, n, total = self._expire(slot, now)
             return total, self._last[slot * self._ring + head] if n else now
         finally:
