@@ -184,9 +184,10 @@ def cpu_split(server_pid: int) -> dict[tuple[str, int], float]:
     return out
 
 
-def _wrk_command(url: str, lua: str, connections: int, duration: int) -> list[str]:
+def _wrk_command(url: str, lua: str, connections: int, duration: int,
+                 lua_args: tuple[str, ...] = ()) -> list[str]:
     return ["taskset", "-c", "0", "wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency",
-            "-s", lua, url]
+            "-s", lua, url, *(("--", *lua_args) if lua_args else ())]
 
 
 def _wrk_result(out: str) -> dict[str, float]:
@@ -204,8 +205,10 @@ def _wrk_result(out: str) -> dict[str, float]:
             "errors": int(non2xx.group(1)) if non2xx else 0}
 
 
-def run_wrk(url: str, lua: str, connections: int, duration: int) -> dict[str, float]:
-    out = subprocess.run(_wrk_command(url, lua, connections, duration), check=True,
+def run_wrk(url: str, lua: str, connections: int, duration: int,
+            lua_args: tuple[str, ...] = ()) -> dict[str, float]:
+    """One wrk run; `lua_args` reach the Lua script's ``init(args)``."""
+    out = subprocess.run(_wrk_command(url, lua, connections, duration, lua_args), check=True,
                          capture_output=True, text=True).stdout
     return _wrk_result(out)
 

@@ -17,8 +17,11 @@ echo-validate body, rotating over the row's endpoints:
 
 Warm-up per row: every endpoint of the row called at least once (2 s wrk runs
 rotating over them until as many requests were answered), then `--warmup`
-seconds of the row's load; then `--duration` seconds measured. Prints req/s, p50/p99 and the ratio
-to the 1-endpoint row.
+seconds of the row's load; then `--duration` seconds measured. Each wrk run
+goes on along the row's sequence where the run before it stopped (a Lua
+`init` argument), so the warm-up reaches every endpoint and a measured run
+calls what comes next in the sequence, not again the part the warm-up just
+called. Prints req/s, p50/p99 and the ratio to the 1-endpoint row.
 
 `--paired K`: on a host whose speed drifts by 10-15 % within minutes, a
 row measured minutes after the 1-endpoint row compares two different
@@ -99,6 +102,9 @@ ROTATE_LUA = """
 paths = {{{paths}}}
 n = #paths
 i = 0
+init = function(args)
+    i = (tonumber(args[1]) or 0) % n
+end
 body = {body}
 headers = {{["Content-Type"] = "application/json", ["Authorization"] = "Bearer {secret}"}}
 request = function()
@@ -203,6 +209,23 @@ def lua_file(tmp: Path, name: str, paths: list[str]) -> str:
     return str(f)
 
 
+class Rotation:
+    """A row's request sequence, each wrk run going on where the one before
+    stopped (a run that started from the first path again would call the same
+    prefix of a long sequence every time: a warm-up would never reach the rest,
+    and a measured run would replay what the warm-up just called)."""
+
+    def __init__(self, tmp: Path, name: str, paths: list[str]) -> None:
+        self.lua = lua_file(tmp, name, paths)
+        self.size = len(paths)
+        self.at = 0   # requests issued so far, less those still in flight when a run ended
+
+    def run(self, url: str, connections: int, seconds: int) -> dict[str, float]:
+        r = run_wrk(url, self.lua, connections, seconds, (str(self.at % self.size),))
+        self.at += int(r["total"])
+        return r
+
+
 def serve(db: str, cfg: Path, port: int, workers: int) -> subprocess.Popen[str]:
     env = {**SERVE_ENV, "PYTHONUNBUFFERED": "1", "PATH": "/usr/bin:/bin"}
     if os.environ.get("PYTHONPATH"):  # PYTHONPATH=DIR: the server runs the tree in DIR
@@ -295,11 +318,11 @@ def cold_start(db: str, cfg: Path, port: int, workers: int, connections: int,
               "request on", flush=True)
 
 
-def measured(url: str, lua: str, args: argparse.Namespace,
+def measured(url: str, row: Rotation, args: argparse.Namespace,
              server_pid: int) -> tuple[dict[str, float], str]:
     """One measured wrk run, and with --cpu a line of the server's CPU per request."""
     before = cpu_split(server_pid) if args.cpu else None
-    r = run_wrk(url, lua, args.connections, args.duration)
+    r = row.run(url, args.connections, args.duration)
     if before is None:
         return r, ""
     after = cpu_split(server_pid)
@@ -315,14 +338,14 @@ def measured(url: str, lua: str, args: argparse.Namespace,
                f"fork server and workers {us['workers']:.0f} us per request")
 
 
-def paired(url: str, tmp: Path, label: str, lua: str, args: argparse.Namespace,
+def paired(url: str, tmp: Path, label: str, row: Rotation, args: argparse.Namespace,
            server_pid: int) -> None:
     """The row K times, each right after the 1-endpoint load: K ratios and their median."""
-    one = lua_file(tmp, "one", [big_path(1, 0)])
+    one = Rotation(tmp, "one", [big_path(1, 0)])
     ratios = []
     for _ in range(args.paired):
         b, b_cpu = measured(url, one, args, server_pid)
-        r, r_cpu = measured(url, lua, args, server_pid)
+        r, r_cpu = measured(url, row, args, server_pid)
         ratios.append(r["rps"] / b["rps"])
         print(f"  {label:<30} {r['rps']:>8,.0f} req/s  {ratios[-1]:5.2f} of 1 endpoint "
               f"({b['rps']:,.0f} req/s, p99 {b['p99']:.2f} ms)  p50 {r['p50']:6.2f} ms  "
@@ -373,17 +396,16 @@ def main() -> None:
         for n, (label, distinct, sequence) in enumerate(rows(), 1):
             if chosen is not None and n not in chosen:
                 continue
-            warm = lua_file(tmp, "warm", distinct)
-            done = 0
-            while done < len(distinct):   # every endpoint of the row called at least once
-                done += int(run_wrk(url, warm, args.connections, 2)["total"])
-            lua = lua_file(tmp, "row", sequence)
+            warm = Rotation(tmp, "warm", distinct)
+            while warm.at < warm.size:   # every endpoint of the row called at least once
+                warm.run(url, args.connections, 2)
+            row = Rotation(tmp, "row", sequence)
             if args.warmup:
-                run_wrk(url, lua, args.connections, args.warmup)
+                row.run(url, args.connections, args.warmup)
             if args.paired and n > 1:
-                paired(url, tmp, label, lua, args, proc.pid)
+                paired(url, tmp, label, row, args, proc.pid)
                 continue
-            r, r_cpu = measured(url, lua, args, proc.pid)
+            r, r_cpu = measured(url, row, args, proc.pid)
             base = base or r["rps"]
             print(f"  {label:<30} {r['rps']:>8,.0f} req/s  {r['rps'] / base:5.2f} of 1 endpoint  "
                   f"p50 {r['p50']:6.2f} ms  p99 {r['p99']:7.2f} ms  non-2xx {r['errors']:.0f}",

@@ -126,8 +126,9 @@ class Supervisor(Ticking):
                 if self._state == "starting":
                     self._state = "failed"   # every worker would: start() gives up now
             elif t == "exit":
-                log.debug("sandbox worker %s exited (code %s, signal %s)",
-                          pid, msg.get("code"), msg.get("signal"))
+                log.debug("sandbox worker %s exited (code %s, signal %s%s)", pid,
+                          msg.get("code"), msg.get("signal"),
+                          ", found by a walk of all children" if msg.get("walked") else "")
 
     def _zygote_lost(self) -> None:
         if self._zygote_alive and self._state in ("starting", "running"):
@@ -148,6 +149,7 @@ class Supervisor(Ticking):
         if self._state not in ("starting", "running") or self._workers.get(slot) is not None:
             w.signal(signal.SIGKILL)
             w.close(None)
+            self._reap(pid)
             return
         self._workers[slot] = w
         self._unready += 1
@@ -166,6 +168,15 @@ class Supervisor(Ticking):
             self._ctl.send(msgpack.packb({"t": "spawn", "slot": slot}))
         except OSError:
             self._spawning.pop(slot, None)  # housekeeping retries
+
+    def _reap(self, pid: int) -> None:
+        """Name an ending worker to the fork server, which then waits for it by
+        its pid instead of walking all its children (``sandbox.zygote``)."""
+        if self._zygote_pid and self._zygote_alive:   # (not before start())
+            try:
+                self._ctl.send(msgpack.packb({"t": "reap", "pid": pid}))
+            except OSError:
+                pass   # its walk of every child, once a second, finds it
 
     def _schedule_spawn(self, slot: int, backoff: bool) -> None:
         if self._state not in ("starting", "running"):
@@ -195,6 +206,7 @@ class Supervisor(Ticking):
         if not w.ready and w.alive:
             self._unready -= 1
         w.close(self._loop)
+        self._reap(w.pid)
         if w.req is None:
             self._unpark(w)
         if self._workers.get(w.slot) is w:

@@ -14,10 +14,19 @@ only forks on request.  It never runs user code.
 Control socket (SOCK_SEQPACKET, one msgpack message per packet, so passed
 descriptors stay attached to their message):
 
-service -> zygote: ``{"t": "spawn", "slot": int}``
+service -> zygote: ``{"t": "spawn", "slot": int}``;
+                   ``{"t": "reap", "pid": int}`` once the service killed that worker
+                   or saw its channel close (it is about to exit, or has).
 zygote -> service: ``{"t": "spawned", "slot", "pid", "fork_ms"}`` with descriptors
                    [channel, pidfd] (pidfd only where the kernel has it);
-                   ``{"t": "exit", "pid", "code", "signal"}`` when it reaps a worker.
+                   ``{"t": "exit", "pid", "code", "signal", "walked"}`` when it reaps a
+                   worker (walked: found by a walk of all children, not by its pid).
+
+Reaping asks the kernel for the workers named by "reap" messages, each by its
+pid: ``waitpid(-1)`` walks every child of the caller, and with thousands of
+idle workers (one per active guild) a walk at every exit or spawn took a few
+per cent of the core. A walk of all children still runs at most once a second,
+for a worker that exited without the service naming it.
 
 When the control socket closes (the service stops or dies) the zygote kills
 its workers and exits; it also dies with the service (PR_SET_PDEATHSIG).
@@ -64,6 +73,7 @@ WARM_EVENT: dict[str, Any] = {
     "timestamp": "2026-01-01T00:00:00.000Z",
 }
 MAX_CONTROL = 4096
+FULL_REAP_S = 1.0   # at most this long between walks of every child (waitpid(-1))
 
 
 # The zygote is a *fresh interpreter* by default (redteam finding R9): a plain
@@ -185,6 +195,9 @@ class _Zygote:
         self.ctl = socket.socket(fileno=ctl_fd)
         self.cfg = cfg
         self.children: set[int] = set()
+        # Workers the service named as ending ("reap"), waited for by pid.
+        self.ending: set[int] = set()
+        self.walked_at = time.monotonic()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         # The seccomp program, built and verified once: each worker only writes
@@ -247,6 +260,8 @@ class _Zygote:
                 os.close(pidfd)
 
     def reap(self) -> None:
+        """Wait for every child that exited: a walk of all children."""
+        self.walked_at = time.monotonic()
         while self.children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -254,13 +269,28 @@ class _Zygote:
                 return
             if pid == 0:
                 return
-            self.children.discard(pid)
-            code = os.waitstatus_to_exitcode(status)
+            self.reaped(pid, status, walked=True)
+
+    def reap_ending(self) -> None:
+        """Wait for the workers the service named, each by its pid."""
+        for pid in list(self.ending):
             try:
-                self.send({"t": "exit", "pid": pid, "code": max(code, 0),
-                           "signal": -code if code < 0 else 0})
-            except OSError:
-                return
+                got, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:   # reaped by a walk meanwhile
+                self.ending.discard(pid)
+                continue
+            if got == pid:
+                self.reaped(pid, status, walked=False)
+
+    def reaped(self, pid: int, status: int, walked: bool) -> None:
+        self.children.discard(pid)
+        self.ending.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        try:
+            self.send({"t": "exit", "pid": pid, "code": max(code, 0),
+                       "signal": -code if code < 0 else 0, "walked": walked})
+        except OSError:
+            pass
 
     def loop(self) -> NoReturn:
         # poll(), not select(): the descriptors inherited from a service with
@@ -270,12 +300,12 @@ class _Zygote:
         poller.register(self.wake_r, select.POLLIN)
         while True:
             try:
-                readable = [fd for fd, _ in poller.poll(1000)]
+                readable = [fd for fd, _ in poller.poll(int(FULL_REAP_S * 1000))]
             except InterruptedError:
                 readable = []
-            if self.wake_r in readable:
+            if self.wake_r in readable:      # SIGCHLD
                 os.read(self.wake_r, 512)
-            self.reap()
+                self.reap_ending()
             if self.ctl.fileno() in readable:
                 try:
                     data = self.ctl.recv(MAX_CONTROL)
@@ -287,8 +317,17 @@ class _Zygote:
                     msg = msgpack.unpackb(data, raw=False)
                 except Exception:
                     continue
-                if isinstance(msg, dict) and msg.get("t") == "spawn" and type(msg.get("slot")) is int:
+                if not isinstance(msg, dict):
+                    continue
+                if msg.get("t") == "spawn" and type(msg.get("slot")) is int:
                     self.spawn(msg["slot"])
+                elif (msg.get("t") == "reap" and type(msg.get("pid")) is int
+                      and msg["pid"] in self.children):
+                    self.ending.add(msg["pid"])
+                    self.reap_ending()
+            # After the messages: a worker named in this round is waited for by pid.
+            if time.monotonic() - self.walked_at >= FULL_REAP_S:
+                self.reap()
 
     def shutdown(self) -> NoReturn:
         for pid in list(self.children):
