@@ -18,10 +18,12 @@ echo-validate body, rotating over the row's endpoints:
 Warm-up per row: every endpoint of the row called at least once (2 s wrk runs
 rotating over them until as many requests were answered), then `--warmup`
 seconds of the row's load; then `--duration` seconds measured. Each wrk run
-goes on along the row's sequence where the run before it stopped (a Lua
-`init` argument), so the warm-up reaches every endpoint and a measured run
-calls what comes next in the sequence, not again the part the warm-up just
-called. Prints req/s, p50/p99 and the ratio to the 1-endpoint row.
+goes on along its list where the run before it on that list stopped (a Lua
+`init` argument; the requests still in flight when a run ended, at most
+`--connections`, are sent again), so the warm-up reaches every endpoint and a
+measured run calls what comes next in the row's sequence, not again the part
+the row's warm-up load just called. Prints req/s, p50/p99 and the ratio to
+the 1-endpoint row.
 
 `--paired K`: on a host whose speed drifts by 10-15 % within minutes, a
 row measured minutes after the 1-endpoint row compares two different

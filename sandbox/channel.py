@@ -260,7 +260,8 @@ class WorkerHandle:
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) the worker has used (0.0 if it cannot be read):
-        its process CPU clock, one system call (a new worker's first job reads it)."""
+        its process CPU clock, one system call (read for each job that ships a
+        source, so at least once per new worker)."""
         try:
             return time.clock_gettime(process_cpu_clock(self.pid))
         except OSError:

@@ -136,6 +136,8 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
         self._tick_handle: asyncio.TimerHandle | None = None
         self._house_handle: asyncio.TimerHandle | None = None
         self._zygote_pid = 0
+        self._ending: list[int] = []   # killed workers not yet named to the fork server
+        self._naming = False           # a call to name them is scheduled on the loop
         self._state = "new"
         self._next_id = 0
         self._busy = 0

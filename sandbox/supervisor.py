@@ -31,6 +31,7 @@ log = logging.getLogger("sandbox.pool")
 
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 10.0
+REAP_NAMES = 400   # pids per "reap" message (the fork server reads 4,096 bytes at most)
 
 
 class Supervisor(Ticking):
@@ -47,6 +48,8 @@ class Supervisor(Ticking):
     _notes: dict[str, str]
     _ctl: socket.socket
     _zygote_pid: int
+    _ending: list[int]
+    _naming: bool
     _state: str
     _busy: int
     _unready: int
@@ -171,12 +174,31 @@ class Supervisor(Ticking):
 
     def _reap(self, pid: int) -> None:
         """Name an ending worker to the fork server, which then waits for it by
-        its pid instead of walking all its children (``sandbox.zygote``)."""
-        if self._zygote_pid and self._zygote_alive:   # (not before start())
+        its pid instead of walking all its children (``sandbox.zygote``).
+
+        The names go out together once per turn of the loop: a burst of kills
+        (hundreds retired at once for the memory budget) takes one message
+        from the control socket's queue, which spawn requests need too."""
+        if not (self._zygote_pid and self._zygote_alive):   # (not before start())
+            return
+        self._ending.append(pid)
+        if self._naming:
+            return
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._name_ending()
+        else:
+            self._naming = True
+            loop.call_soon(self._name_ending)
+
+    def _name_ending(self) -> None:
+        self._naming = False
+        pids, self._ending = self._ending, []
+        for i in range(0, len(pids), REAP_NAMES):
             try:
-                self._ctl.send(msgpack.packb({"t": "reap", "pid": pid}))
+                self._ctl.send(msgpack.packb({"t": "reap", "pids": pids[i:i + REAP_NAMES]}))
             except OSError:
-                pass   # its walk of every child, once a second, finds it
+                return   # the fork server's walk of every child finds them
 
     def _schedule_spawn(self, slot: int, backoff: bool) -> None:
         if self._state not in ("starting", "running"):
@@ -265,6 +287,7 @@ class Supervisor(Ticking):
     def _forget_loop(self) -> None:
         """The bound loop was closed: drop its timers, queue and in-flight work."""
         self._loop = None
+        self._naming = False   # its call to _name_ending will not come: the next kill sends
         self._tick_handle = self._house_handle = None
         self._timeouts.clear()
         self._homeless.clear()

@@ -15,8 +15,8 @@ Control socket (SOCK_SEQPACKET, one msgpack message per packet, so passed
 descriptors stay attached to their message):
 
 service -> zygote: ``{"t": "spawn", "slot": int}``;
-                   ``{"t": "reap", "pid": int}`` once the service killed that worker
-                   or saw its channel close (it is about to exit, or has).
+                   ``{"t": "reap", "pids": [int, ...]}``: workers the service killed
+                   (about to exit, or exited), named together once per turn of its loop.
 zygote -> service: ``{"t": "spawned", "slot", "pid", "fork_ms"}`` with descriptors
                    [channel, pidfd] (pidfd only where the kernel has it);
                    ``{"t": "exit", "pid", "code", "signal", "walked"}`` when it reaps a
@@ -25,8 +25,10 @@ zygote -> service: ``{"t": "spawned", "slot", "pid", "fork_ms"}`` with descripto
 Reaping asks the kernel for the workers named by "reap" messages, each by its
 pid: ``waitpid(-1)`` walks every child of the caller, and with thousands of
 idle workers (one per active guild) a walk at every exit or spawn took a few
-per cent of the core. A walk of all children still runs at most once a second,
-for a worker that exited without the service naming it.
+per cent of the core (on recent kernels waiting for one pid finds it directly;
+older ones walk the children for that too). A walk of all children still runs
+once a second, for a worker that exited without being named (or whose name
+did not fit in the control socket's queue).
 
 When the control socket closes (the service stops or dies) the zygote kills
 its workers and exits; it also dies with the service (PR_SET_PDEATHSIG).
@@ -276,7 +278,7 @@ class _Zygote:
         for pid in list(self.ending):
             try:
                 got, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:   # reaped by a walk meanwhile
+            except ChildProcessError:   # not ours (any more): nothing to wait for
                 self.ending.discard(pid)
                 continue
             if got == pid:
@@ -299,8 +301,9 @@ class _Zygote:
         poller.register(self.ctl.fileno(), select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
         while True:
+            wait_ms = (self.walked_at + FULL_REAP_S - time.monotonic()) * 1000.0
             try:
-                readable = [fd for fd, _ in poller.poll(int(FULL_REAP_S * 1000))]
+                readable = [fd for fd, _ in poller.poll(max(0, int(wait_ms) + 1))]
             except InterruptedError:
                 readable = []
             if self.wake_r in readable:      # SIGCHLD
@@ -321,9 +324,9 @@ class _Zygote:
                     continue
                 if msg.get("t") == "spawn" and type(msg.get("slot")) is int:
                     self.spawn(msg["slot"])
-                elif (msg.get("t") == "reap" and type(msg.get("pid")) is int
-                      and msg["pid"] in self.children):
-                    self.ending.add(msg["pid"])
+                elif msg.get("t") == "reap" and type(msg.get("pids")) is list:
+                    self.ending.update(pid for pid in msg["pids"]
+                                       if type(pid) is int and pid in self.children)
                     self.reap_ending()
             # After the messages: a worker named in this round is waited for by pid.
             if time.monotonic() - self.walked_at >= FULL_REAP_S:

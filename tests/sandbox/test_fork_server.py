@@ -59,7 +59,7 @@ def test_a_worker_named_as_ending_is_reaped_by_its_pid() -> None:
             pid, channel, pidfd = _spawn(ctl)
             # As the pool does when it retires or replaces a worker: kill, name it.
             # (Named first here, so that the test never races the once-a-second walk.)
-            ctl.send(msgpack.packb({"t": "reap", "pid": pid}))
+            ctl.send(msgpack.packb({"t": "reap", "pids": [pid]}))
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             msg, _ = _next(ctl, "exit")
             assert (msg["pid"], msg["signal"], msg["walked"]) == (pid, signal.SIGKILL, False)
@@ -71,10 +71,51 @@ def test_a_worker_named_as_ending_is_reaped_by_its_pid() -> None:
 def test_a_worker_that_ends_unnamed_is_still_reaped() -> None:
     with _fork_server() as (_, ctl):
         pid, channel, pidfd = _spawn(ctl)
-        ctl.send(msgpack.packb({"t": "reap", "pid": [pid]}))   # malformed: ignored
+        ctl.send(msgpack.packb({"t": "reap", "pids": pid}))       # malformed: ignored
+        ctl.send(msgpack.packb({"t": "reap", "pids": [[pid]]}))   # malformed: ignored
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         msg, _ = _next(ctl, "exit", timeout=10.0)
         assert (msg["pid"], msg["signal"], msg["walked"]) == (pid, signal.SIGKILL, True)
         assert not os.path.exists(f"/proc/{pid}")
         os.close(channel)
         os.close(pidfd)
+
+
+def test_a_burst_of_kills_is_named_in_a_few_messages() -> None:
+    # The control socket's queue holds a few hundred messages, and spawn
+    # requests need it too: a message per killed worker made a burst of
+    # retirements crowd out the spawns that replace them (outside review).
+    import asyncio
+
+    from sandbox.supervisor import REAP_NAMES
+
+    pool = Pool(size=1)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pool._ctl, pool._zygote_pid = ours, 1      # as if started (no fork server needed)
+
+    async def burst() -> None:
+        pool._loop = asyncio.get_running_loop()
+        for pid in range(1000, 2000):           # e.g. the memory budget retiring 1,000
+            pool._reap(pid)
+        await asyncio.sleep(0)                  # the loop's next turn sends the names
+
+    try:
+        asyncio.run(burst())
+        theirs.setblocking(False)
+        named: list[int] = []
+        messages = 0
+        while True:
+            try:
+                msg = msgpack.unpackb(theirs.recv(zygote.MAX_CONTROL), raw=False)
+            except BlockingIOError:
+                break
+            messages += 1
+            assert msg["t"] == "reap"
+            named += msg["pids"]
+        assert named == list(range(1000, 2000))
+        assert messages == -(-1000 // REAP_NAMES)
+        assert len(msgpack.packb({"t": "reap", "pids": [4194304] * REAP_NAMES})) \
+            <= zygote.MAX_CONTROL
+    finally:
+        ours.close()
+        theirs.close()
