@@ -9,7 +9,7 @@ workers' ``/proc`` entries - and, when the service does not run as root and
 workers keep its uid, the database file itself (security review, session 16).
 
 Everything a worker needs from the file system is opened before it serves:
-the fork server imported every module (``zygote._warm``), and the worker
+the fork server imported every module (``sandbox.warm``), and the worker
 keeps ``/proc/self/statm`` open (``limits.ProcessMemory``). So the ruleset
 here handles every file-system right the kernel knows and grants none: no
 open, no directory listing, no execution, no creation, anywhere - its own

@@ -45,7 +45,7 @@ from sandbox.budget import derived_max_workers, derived_memory_budget
 from sandbox.placement import Placement, QuarantineKey, sandbox_user
 from sandbox.scheduler import Scheduler
 from sandbox.shutdown import Shutdown
-from sandbox.ticking import HOUSEKEEPING_S, TICK_S
+from sandbox.ticking import HOUSEKEEPING_S
 from sandbox.worker import WorkerConfig
 
 __all__ = ["Pool", "ScriptRef", "Limits", "Outcome"]
@@ -395,8 +395,3 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
                 self._note_crash(w.req, "sandbox worker sent an invalid reply", self._loop.time())
             self._replace(w, failure("crash", "sandbox worker sent an invalid reply",
                                      self._elapsed(w)), backoff=False)
-
-    # --- deadlines and housekeeping ---------------------------------------
-    def _ensure_tick(self) -> None:
-        if self._tick_handle is None and self._loop is not None:
-            self._tick_handle = self._loop.call_later(TICK_S, self._tick)

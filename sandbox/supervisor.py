@@ -58,9 +58,6 @@ class Supervisor(Ticking):
     def _on_readable(self, w: WorkerHandle) -> None:
         raise NotImplementedError
 
-    def _ensure_tick(self) -> None:
-        raise NotImplementedError
-
     def _dispatch(self, w: WorkerHandle, req: RequestState) -> None:
         raise NotImplementedError
 

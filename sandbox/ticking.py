@@ -57,8 +57,6 @@ class Ticking:
     _c: dict[str, int]
 
     if TYPE_CHECKING:  # provided by Supervisor and Pool
-        def _ensure_tick(self) -> None: ...
-
         def _note_crash(self, req: RequestState, reason: str, now: float) -> None: ...
 
         def _unhome(self, req: RequestState) -> None: ...
@@ -69,6 +67,11 @@ class Ticking:
 
         def _replace(self, w: WorkerHandle, outcome: Outcome | None, *,
                      backoff: bool) -> None: ...
+
+    def _ensure_tick(self) -> None:
+        """Start the deadline ticker unless it runs (it stops when nothing is in flight)."""
+        if self._tick_handle is None and self._loop is not None:
+            self._tick_handle = self._loop.call_later(TICK_S, self._tick)
 
     def _tick(self) -> None:
         self._tick_handle = None

@@ -20,8 +20,8 @@ class _Blocker:
 
 
 def main() -> None:
-    from sandbox import zygote
-    zygote._warm()
+    from sandbox.warm import warm
+    warm()
     from sandbox.compiler import compile_script
     from sandbox.modules import ALLOWED_MODULES
     from sandbox.runtime import run_endpoint

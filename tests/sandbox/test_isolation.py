@@ -149,8 +149,8 @@ def test_codec_and_flag_caches_return_to_their_warm_state() -> None:
     # The same resets, observed from inside a warmed interpreter.
     code = r'''
 import encodings, json, re
-from sandbox import zygote
-zygote._warm()
+from sandbox.warm import warm
+warm()
 from sandbox.compiler import compile_script
 from sandbox.runtime import run_endpoint
 before = (len(encodings._cache), len(re.RegexFlag._value2member_map_))
