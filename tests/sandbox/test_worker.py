@@ -111,7 +111,7 @@ def test_start_fails_fast_when_the_fork_server_cannot_start(
     def broken() -> None:
         raise ImportError("no language runtime")
 
-    monkeypatch.setattr(zygote, "_warm", broken)  # inherited by the forked zygote
+    monkeypatch.setattr(zygote, "warm", broken)  # inherited by the forked zygote
     pool = Pool(size=1, fresh_interpreter=False)  # a patch only a forked zygote inherits
     t0 = time.monotonic()
     with pytest.raises(SpawnError):
