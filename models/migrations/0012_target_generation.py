@@ -9,11 +9,12 @@ transaction as every insert, update or delete of a `guild`, `script` or
 `endpoint` row, from any connection of any process (the `logic` CLI
 included): the lookups' cache keeps its answers while `n` stays the same.
 
-The cache trusts `n` only while all nine triggers exist (`TRIGGERS`, counted
-in the same statement that reads `n`), and takes any schema change for a
-change (`service.core.target_generation`): a later migration that rebuilds
-one of these tables must create its triggers again, or the cache drops its
-answers on every commit, as before this one. PostgreSQL needs nothing: its
+The cache trusts `n` only while all nine triggers exist as made here (name,
+table and statement, `TRIGGER_DEFINITIONS`, checked in the same statement
+that reads `n`), and takes any schema change for a change
+(`service.core.target_generation`): a later migration that rebuilds one of
+these tables must create its triggers again with these very statements, or
+the cache drops its answers on every commit, as before this one. PostgreSQL needs nothing: its
 change feed (0004, 0009) already notifies exactly these changes.
 """
 from __future__ import annotations
@@ -26,6 +27,18 @@ OPERATIONS = ("insert", "update", "delete")
 TRIGGERS = tuple(f"logic_generation_{table}_{op}" for table in TABLES for op in OPERATIONS)
 
 
+def trigger_sql(table: str, op: str) -> str:
+    """The statement that makes the trigger of `table` for `op`: SQLite keeps it
+    verbatim in `sqlite_master.sql`, where the cache checks it is still this one."""
+    return (f'CREATE TRIGGER logic_generation_{table}_{op} AFTER {op.upper()} ON "{table}" '
+            f"BEGIN UPDATE {TABLE} SET n = n + 1 WHERE id = 1; END")
+
+
+#: (name, table, statement) of each trigger, in the order of `TRIGGERS`.
+TRIGGER_DEFINITIONS = tuple((f"logic_generation_{table}_{op}", table, trigger_sql(table, op))
+                            for table in TABLES for op in OPERATIONS)
+
+
 def up(db: Database) -> None:
     if isinstance(db, PostgresqlDatabase):
         return
@@ -33,11 +46,8 @@ def up(db: Database) -> None:
         db.execute_sql(  # type: ignore[no-untyped-call]
             f"CREATE TABLE {TABLE} (id INTEGER PRIMARY KEY CHECK (id = 1), n INTEGER NOT NULL)")
         db.execute_sql(f"INSERT INTO {TABLE} (id, n) VALUES (1, 0)")  # type: ignore[no-untyped-call]
-        for table in TABLES:
-            for op in OPERATIONS:
-                db.execute_sql(  # type: ignore[no-untyped-call]
-                    f'CREATE TRIGGER logic_generation_{table}_{op} AFTER {op.upper()} ON "{table}" '
-                    f"BEGIN UPDATE {TABLE} SET n = n + 1 WHERE id = 1; END")
+        for _, _, statement in TRIGGER_DEFINITIONS:
+            db.execute_sql(statement)  # type: ignore[no-untyped-call]
 
 
 def down(db: Database) -> None:
