@@ -89,11 +89,11 @@ class Supervisor(Ticking):
     def _on_control(self) -> None:
         while True:
             try:
-                data, fds, _, _ = socket.recv_fds(self._ctl, 4096, 2, socket.MSG_CMSG_CLOEXEC)
+                data, fds, flags, _ = socket.recv_fds(self._ctl, 4096, 2, socket.MSG_CMSG_CLOEXEC)
             except BlockingIOError:
                 return
             except OSError:
-                data, fds = b"", []
+                data, fds, flags = b"", [], 0
             if not data:
                 for fd in fds:
                     os.close(fd)
@@ -107,6 +107,9 @@ class Supervisor(Ticking):
                 msg = {}
             t = msg.get("t")
             slot, pid = msg.get("slot"), msg.get("pid")
+            if t == "spawned" and type(slot) is int and type(pid) is int and flags & socket.MSG_CTRUNC:
+                self._truncated(slot, pid, fds)
+                continue
             if t == "spawned" and type(slot) is int and type(pid) is int and fds:
                 fork_ms = msg.get("fork_ms")
                 self._register(slot, pid, fds[0], fds[1] if len(fds) > 1 else -1,
@@ -129,6 +132,21 @@ class Supervisor(Ticking):
                 log.debug("sandbox worker %s exited (code %s, signal %s%s)", pid,
                           msg.get("code"), msg.get("signal"),
                           ", found by a walk of all children" if msg.get("walked") else "")
+
+    def _truncated(self, slot: int, pid: int, fds: list[int]) -> None:
+        """A new worker whose descriptors did not all arrive (this process is at its
+        descriptor limit): without its pidfd it could only be signalled by pid,
+        which, once it was reaped, may be another process's. It is not used: its
+        channel closes, so it exits by itself, and the slot is forked again
+        after the back-off."""
+        for fd in fds:
+            os.close(fd)
+        log.warning("sandbox worker %s arrived without its descriptors (the service is at "
+                    "its descriptor limit); forking another later", pid)
+        self._spawning.pop(slot, None)
+        self._reap(pid)
+        if self._workers.get(slot) is None:
+            self._schedule_spawn(slot, backoff=True)
 
     def _zygote_lost(self) -> None:
         if self._zygote_alive and self._state in ("starting", "running"):
@@ -284,7 +302,12 @@ class Supervisor(Ticking):
     def _forget_loop(self) -> None:
         """The bound loop was closed: drop its timers, queue and in-flight work."""
         self._loop = None
-        self._naming = False   # its call to _name_ending will not come: the next kill sends
+        if self._naming:
+            # Its call to _name_ending will not come: the names go out now, not
+            # whenever the next kill is (the walk would reap those workers
+            # meanwhile, and a late name could then name a new worker that
+            # took one of their pids).
+            self._name_ending()
         self._tick_handle = self._house_handle = None
         self._timeouts.clear()
         self._homeless.clear()

@@ -30,8 +30,10 @@ older ones walk the children for that too). A walk of all children still runs
 once a second, for a worker that exited without being named (or whose name
 did not fit in the control socket's queue).
 
-When the control socket closes (the service stops or dies) the zygote kills
-its workers and exits; it also dies with the service (PR_SET_PDEATHSIG).
+When the control socket closes (the service stops or dies, possibly with
+spawn requests still queued: the answer to one then fails) the zygote kills
+its workers, waits for them and exits; it does the same if its loop fails,
+and it dies with the service (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
 
@@ -268,7 +270,12 @@ class _Zygote:
                 if not isinstance(msg, dict):
                     continue
                 if msg.get("t") == "spawn" and type(msg.get("slot")) is int:
-                    self.spawn(msg["slot"])
+                    try:
+                        self.spawn(msg["slot"])
+                    except OSError:
+                        # The service closed its end with this request still
+                        # queued (stopping, or an aborted start): it is gone.
+                        self.shutdown()
                 elif msg.get("t") == "reap" and type(msg.get("pids")) is list:
                     self.ending.update(pid for pid in msg["pids"]
                                        if type(pid) is int and pid in self.children)
@@ -278,6 +285,11 @@ class _Zygote:
                 self.reap()
 
     def shutdown(self) -> NoReturn:
+        """Kill and wait for every worker, then exit: the service is gone."""
+        self.end_children()
+        os._exit(0)
+
+    def end_children(self) -> None:
         for pid in list(self.children):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -288,7 +300,7 @@ class _Zygote:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
-        os._exit(0)
+        self.children.clear()
 
 
 def _batch_scheduling() -> None:
@@ -345,4 +357,9 @@ def _main(ctl_fd: int, cfg: worker.WorkerConfig, service_pid: int,
     signal.set_wakeup_fd(zygote.wake_w)
     gc.collect()
     gc.freeze()
-    zygote.loop()
+    try:
+        zygote.loop()
+    finally:
+        # Whatever ended the loop, no worker outlives the fork server (its
+        # workers would be reparented, unreaped, to whatever reaps orphans).
+        zygote.end_children()

@@ -119,3 +119,111 @@ def test_a_burst_of_kills_is_named_in_a_few_messages() -> None:
     finally:
         ours.close()
         theirs.close()
+
+
+def test_a_spawn_still_queued_when_the_service_closes_ends_every_worker() -> None:
+    """The pool closes the control socket when it stops (or aborts its start),
+    possibly with spawn requests still queued: the fork server's answer to one
+    then finds the socket closed. It must still kill and wait for every worker
+    it has, and exit as on any other stop, not die leaving them to the host."""
+    cfg = WorkerConfig(Pool(size=1)._hcfg)
+    zpid, ctl = zygote.start(cfg)
+    try:
+        kept, channel, pidfd = _spawn(ctl)      # channel held open: it would live on
+        ctl.send(msgpack.packb({"t": "spawn", "slot": 1}))   # queued ...
+        ctl.close()                                          # ... as the service goes
+        _, status = os.waitpid(zpid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert not alive(kept) and not os.path.exists(f"/proc/{kept}")
+    finally:
+        if not ctl._closed:  # type: ignore[attr-defined]
+            ctl.close()
+    os.close(channel)
+    os.close(pidfd)
+
+
+def test_a_kill_in_a_closed_loops_last_turn_is_named_when_the_pool_moves_on(caplog) -> None:
+    """The names of killed workers go out once per turn of the pool's loop. A
+    kill in the last turn of a loop that is then closed (test suites make a
+    loop per test) is named as soon as the pool binds to the next loop, not
+    with some later kill: meanwhile the walk would reap that worker, and a
+    late name could then name a new worker that took its pid. (The fork
+    server's once-a-second walk may still come first in the few milliseconds
+    between the kill and the name: three tries, where without the name going
+    out every try finds it by a walk or never.)"""
+    import asyncio
+    import logging
+
+    from tests.sandbox.poolkit import ECHO, LIMITS, event, ref
+
+    caplog.set_level(logging.DEBUG, logger="sandbox")
+
+    def exit_line(pid: int) -> str | None:
+        return next((r.getMessage() for r in caplog.records
+                     if f"worker {pid} exited" in r.getMessage()), None)
+
+    lines = []
+    for _ in range(3):
+        pool = Pool(size=1, spares=1, max_workers=4, idle_retire_s=3600)
+        pool.start()
+
+        async def first(pool: Pool = pool) -> int:
+            assert (await pool.run(ref(ECHO), event(), LIMITS, guild="g1")).error_kind is None
+            w = next(iter(pool._lru))
+            asyncio.get_running_loop().call_soon(pool._retire, w)   # the loop's last turn
+            return w.pid
+
+        async def second(pid: int, pool: Pool = pool) -> None:
+            try:
+                pool.attach()
+                deadline = time.monotonic() + 5
+                while exit_line(pid) is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+            finally:
+                await pool.stop()
+
+        loop = asyncio.new_event_loop()
+        try:
+            pid = loop.run_until_complete(first())
+        finally:
+            loop.close()
+        asyncio.run(second(pid))
+        lines.append(exit_line(pid))
+        if lines[-1] is not None and "found by a walk" not in lines[-1]:
+            return
+    raise AssertionError(f"the killed worker was never named: {lines}")
+
+
+def test_a_worker_whose_pidfd_did_not_arrive_is_not_used() -> None:
+    """At its descriptor limit the service receives a new worker's channel but
+    not its pidfd (the kernel drops what it cannot install). Such a worker
+    could only be signalled by pid, which another process may hold once the
+    worker was reaped: it is not used, and the slot is forked again once
+    descriptors are free."""
+    import asyncio
+    import resource
+
+    from tests.sandbox.poolkit import ECHO, LIMITS, event, ref, run_with_pool
+
+    async def scenario(pool: Pool) -> None:
+        assert (await pool.run(ref(ECHO), event(), LIMITS, guild="g1")).error_kind is None
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        probe = os.open(os.devnull, os.O_RDONLY)   # the lowest free descriptor number
+        os.close(probe)
+        limit = probe + 1   # one free number below it: the channel fits, not the pidfd
+        seen_without_pidfd = []
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+        try:
+            job = asyncio.ensure_future(pool.run(ref(ECHO), event(), LIMITS, guild="g2"))
+            end = time.monotonic() + 1.5
+            while time.monotonic() < end:
+                seen_without_pidfd += [w.pid for w in pool._workers.values()
+                                       if w is not None and w.pidfd < 0]
+                await asyncio.sleep(0.01)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert seen_without_pidfd == []
+        assert (await asyncio.wait_for(job, 30)).error_kind is None
+        assert all(w.pidfd >= 0 for w in pool._workers.values() if w is not None)
+
+    run_with_pool(scenario, size=1, spares=1)
