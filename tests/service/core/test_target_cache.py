@@ -447,45 +447,44 @@ def test_sqlite_a_change_made_while_a_trigger_was_missing_is_seen(db, endpoint):
     assert must(cache(gid, sid)).enabled is False
 
 
-@SQLITE_ONLY
-def test_sqlite_a_table_renamed_away_with_its_triggers_vouches_for_nothing(db, endpoint):
-    """A table renamed takes its triggers along: nine triggers still exist by
-    name, but none counts a change of the table now called `endpoint`."""
+def _changed_schema_vouches_for_nothing(db, endpoint, statements: list[str]) -> None:
+    """After `statements` (committed by another connection) the generation
+    vouches for nothing, so a later change of the endpoint is seen at once."""
     from service.core.target_generation import generation
     gid, sid = endpoint
     cache = TargetCache()
     endpoint_id = must(cache(gid, sid)).endpoint_id
     with closing(sqlite3.connect(db.database, timeout=10)) as conn:
-        made = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'endpoint'").fetchone()[0]
         with conn:
-            conn.execute("PRAGMA legacy_alter_table = ON")  # leave other tables' references alone
-            conn.execute("ALTER TABLE endpoint RENAME TO endpoint_old")
-            conn.execute(made)
-            conn.execute("INSERT INTO endpoint SELECT * FROM endpoint_old")
+            for statement in statements:
+                conn.execute(statement)
         assert generation(conn) is None
     assert must(cache(gid, sid)).enabled is True
     sqlite_write(db, "UPDATE endpoint SET enabled = 0 WHERE id = ?", (endpoint_id,))
     assert must(cache(gid, sid)).enabled is False
+
+
+@SQLITE_ONLY
+def test_sqlite_a_table_renamed_away_with_its_triggers_vouches_for_nothing(db, endpoint):
+    """A table renamed takes its triggers along: nine triggers still exist by
+    name, but none counts a change of the table now called `endpoint`."""
+    with closing(sqlite3.connect(db.database)) as conn:
+        made = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'endpoint'").fetchone()[0]
+    _changed_schema_vouches_for_nothing(db, endpoint, [
+        "PRAGMA legacy_alter_table = ON",   # leave other tables' references alone
+        "ALTER TABLE endpoint RENAME TO endpoint_old",
+        made,
+        "INSERT INTO endpoint SELECT * FROM endpoint_old"])
 
 
 @SQLITE_ONLY
 def test_sqlite_a_trigger_made_again_that_no_longer_counts_vouches_for_nothing(db, endpoint):
     """A trigger dropped and made again under its own name must also be the
     same trigger: one that no longer adds to the generation does not vouch."""
-    from service.core.target_generation import generation
-    gid, sid = endpoint
-    cache = TargetCache()
-    endpoint_id = must(cache(gid, sid)).endpoint_id
-    with closing(sqlite3.connect(db.database, timeout=10)) as conn:
-        with conn:
-            conn.execute("DROP TRIGGER logic_generation_endpoint_update")
-            conn.execute("CREATE TRIGGER logic_generation_endpoint_update AFTER UPDATE ON "
-                         "\"endpoint\" WHEN 0 BEGIN UPDATE target_generation SET n = n + 1 "
-                         "WHERE id = 1; END")
-        assert generation(conn) is None
-    assert must(cache(gid, sid)).enabled is True
-    sqlite_write(db, "UPDATE endpoint SET enabled = 0 WHERE id = ?", (endpoint_id,))
-    assert must(cache(gid, sid)).enabled is False
+    _changed_schema_vouches_for_nothing(db, endpoint, [
+        "DROP TRIGGER logic_generation_endpoint_update",
+        "CREATE TRIGGER logic_generation_endpoint_update AFTER UPDATE ON \"endpoint\" WHEN 0 "
+        "BEGIN UPDATE target_generation SET n = n + 1 WHERE id = 1; END"])
 
 
 @POSTGRES_ONLY
