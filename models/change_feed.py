@@ -30,7 +30,12 @@ Never staler than the notification's delivery:
   the feed survives it;
 - a notification that has reached this process's socket but not yet been
   read by the thread also makes `generation` None (a zero-timeout poll of the
-  socket, ~1 µs), so a request never wins a race against the feed's thread.
+  socket, ~1 µs), and so does one the thread has read but not yet counted
+  (from each read of the socket until what it brought is counted, a
+  heartbeat's round trip included: outside review, session 21, where a
+  notification read just before a slow heartbeat went uncounted for the
+  heartbeat's whole round trip), so a request never wins a race against the
+  feed's thread.
 
 What remains is delivery: a commit is in force on a node once its
 notification reached that node (sub-millisecond on one host or LAN).  If the
@@ -45,8 +50,9 @@ keepalives cannot see: every `heartbeat_s` the thread runs `SELECT 1` on
 the connection, and from `heartbeat_timeout_s` after it was sent without an
 answer the feed vouches for nothing (the hot path reads the time the query
 went out); at twice that the socket is shut down, the query fails, and the
-feed reconnects.  An answer makes the socket readable for a moment, which
-sends a few lookups to the database: the price of the bound.
+feed reconnects.  Lookups during a heartbeat's round trip go to the
+database (a fraction of a millisecond every `heartbeat_s` on a healthy
+server): the price of the bound.
 """
 from __future__ import annotations
 
@@ -111,6 +117,10 @@ class ChangeFeed:
         self._heartbeat_s, self._heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
         #: `time.monotonic()` when the heartbeat query now waiting for its answer was sent.
         self._beat_sent: float | None = None
+        #: True while the thread reads the socket, until what it read is counted:
+        #: a notification read off the socket (so no longer "readable") but not
+        #: yet counted must not let the old generation pass for current.
+        self._reading = False
         # Always its own name, even when the URL names the service's connections.
         self._connect_kwargs = {**connect_kwargs,
                                 "application_name": f"{APPLICATION_NAME}/{os.getpid()}"}
@@ -146,7 +156,7 @@ class ChangeFeed:
     @property
     def generation(self) -> int | None:
         """The current generation, or None when cached answers must not be trusted."""
-        if not self._healthy:
+        if not self._healthy or self._reading:
             return None
         sent = self._beat_sent
         if sent is not None and time.monotonic() - sent > self._heartbeat_timeout_s:
@@ -257,14 +267,23 @@ class ChangeFeed:
         beat_at = time.monotonic() + self._heartbeat_s
         while not self._stop.is_set():
             ready, _, _ = select.select([conn], [], [], min(0.25, self._heartbeat_s))
-            if ready:
-                conn.poll()                      # raises when the server closed the connection
-            if time.monotonic() >= beat_at:
-                self._heartbeat(conn)            # raises when the backend did not answer
-                beat_at = time.monotonic() + self._heartbeat_s
-            if conn.notifies:
-                conn.notifies.clear()
-                self._generation += 1
+            beat = time.monotonic() >= beat_at
+            if not (ready or beat):
+                continue
+            # From the first read until what it brought is counted (a heartbeat
+            # in between can take up to its timeout), nothing is vouched for.
+            self._reading = True
+            try:
+                if ready:
+                    conn.poll()                  # raises when the server closed the connection
+                if beat:
+                    self._heartbeat(conn)        # raises when the backend did not answer
+                    beat_at = time.monotonic() + self._heartbeat_s
+                if conn.notifies:
+                    conn.notifies.clear()
+                    self._generation += 1
+            finally:
+                self._reading = False
 
     def _heartbeat(self, conn: Any) -> None:
         """`SELECT 1` on the feed's own connection; shut down if unanswered for

@@ -488,6 +488,69 @@ def test_sqlite_a_trigger_made_again_that_no_longer_counts_vouches_for_nothing(d
 
 
 @POSTGRES_ONLY
+def test_postgresql_a_notification_read_before_a_slow_heartbeat_is_never_outrun(db, endpoint):
+    """Outside review, session 21: the feed's thread read a notification off its
+    socket and, a heartbeat being due, ran the heartbeat's round trip before
+    counting it. For that round trip the socket was empty and the generation
+    old, so the old answer was served (a disabled endpoint, a regenerated
+    secret; up to the heartbeat's timeout on a loaded server). Here the
+    heartbeat takes 0.5 s whenever it starts with a notification read but not
+    yet counted (a loaded backend answering slowly, at the moment that
+    matters), and the endpoint is changed while a heartbeat is overdue: the
+    thread waits 0.25 s at a time, so a notification that ends a wait finds
+    the heartbeat due. (A busy host can shift the change out of that window:
+    up to five tries, each a failure if it met the window and the old
+    answer was served after the notification reached the thread.)"""
+    import time as _time
+    from models.change_feed import ChangeFeed
+    gid, sid = endpoint
+    endpoint_id = must(load_target(gid, sid)).endpoint_id
+    feed = ChangeFeed.for_database(db, heartbeat_s=0.3, heartbeat_timeout_s=2.0)
+    real = feed._heartbeat
+    beats: list[float] = []
+    slowed: list[float] = []
+
+    def heartbeat(conn: Any) -> None:
+        if conn.notifies:
+            slowed.append(_time.monotonic())
+            _time.sleep(0.5)
+        real(conn)
+        beats.append(_time.monotonic())
+
+    def set_enabled(on: bool) -> None:
+        in_other_thread(db, lambda: db.execute_sql(
+            "UPDATE endpoint SET enabled = %s WHERE id = %s", (on, endpoint_id)))
+
+    feed._heartbeat = heartbeat  # type: ignore[method-assign]
+    feed.start()
+    try:
+        assert feed.healthy
+        cache = TargetCache(feed=feed)
+        for attempt in range(5):
+            enabled = attempt % 2 == 0       # what the change below turns it from
+            assert _wait(lambda: must(cache(gid, sid)).enabled is enabled)
+            generation, seen = feed.generation, len(beats)
+            assert _wait(lambda: len(beats) > seen, timeout=5)
+            # 0.35 s after a heartbeat: the next is due, the thread waits until 0.5 s.
+            _time.sleep(max(0.0, beats[-1] + 0.35 - _time.monotonic()))
+            met = len(slowed)
+            set_enabled(not enabled)
+            # Once the notification reached the thread (it read it, or the
+            # generation moved), the old answer is never served again.
+            assert _wait(lambda: len(slowed) > met or feed.generation != generation, timeout=5)
+            if len(slowed) == met:
+                continue                     # the window was missed: try again
+            end = _time.monotonic() + 0.4
+            while _time.monotonic() < end:
+                assert must(cache(gid, sid)).enabled is not enabled, "the old answer was served"
+                _time.sleep(0.002)
+            return
+        pytest.fail("the change never met a due heartbeat in five tries: nothing was tested")
+    finally:
+        feed.stop()
+
+
+@POSTGRES_ONLY
 def test_postgresql_a_stalled_listening_backend_stops_the_feed_vouching(db, endpoint):
     """Outside review, session 19: a feed whose connection stays up while its
     backend stops (a stuck backend, a proxy that keeps the client side open)
