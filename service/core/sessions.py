@@ -24,7 +24,7 @@ from models.clock import utcnow
 from service.core import audit
 from service.core.access import Actor, validate_user_id
 from service.core.errors import PermissionDeniedError
-from service.core.tokens import consume_login_token
+from service.core.tokens import consume_login_token, spend_login_links
 
 #: Writes of `last_seen_at` happen at most this often per session (a write per
 #: page view is wasted work); the idle timeout is precise to this step.
@@ -56,10 +56,12 @@ def login(link_token: str, *, absolute: timedelta,
     """Consume a one-time login link and start a session; return the session
     token (for the cookie, never stored) and the session.  Raises
     `NotFoundError` (`invalid_login_token`) for an unknown, used or expired link."""
-    user_id = consume_login_token(link_token)
     token = secrets.token_urlsafe(32)
     now = now or utcnow()
+    # One transaction: a login is either wholly before `end_user_sessions`
+    # (its session is ended there) or wholly after (its link is spent there).
     with database.atomic():
+        user_id = consume_login_token(link_token)
         DashboardSession.delete().where(
             DashboardSession.expires_at < now - KEEP_ENDED).execute()
         row = DashboardSession.create(token_hash=_digest(token), user_id=user_id, created_at=now,
@@ -99,16 +101,21 @@ def end_session(token: str, *, now: datetime | None = None) -> bool:
 
 
 def end_user_sessions(actor: Actor, user_id: str, *, now: datetime | None = None) -> int:
-    """End every live session of `user_id` (operator only); return how many.
+    """End every live session of `user_id` and spend the login links not yet
+    used (operator only); return how many sessions ended.
     Raises `PermissionDeniedError`, `ValidationError`."""
     if not actor.is_operator:
         raise PermissionDeniedError("only the operator may end a user's sessions")
     validate_user_id(user_id)
+    now = now or utcnow()
     with database.atomic():
-        n = int(DashboardSession.update(ended_at=now or utcnow(), end_reason="revoked")
+        # The links first: a login that consumed one meanwhile has committed its
+        # session before this statement returns, and the next one ends it.
+        links = spend_login_links(user_id, now)
+        n = int(DashboardSession.update(ended_at=now, end_reason="revoked")
                 .where((DashboardSession.user_id == user_id)
                        & DashboardSession.ended_at.is_null()).execute())
-        audit.record(actor, "sessions.ended", user=user_id, count=n)
+        audit.record(actor, "sessions.ended", user=user_id, count=n, links=links)
     return n
 
 

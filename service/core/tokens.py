@@ -155,6 +155,13 @@ def create_login_link(actor: Actor, user_id: str, base_url: str,
             "expiresAt": iso(now + ttl)}
 
 
+def spend_login_links(user_id: str, now: datetime) -> int:
+    """Mark every login link of `user_id` not yet used as used (the caller's
+    transaction, e.g. ending the user's sessions); return how many."""
+    return int(LoginToken.update(used_at=now)
+               .where((LoginToken.user_id == user_id) & LoginToken.used_at.is_null()).execute())
+
+
 def consume_login_token(token: str) -> str:
     """Use a login token once; return its user id.  Raises `NotFoundError`
     (`invalid_login_token`) when unknown, used or expired."""

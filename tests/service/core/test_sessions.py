@@ -79,6 +79,21 @@ def test_the_operator_ends_every_session_of_a_user(db):
     assert AuditRecord.select().where(AuditRecord.action == "sessions.ended").count() == 1
 
 
+def test_ending_a_users_sessions_spends_the_links_not_yet_used(db):
+    """Outside review, session 21: an operator ends a user's sessions after a
+    compromise; a login link sent to that user earlier and leaked must not
+    log the attacker back in (another user's links keep working)."""
+    leaked, theirs = link("100"), link("200")
+    assert sessions.end_user_sessions(OPERATOR, "100") == 0
+    with pytest.raises(core.NotFoundError) as err:
+        sessions.login(leaked, absolute=ABSOLUTE)
+    assert err.value.code == "invalid_login_token"
+    assert sessions.live_sessions(OPERATOR, "100", idle=IDLE) == 0
+    assert sessions.login(theirs, absolute=ABSOLUTE)[1].user_id == "200"
+    # A link made after the sessions were ended works as usual.
+    assert sessions.login(link("100"), absolute=ABSOLUTE)[1].user_id == "100"
+
+
 def test_xsrf_tokens_are_bound_to_the_session_and_the_key():
     key = "k" * 40
     good = sessions.xsrf_token(key, "session-a")
