@@ -19,10 +19,14 @@ def token() -> None:
 @json_option
 @pass_state
 def token_create(state: State, user_id: str | None, operator: bool, as_json: bool) -> None:
-    """Create an API token; it is printed only now."""
+    """Create an API token; it is printed only now (its id, to revoke it, on stderr)."""
     if operator == (user_id is not None):
         raise click.UsageError("give exactly one of --user USER_ID or --operator")
     data = run_core(state, lambda: core.create_api_token(core.Actor.operator(), user_id))
+    if not as_json:
+        # stdout stays the token alone (`TOKEN=$(logic token create ...)`).
+        click.echo(f"token id {data['id']}: revoke it with `logic token revoke {data['id']}`",
+                   err=True)
     emit(data, as_json, lambda d: d["token"])
 
 

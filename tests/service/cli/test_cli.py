@@ -97,6 +97,13 @@ def scenario(logic: Logic, tmp_path: Path) -> None:
     assert logic("token", "create", "--user", "10", "--json")["token"].startswith("lat_")
     assert logic("token", "create", "--operator", "--json")["kind"] == "operator"
     logic("token", "create", "--json", code=2)
+    # Text mode: the token alone on stdout, its id (to revoke it) on stderr.
+    made = subprocess.run([LOGIC, "--database-url", logic.url, "token", "create", "--user", "10"],
+                          cwd=logic.cwd, env=logic.env, capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0 and made.stdout.startswith("lat_")
+    assert made.stdout.count("\n") == 1 and made.stdout.strip() not in made.stderr
+    token_id = made.stderr.split("token id ", 1)[1].split(":", 1)[0]
+    assert logic("token", "revoke", token_id, "--json") == {"id": int(token_id), "revoked": True}
     link = logic("login-link", "10", "--json")["url"]
     assert link.startswith("http://127.0.0.1:8080/login/")
     assert logic("script", "delete", "1", sid, "--json")["deleted"] is True
