@@ -44,7 +44,7 @@ from service.http.errors import (
 )
 from service.http.event import client_ip, ip_allowed
 from service.core.invoke_target import InvokeTarget, NeedsQuery, TargetsUnavailable
-from service.http.ratelimit import LimitsUnavailable
+from service.http.ratelimit import LimitsUnavailable, Stamp
 from service.http.invoke_answer import RequestAnswers
 from service.http.script_run import ScriptRun
 
@@ -97,7 +97,7 @@ class InvokeRequest(ScriptRun, RequestAnswers, httputil.HTTPMessageDelegate):
     """One invoke request, from its headers to its records."""
 
     __slots__ = ("context", "conn", "peer", "request_id", "started", "method", "path", "query",
-                 "headers", "ip", "target", "accepted", "chunks", "received", "rate_headers", "answered", "status",
+                 "headers", "ip", "target", "accepted", "quota_stamp", "chunks", "received", "rate_headers", "answered", "status",
                  "response_headers", "response_body", "error_code", "outcome", "event",
                  "raw_body", "finished", "_counted", "pending", "waited")
 
@@ -114,6 +114,7 @@ class InvokeRequest(ScriptRun, RequestAnswers, httputil.HTTPMessageDelegate):
         self.ip = ""
         self.target: InvokeTarget | None = None
         self.accepted = False  # authenticated and counted against the quota: goes to history
+        self.quota_stamp: Stamp = None
         self.chunks: list[bytes] = []
         self.received = 0
         self.rate_headers: list[tuple[str, str]] = []
@@ -321,7 +322,7 @@ class InvokeRequest(ScriptRun, RequestAnswers, httputil.HTTPMessageDelegate):
         self.rate_headers = list(decision.headers().items())
         if not decision.allowed:
             raise RateLimitedError(headers={"Retry-After": str(decision.reset_seconds)})
-        self.accepted = True
+        self.accepted, self.quota_stamp = True, decision.stamp
         return None
 
     async def _admit_shared(self, target: InvokeTarget) -> None:
@@ -336,7 +337,7 @@ class InvokeRequest(ScriptRun, RequestAnswers, httputil.HTTPMessageDelegate):
         self.rate_headers = list(decision.headers().items())
         if not decision.allowed:
             raise RateLimitedError(headers={"Retry-After": str(decision.reset_seconds)})
-        self.accepted = True
+        self.accepted, self.quota_stamp = True, decision.stamp
 
     def _too_long(self, cap: int) -> bool:
         declared = self.headers.get("content-length")

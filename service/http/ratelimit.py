@@ -36,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
     from service.http.redis_windows import RedisWindows
@@ -46,6 +46,11 @@ AUTH_FAILURES_PER_MINUTE = 20
 WINDOW_S = 60.0
 #: `ratelimit.on_storage_error` values.
 ON_STORAGE_ERROR = ("open", "closed")
+
+
+#: What identifies one counted hit in its window: its time (memory, the shared
+#: table) or its entry as stored (Redis); None: no hit was counted.
+Stamp = Union[float, str, None]
 
 
 class LimitsUnavailable(Exception):
@@ -60,6 +65,9 @@ class Decision:
     limit: int
     remaining: int
     reset_seconds: int  # whole seconds until the oldest counted request leaves the window
+    #: The counted hit's own mark (its time), to give back exactly that hit
+    #: (`refund_endpoint`); None when nothing was counted.
+    stamp: Stamp = None
 
     def headers(self) -> dict[str, str]:
         return {
@@ -85,8 +93,9 @@ class _Windows:
                 q.popleft()
         return q
 
-    def hit(self, key: str, limit: int) -> tuple[bool, int, float]:
-        """Count a hit if a slot is free: (allowed, hits in window, oldest hit time)."""
+    def hit(self, key: str, limit: int) -> tuple[bool, int, float, Stamp]:
+        """Count a hit if a slot is free: (allowed, hits in window, oldest hit
+        time, the hit's own stamp or None)."""
         now = self._clock()
         self._ops += 1
         if self._ops % 10_000 == 0:
@@ -97,18 +106,27 @@ class _Windows:
         allowed = len(q) < limit
         if allowed:
             q.append(now)
-        return allowed, len(q), q[0] if q else now
+        return allowed, len(q), q[0] if q else now, now if allowed else None
 
     def peek(self, key: str, limit: int) -> tuple[int, float]:
         now = self._clock()
         q = self._window(key, now)
         return (len(q), q[0]) if q else (0, now)
 
-    def refund(self, key: str, limit: int) -> None:
-        """Take back the newest hit of ``key``."""
+    def refund(self, key: str, limit: int, stamp: Stamp) -> None:
+        """Take back the hit of ``key`` that `hit` stamped ``stamp`` (nothing if
+        it already left the window). Its own, not the newest: a later request's
+        hit taken back instead would leave the window early and this one late,
+        admitting more than the limit in some 60 s."""
         q = self._hits.get(key)
-        if q:
-            q.pop()
+        if not q or not isinstance(stamp, float):
+            return
+        for i in range(len(q) - 1, -1, -1):   # refunds follow their hit closely: from the newest
+            if q[i] == stamp:
+                del q[i]
+                return
+            if q[i] < stamp:
+                return
 
     def _sweep(self, now: float) -> None:
         """Forget keys with no hit in the window, so memory follows active keys only."""
@@ -172,15 +190,15 @@ class RateLimits:
 
     def hit_endpoint(self, endpoint_id: int, per_minute: int) -> Decision:
         """Count one authenticated request against the endpoint's quota, if a slot is free."""
-        allowed, count, oldest = self._windows.hit(f"ep:{endpoint_id}", per_minute)
+        allowed, count, oldest, stamp = self._windows.hit(f"ep:{endpoint_id}", per_minute)
         reset = self._reset(count, oldest)
         if not allowed:
             reset = max(1, reset)  # a slot frees within this second: never say 0
-        return Decision(allowed, per_minute, max(0, per_minute - count), reset)
+        return Decision(allowed, per_minute, max(0, per_minute - count), reset, stamp)
 
-    def refund_endpoint(self, endpoint_id: int, per_minute: int) -> None:
-        """Give back the slot the endpoint's newest request took (it was answered 503 busy)."""
-        self._windows.refund(f"ep:{endpoint_id}", per_minute)
+    def refund_endpoint(self, endpoint_id: int, per_minute: int, stamp: Stamp) -> None:
+        """Give back the slot a request took (`Decision.stamp`: it was answered 503 busy)."""
+        self._windows.refund(f"ep:{endpoint_id}", per_minute, stamp)
 
     def peek_endpoint(self, endpoint_id: int, per_minute: int) -> Decision:
         """The endpoint's window without counting a request."""
@@ -190,14 +208,14 @@ class RateLimits:
     def hit_key(self, key: str, per_minute: int) -> Decision:
         """Count one request under any other key (e.g. the admin API's per-token
         limit, ``api:<token id>``), if a slot is free."""
-        allowed, count, oldest = self._windows.hit(key, per_minute)
+        allowed, count, oldest, stamp = self._windows.hit(key, per_minute)
         reset = self._reset(count, oldest)
         if not allowed:
             reset = max(1, reset)
-        return Decision(allowed, per_minute, max(0, per_minute - count), reset)
+        return Decision(allowed, per_minute, max(0, per_minute - count), reset, stamp)
 
     # --- a shared storage: the same decisions, awaited ---------------------------
-    async def _ahit(self, key: str, limit: int) -> tuple[bool, int, float]:
+    async def _ahit(self, key: str, limit: int) -> tuple[bool, int, float, Stamp]:
         if self._remote is not None:
             got = await self._remote.hit(key, limit)
             if got is not None:
@@ -217,31 +235,33 @@ class RateLimits:
 
     async def ahit_endpoint(self, endpoint_id: int, per_minute: int) -> Decision:
         """`hit_endpoint` on any storage.  Raises `LimitsUnavailable`."""
-        allowed, count, oldest = await self._ahit(f"ep:{endpoint_id}", per_minute)
+        allowed, count, oldest, stamp = await self._ahit(f"ep:{endpoint_id}", per_minute)
         reset = self._reset(count, oldest)
         if not allowed:
             reset = max(1, reset)
-        return Decision(allowed, per_minute, max(0, per_minute - count), reset)
+        return Decision(allowed, per_minute, max(0, per_minute - count), reset, stamp)
 
     async def apeek_endpoint(self, endpoint_id: int, per_minute: int) -> Decision:
         """`peek_endpoint` on any storage.  Raises `LimitsUnavailable`."""
         count, oldest = await self._apeek(f"ep:{endpoint_id}", per_minute)
         return Decision(True, per_minute, max(0, per_minute - count), self._reset(count, oldest))
 
-    async def arefund_endpoint(self, endpoint_id: int, per_minute: int) -> None:
-        """`refund_endpoint` on any storage (while Redis is down: the fallback window's)."""
-        if self._remote is not None and self._remote.down_since is None:
-            await self._remote.refund(f"ep:{endpoint_id}", per_minute)
+    async def arefund_endpoint(self, endpoint_id: int, per_minute: int, stamp: Stamp) -> None:
+        """`refund_endpoint` on any storage: where the hit was counted (Redis: a
+        stored entry; the fallback window while Redis was down: a time)."""
+        if isinstance(stamp, str):
+            if self._remote is not None:
+                await self._remote.refund(f"ep:{endpoint_id}", per_minute, stamp)
         else:
-            self._windows.refund(f"ep:{endpoint_id}", per_minute)
+            self._windows.refund(f"ep:{endpoint_id}", per_minute, stamp)
 
     async def ahit_key(self, key: str, per_minute: int) -> Decision:
         """`hit_key` on any storage.  Raises `LimitsUnavailable`."""
-        allowed, count, oldest = await self._ahit(key, per_minute)
+        allowed, count, oldest, stamp = await self._ahit(key, per_minute)
         reset = self._reset(count, oldest)
         if not allowed:
             reset = max(1, reset)
-        return Decision(allowed, per_minute, max(0, per_minute - count), reset)
+        return Decision(allowed, per_minute, max(0, per_minute - count), reset, stamp)
 
     async def aauth_throttled(self, ip: str) -> int:
         """`auth_throttled` on any storage.  Raises `LimitsUnavailable`."""

@@ -31,7 +31,8 @@ RETRY_S = 1.0
 
 # KEYS[1]: the window (a list of hit times, newest first).
 # ARGV: limit, window seconds, 1 to count a hit if a slot is free (0: only look).
-# Returns {allowed (0/1), hits in the window, age in seconds of the oldest (string)}.
+# Returns {allowed (0/1), hits in the window, age in seconds of the oldest (string),
+#          the entry pushed for this hit ('' when none)}.
 _SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -50,8 +51,10 @@ while lo <= hi do
   end
 end
 local allowed = 0
+local entry = ''
 if ARGV[3] == '1' and count < limit then
-  redis.call('LPUSH', KEYS[1], string.format('%.6f', now))
+  entry = string.format('%.6f', now)
+  redis.call('LPUSH', KEYS[1], entry)
   redis.call('LTRIM', KEYS[1], 0, limit - 1)
   redis.call('EXPIRE', KEYS[1], math.ceil(window))
   count = count + 1
@@ -61,7 +64,7 @@ local age = '0'
 if count > 0 then
   age = string.format('%.6f', now - tonumber(redis.call('LINDEX', KEYS[1], count - 1)))
 end
-return {allowed, count, age}
+return {allowed, count, age, entry}
 """
 
 
@@ -132,28 +135,32 @@ class RedisWindows:
         self.down_since = None
         self.last_error = ""
 
-    async def hit(self, key: str, limit: int) -> tuple[bool, int, float] | None:
-        """Count a hit if a slot is free: (allowed, hits in window, oldest hit time), or None."""
+    async def hit(self, key: str, limit: int) -> tuple[bool, int, float, str | None] | None:
+        """Count a hit if a slot is free: (allowed, hits in window, oldest hit
+        time, the entry stored for the hit or None), or None."""
         reply = await self._run(key, limit, True)
         if reply is None:
             return None
-        allowed, count, age = reply
-        return bool(allowed), int(count), self._clock() - float(age)
+        allowed, count, age, entry = reply
+        if isinstance(entry, bytes):
+            entry = entry.decode("ascii")
+        return bool(allowed), int(count), self._clock() - float(age), entry or None
 
     async def peek(self, key: str, limit: int) -> tuple[int, float] | None:
         """(hits in window, oldest hit time) without counting, or None."""
         reply = await self._run(key, limit, False)
         if reply is None:
             return None
-        _, count, age = reply
+        _, count, age, _ = reply
         return int(count), self._clock() - float(age)
 
-    async def refund(self, key: str, limit: int) -> None:
-        """Take back the newest hit of `key` (nothing while Redis is down)."""
+    async def refund(self, key: str, limit: int, entry: str) -> None:
+        """Take back the hit `hit` stored as `entry` (not the newest: see
+        `ratelimit._Windows.refund`; nothing while Redis is down)."""
         if self.down_since is not None:
             return
         try:
-            await self._client.lpop(_key(key, limit))
+            await self._client.lrem(_key(key, limit), 1, entry)
         except Exception as err:  # noqa: BLE001
             self._failed(err)
 

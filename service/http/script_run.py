@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from service.core.invoke_target import InvokeTarget
     from service.http.context import AppContext
     from service.http.exchange import Exchange
+    from service.http.ratelimit import Stamp
 
 _T = TypeVar("_T")
 
@@ -50,6 +51,8 @@ class ScriptRun:
     started: float
     request_id: str
     accepted: bool
+    #: The request's own hit in its endpoint's window (`Decision.stamp`), given back on 503 busy.
+    quota_stamp: Stamp
     rate_headers: list[tuple[str, str]]
     pending: asyncio.Future[Outcome] | None
     waited: bool
@@ -104,12 +107,13 @@ class ScriptRun:
             per_minute = target.plan.requests_per_minute
             if limits.remote:
                 # Redis: given back in the background; the headers count the slot as free.
-                self.context.background(limits.arefund_endpoint(target.endpoint_id, per_minute))
+                self.context.background(limits.arefund_endpoint(target.endpoint_id, per_minute,
+                                                                  self.quota_stamp))
                 self.rate_headers = [(k, str(min(per_minute, int(v) + 1))
                                       if k == "RateLimit-Remaining" else v)
                                      for k, v in self.rate_headers]
             else:
-                limits.refund_endpoint(target.endpoint_id, per_minute)
+                limits.refund_endpoint(target.endpoint_id, per_minute, self.quota_stamp)
                 self.rate_headers = list(limits.peek_endpoint(
                     target.endpoint_id, per_minute).headers().items())
         return BusyError(headers={"Retry-After": "1"})

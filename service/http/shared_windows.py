@@ -21,13 +21,16 @@ more than the limit in any 60 s, a slot freed at most `60 / ring` s late.
 A key that finds no slot (more live keys in its probe run than `PROBE`, e.g.
 a flood of failed secrets from very many addresses) is counted in this
 front's own memory instead, against its share of the limit (the limit
-divided by the number of fronts, rounded down): whichever fronts its
-requests land on, the fronts together admit at most the limit while it has
-no slot, and at most the limit more once it gets one (its fronts' memory is
-not carried into the slot), so at most twice the limit in any 60 s, where
-counting the whole limit in each front admitted the number of fronts times
-it. Such a key may be admitted less than its limit while the table stays
-full.
+divided by the number of fronts, rounded down, at least 1), and counts as
+used up once this front's share is (so the failed-secret throttle engages
+whether or not the number of fronts divides its 20). Whichever fronts its
+requests land on, the fronts together admit at most the limit (or one per
+front, if there are more fronts than that) while it has no slot, and at
+most the limit more once it gets one (its fronts' memory is not carried
+into the slot), where counting the whole limit in each front admitted the
+number of fronts times it. Such a key may be admitted less than its limit while the
+table stays full (a front whose share is used up refuses it even if the
+others admitted none).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import mmap
 import time
 from collections.abc import Callable
 
-from service.http.ratelimit import WINDOW_S, _Windows
+from service.http.ratelimit import WINDOW_S, Stamp, _Windows
 
 #: Slots examined for a key before it falls back to the front's own memory.
 PROBE = 16
@@ -148,19 +151,35 @@ class SharedWindows(_Windows):
                 meta[m], meta[m + 1], meta[m + 2] = head, n, total
         return head, n, total
 
+    # ------------------------------------------------- a key without a slot
+
+    def _share(self, limit: int) -> int:
+        """What one front admits of a key without a slot: the limit divided by
+        the fronts, rounded down, and at least 1 (a share of 0 refused every
+        request of a limit below the number of fronts, and counted no failed
+        secret at all)."""
+        return max(1, limit // self._fronts) if limit > 0 else 0
+
+    def _node_count(self, limit: int, share: int, count: int) -> int:
+        """What the node may have admitted of a key without a slot, as one
+        front counted `count`: every front as many, and the whole limit once
+        this front's share is used (so a throttle engages however the limit
+        divides among the fronts)."""
+        return limit if count >= share else min(limit, count * self._fronts)
+
     # ------------------------------------------------- the _Windows interface
 
-    def hit(self, key: str, limit: int) -> tuple[bool, int, float]:
-        """Count a hit if a slot is free: (allowed, hits in window, oldest hit time)."""
+    def hit(self, key: str, limit: int) -> tuple[bool, int, float, Stamp]:
+        """Count a hit if a slot is free: (allowed, hits in window, oldest hit
+        time, the hit's own stamp or None)."""
         self._mutex.acquire()
         try:
             now = self._clock()
             slot = self._find(key, now, create=True)
-            if slot < 0:   # this front's share, so that all of them admit the limit at most
-                fronts = self._fronts
-                allowed, count, oldest = super().hit(key, limit // fronts)
-                # What the node may have admitted: every front as many as this one.
-                return allowed, min(limit, count * fronts) if allowed else limit, oldest
+            if slot < 0:   # this front's share, so that all of them admit about the limit at most
+                share = self._share(limit)
+                allowed, count, oldest, stamp = super().hit(key, share)
+                return allowed, self._node_count(limit, share, count), oldest, stamp
             head, n, total = self._expire(slot, now)
             ring = self._ring
             base = slot * ring
@@ -177,8 +196,8 @@ class SharedWindows(_Windows):
                     self._meta[3 * slot + 1] = n
                 total += 1
                 self._meta[3 * slot + 2] = total
-                return True, total, self._last[base + head]
-            return False, total, self._last[base + head] if n else now
+                return True, total, self._last[base + head], now
+            return False, total, self._last[base + head] if n else now, None
         finally:
             self._mutex.release()
 
@@ -188,29 +207,42 @@ class SharedWindows(_Windows):
             now = self._clock()
             slot = self._find(key, now, create=False)
             if slot < 0:   # as `hit` counts it: every front as many as this one
-                count, oldest = super().peek(key, limit)
-                return min(limit, count * self._fronts), oldest
+                share = self._share(limit)
+                count, oldest = super().peek(key, share)
+                return self._node_count(limit, share, count), oldest
             head, n, total = self._expire(slot, now)
             return total, self._last[slot * self._ring + head] if n else now
         finally:
             self._mutex.release()
 
-    def refund(self, key: str, limit: int) -> None:
-        """Take back the newest hit of ``key``."""
+    def refund(self, key: str, limit: int, stamp: Stamp) -> None:
+        """Take back the hit of ``key`` that `hit` stamped ``stamp``: one hit
+        of the record whose times hold it (nothing if it left the window, or
+        if the key had no slot then and has one now). A record left with no
+        hit leaves the ring, the newer ones moving down one place."""
+        if not isinstance(stamp, float):
+            return
         self._mutex.acquire()
         try:
             slot = self._find(key, self._clock(), create=False)
             if slot < 0:
-                super().refund(key, limit)
+                super().refund(key, limit, stamp)
                 return
-            meta, ring = self._meta, self._ring
+            meta, ring, first, last, count = self._meta, self._ring, self._first, self._last, self._count
             head, n, total = meta[3 * slot], meta[3 * slot + 1], meta[3 * slot + 2]
-            if not n:
-                return
-            newest = slot * ring + (head + n - 1) % ring
-            self._count[newest] -= 1
-            if self._count[newest] <= 0:
-                meta[3 * slot + 1] = n - 1
-            meta[3 * slot + 2] = total - 1
+            base = slot * ring
+            for back in range(n - 1, -1, -1):   # from the newest: a refund follows its hit closely
+                record = base + (head + back) % ring
+                if last[record] < stamp:
+                    return          # older than every record that could hold it
+                if first[record] <= stamp:
+                    count[record] -= 1
+                    meta[3 * slot + 2] = total - 1
+                    if count[record] <= 0:
+                        for later in range(back, n - 1):
+                            to, frm = base + (head + later) % ring, base + (head + later + 1) % ring
+                            first[to], last[to], count[to] = first[frm], last[frm], count[frm]
+                        meta[3 * slot + 1] = n - 1
+                    return
         finally:
             self._mutex.release()

@@ -92,6 +92,39 @@ def test_idle_keys_are_forgotten() -> None:
     assert len(windows._hits) == 1  # type: ignore[union-attr]
 
 
+def _refund_scenario(limits: RateLimits, clock) -> None:
+    """Three hits of a limit of 3 at 0, 10 and 20 s; the first answered busy at
+    25 s gives its slot back, a fourth takes it at 30 s. Until the second hit
+    leaves the window (70 s) three requests that ran are in it: a fifth is
+    refused at 61 s, admitted after 70 s."""
+    first = limits.hit_endpoint(1, 3)
+    for _ in range(2):
+        clock.now += 10.0
+        assert limits.hit_endpoint(1, 3).allowed
+    clock.now += 5.0
+    limits.refund_endpoint(1, 3, first.stamp)
+    clock.now += 5.0
+    assert limits.hit_endpoint(1, 3).allowed
+    clock.now += 31.0        # 61 s
+    assert not limits.hit_endpoint(1, 3).allowed
+    clock.now += 9.5         # 70.5 s
+    assert limits.hit_endpoint(1, 3).allowed
+
+
+def test_a_refund_gives_back_the_requests_own_slot_not_the_newest() -> None:
+    """Outside review, session 21: a refund took back the newest hit, so the
+    refunded request's older hit stayed and a later one left early: 43
+    scripts ran in 58 s on a 30/min plan."""
+    class Clock:
+        now = 1_000_000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+    _refund_scenario(RateLimits(clock=clock), clock)
+
+
 def _redis_url() -> str:
     url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
     try:
@@ -117,8 +150,13 @@ def test_shared_storage_on_the_real_redis_is_exact() -> None:
         assert [r.remaining for r in results[:5]] == [4, 3, 2, 1, 0]
         assert 59 <= results[5].reset_seconds <= 60
         assert (await a.apeek_endpoint(endpoint, 5)).remaining == 0
-        await b.arefund_endpoint(endpoint, 5)  # a request answered busy gives its slot back
+        # A request answered busy gives its own slot back, not the newest one.
+        await b.arefund_endpoint(endpoint, 5, results[0].stamp)
         assert (await a.apeek_endpoint(endpoint, 5)).remaining == 1
+        import redis
+        stored = redis.Redis.from_url(url).lrange(f"LIMITS:LIMITER/logic/ep:{endpoint}/5/1/minute",
+                                                  0, -1)
+        assert [e.decode() for e in stored] == [r.stamp for r in reversed(results[1:5])]
         ip = f"203.0.113.{endpoint % 250}-{endpoint}"
         for _ in range(AUTH_FAILURES_PER_MINUTE):
             assert await a.aauth_throttled(ip) == 0

@@ -11,6 +11,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from service.http.ratelimit import AUTH_FAILURES_PER_MINUTE, RateLimits
 from service.http.shared_windows import PROBE, SharedWindows
 
@@ -42,9 +44,9 @@ def test_the_window_is_exact_and_slides_as_in_one_process(tmp_path: Path) -> Non
     clock.now += 30.0  # t = 60 s: exactly one slot is free
     assert limits.hit_endpoint(1, 30).allowed
     assert not limits.hit_endpoint(1, 30).allowed
-    assert limits.hit_endpoint(2, 30).allowed  # another endpoint, another window
-    assert limits.peek_endpoint(2, 30).remaining == 29
-    limits.refund_endpoint(2, 30)
+    other = limits.hit_endpoint(2, 30)  # another endpoint, another window
+    assert other.allowed and limits.peek_endpoint(2, 30).remaining == 29
+    limits.refund_endpoint(2, 30, other.stamp)
     assert limits.peek_endpoint(2, 30).remaining == 30
 
 
@@ -141,7 +143,7 @@ def test_keys_beyond_the_table_fall_back_to_the_process_memory(tmp_path: Path) -
     clock.now += 61.0  # expired slots are reused
     assert all(limits.hit_key(key, 3).allowed for key in keys)
     start = time.monotonic()
-    assert windows.hit("ep:1", 1) == (True, 1, clock.now)
+    assert windows.hit("ep:1", 1) == (True, 1, clock.now, clock.now)
     assert time.monotonic() - start < 5  # no probing loop gone astray
 
 
@@ -163,3 +165,40 @@ def test_a_key_without_a_slot_gets_each_fronts_share_of_its_limit(tmp_path: Path
         refused.hit_endpoint(8, 30)
     last = refused.hit_endpoint(8, 30)
     assert not last.allowed and last.remaining == 0
+
+
+@pytest.mark.parametrize("fronts", [2, 3, 6, 21, 32])
+def test_without_a_slot_the_throttle_engages_and_a_small_quota_admits(fronts: int) -> None:
+    """Outside review, session 21: with the table full, a key without a slot
+    got `limit // fronts` in each front. For a number of fronts that does not
+    divide the throttle's 20 (3, 6, ...) the node's count never reached 20, so
+    an address was never throttled; from 21 fronts the share was 0, so no
+    failure was even counted, and a quota below the number of fronts refused
+    every request. Now a front's used share counts as the whole limit, and a
+    share is at least 1."""
+    clock = Clock()
+    windows = SharedWindows(slots=16, clock=clock, fronts=fronts)
+    limits = RateLimits(clock=clock, windows=windows)
+    for n in range(64):   # live keys in every slot
+        limits.hit_key(f"auth:192.0.2.{n}", 20)
+    ip = "198.51.100.7"
+    failures = 0
+    while not limits.auth_throttled(ip):
+        limits.auth_failed(ip)
+        failures += 1
+        assert failures <= AUTH_FAILURES_PER_MINUTE, "never throttled"
+    # Every front throttles after its share: the node never admits more than 20
+    # failures (or one per front, beyond 20 fronts).
+    assert failures * fronts <= max(AUTH_FAILURES_PER_MINUTE, fronts)
+    quota = limits.hit_endpoint(9, 10)       # a 10/min quota, also without a slot
+    assert quota.allowed
+
+
+def test_a_refund_gives_back_the_requests_own_record(tmp_path: Path) -> None:
+    """The shared table refunds the record that holds the request's own hit
+    (the newer records move down), as the in-process windows do."""
+    from tests.service.http.test_ratelimit import _refund_scenario
+    clock = Clock()
+    limits, _ = _limits(tmp_path, clock)
+    _refund_scenario(limits, clock)
+
