@@ -167,24 +167,24 @@ def upgraded_hash(secret_hash: str, secret: str) -> str:
     return _with_verifier(_argon2_part(secret_hash), secret)
 
 
-def upgrade_secret_hash(endpoint_id: int, old_hash: str, secret: str) -> bool:
+def upgrade_secret_hash(endpoint_id: int, old_hash: str, secret: str) -> str | None:
     """Rewrite a verified hash in the current form (`upgraded_hash`).
 
     Only while the row still holds `old_hash` (a secret regenerated meanwhile
     is never overwritten); the caller has just verified `secret` against it.
-    Returns True when the row changed.
+    Returns the hash now stored when the row changed, else None.
     """
     new_hash = upgraded_hash(old_hash, secret)
     if new_hash == old_hash:
-        return False
+        return None
     with database.connection_context():
         changed = (Endpoint.update(secret_hash=new_hash)
                    .where((Endpoint.id == endpoint_id) & (Endpoint.secret_hash == old_hash))
                    .execute())
-    if changed:
-        log.info("endpoint %s: secret hash rewritten as argon2id with a keyed verifier",
-                 endpoint_id)
-    return bool(changed)
+    if not changed:
+        return None
+    log.info("endpoint %s: secret hash rewritten as argon2id with a keyed verifier", endpoint_id)
+    return new_hash
 
 
 def regenerate_secret(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]:

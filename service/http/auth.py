@@ -26,6 +26,7 @@ import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
+from typing import Any
 
 from service.core.secrets import LEGACY_PREFIX, is_fast, verify_fast
 from service.http.ratelimit import RateLimits
@@ -120,10 +121,10 @@ class SecretVerifier:
             # Checked inline (about a microsecond): no queue, no thread.
             ok = verify_fast(stored_hash, secret)
             if ok:
+                self._remember(endpoint_id, stored_hash, digest)
                 if stored_hash.startswith(LEGACY_PREFIX):
                     # An unkeyed digest at rest: rewritten (argon2id made once).
-                    self._start_upgrade(endpoint_id, stored_hash, secret)
-                self._remember(endpoint_id, stored_hash, digest)
+                    self._start_upgrade(endpoint_id, stored_hash, secret, digest)
             return ok
         key = (endpoint_id, stored_hash, digest)
         pending = self._inflight.get(key)
@@ -146,15 +147,29 @@ class SecretVerifier:
         finally:
             self._inflight.pop(key, None)
         if ok:
-            self._start_upgrade(endpoint_id, stored_hash, secret)
             self._remember(endpoint_id, stored_hash, digest)
+            self._start_upgrade(endpoint_id, stored_hash, secret, digest)
         return ok
 
-    def _start_upgrade(self, endpoint_id: int, stored_hash: str, secret: str) -> None:
-        if self._upgrade is not None:
-            upgrading = asyncio.get_running_loop().run_in_executor(
-                self._executor, self._upgrade, endpoint_id, stored_hash, secret)
-            upgrading.add_done_callback(_log_upgrade_failure)
+    def _start_upgrade(self, endpoint_id: int, stored_hash: str, secret: str,
+                       digest: bytes) -> None:
+        if self._upgrade is None:
+            return
+        upgrading = asyncio.get_running_loop().run_in_executor(
+            self._executor, self._upgrade, endpoint_id, stored_hash, secret)
+
+        def done(future: asyncio.Future[Any]) -> None:
+            _log_upgrade_failure(future)
+            if future.cancelled() or future.exception() is not None:
+                return
+            rewritten = future.result()
+            hit = self._cache.get(endpoint_id)
+            if isinstance(rewritten, str) and hit is not None and hit == (stored_hash, digest):
+                # What the row holds now verified too: an address throttled for
+                # wrong secrets still gets this right one answered at once.
+                self._remember(endpoint_id, rewritten, digest)
+
+        upgrading.add_done_callback(done)
 
     def _remember(self, endpoint_id: int, stored_hash: str, digest: bytes) -> None:
         self._cache[endpoint_id] = (stored_hash, digest)
