@@ -240,7 +240,11 @@ class Connection(asyncio.Protocol):
             self._run(step, ex, arg)
         if self._stash and not self._queue and not self._blocked and not self._write_paused:
             self._feed_stash()
-        if not self._blocked and not self._queue and not self._stash and self._paused \
+        # Reading goes on while the last step still waits (an answer, a check),
+        # as when no step ever queued: data for a later step pauses it again
+        # (_push), and an end of input is seen at once (a client that leaves
+        # while its request waits for a worker takes it out of the queue).
+        if not self._queue and not self._stash and self._paused \
                 and not self._write_paused and not self.closed and not self.lingering \
                 and self.transport is not None:
             self._paused = False

@@ -194,3 +194,39 @@ def test_client_leaving_while_queued_takes_its_request_out(
     records = both()
     outputs = sorted((r["status"], r["output"]) for r in records)
     assert outputs == [(200, "ran 1\n"), (503, "")], outputs
+
+
+def test_client_leaving_while_queued_after_a_slow_check_takes_its_request_out(
+        only_sqlite: None, make_server: Callable[..., Server], http_env: Env,
+        bind: Callable[[], None],
+        read_history: Callable[[Ep], list[dict[str, Any]]]) -> None:
+    """Outside review, session 21: when a request's checks had to wait (here:
+    its secret verified the slow way, its first use on this server), the
+    connection stopped reading until its answer, so a client that left
+    meanwhile was not seen, and its script ran once a worker was free, with no
+    one to answer. It is taken out of the queue as when its checks did not
+    wait: 503, no script run, no quota used."""
+    server = make_server(workers=1, queue_timeout_ms=10000)
+    slow = "import time\non endpoint(event):\n    t = time.monotonic()\n" \
+           "    while time.monotonic() - t < 1.0:\n        pass\n    event.reply(1)\n"
+    blocker = _guild_with(http_env, bind, slow, 1, "bench")[0]
+    marked = "on endpoint(event):\n    print('ran')\n    event.reply(2)\n"
+    ep = _guild_with(http_env, bind, marked, 1, "bench")[0]
+
+    async def run() -> int:
+        first = asyncio.ensure_future(_post(server.port, blocker))
+        await asyncio.sleep(0.3)                 # the only run slot is taken
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write((f"POST {ep.path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ep.secret}"
+                      "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}").encode())
+        await writer.drain()
+        writer.close()                           # at once: its secret is still being checked
+        status, _, _ = await first
+        return status
+
+    assert asyncio.run(run()) == 200
+    time.sleep(1.5)                              # it would have run by now
+    deadline = time.monotonic() + 10
+    while not (records := read_history(ep)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [(r["status"], r["output"]) for r in records] == [(503, "")]
