@@ -373,10 +373,14 @@ class Arbiter:
             self._abort_reload()
 
     def _abort_reload(self) -> None:
+        """Give up a reload: its fronts go, the running ones stay. A new front
+        that already listens may be answering requests on the shared sockets:
+        it hands over like an old front at the end of a reload (it stops
+        accepting and finishes what it has); one not listening yet is killed."""
         for front in self.fronts.values():
             if front.generation == self.pending:
                 front.retiring = True
-                self._signal(front.pid, signal.SIGKILL)
+                self._signal(front.pid, HANDOFF_SIGNAL if front.ready else signal.SIGKILL)
         self.pending = None
 
     def _signal(self, pid: int, sig: int) -> None:

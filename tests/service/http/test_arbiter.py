@@ -96,6 +96,22 @@ def test_a_reload_whose_front_dies_keeps_the_running_fronts(arbiter: Arbiter) ->
     del arbiter.fronts[new[0].pid]
     arbiter._front_gone(new[0], signal.SIGSEGV)
     assert arbiter.pending is None
+    # The reload's other front listens already: it may be answering requests,
+    # so it hands over like an old front (outside review, session 21).
+    from service.http.server import HANDOFF_SIGNAL
+    assert arbiter.sent == [(new[1].pid, HANDOFF_SIGNAL)]  # type: ignore[attr-defined]
+    assert {f.pid for f in arbiter.fronts.values() if not f.retiring} == old
+
+
+def test_a_reload_whose_front_dies_kills_its_fronts_not_listening_yet(arbiter: Arbiter) -> None:
+    arbiter.reload = lambda: load_settings(None, {}, {"server.processes": "2"})
+    old = set(arbiter.fronts)
+    arbiter.handle_hup()
+    new = [f for f in arbiter.fronts.values() if f.generation == 1]
+    new[1].ready = False
+    del arbiter.fronts[new[0].pid]
+    arbiter._front_gone(new[0], signal.SIGSEGV)
+    assert arbiter.pending is None
     assert arbiter.sent == [(new[1].pid, signal.SIGKILL)]  # type: ignore[attr-defined]
     assert {f.pid for f in arbiter.fronts.values() if not f.retiring} == old
 

@@ -529,3 +529,80 @@ def test_metrics_of_either_front_count_every_fronts_requests(start, make_endpoin
     assert wait_until(lambda: value(scrape(server), "logic_sandbox_run_slots") == 4,
                       timeout=20), scrape(server)
     assert total() == 30
+
+
+@SQLITE_ONLY
+def test_an_aborted_reload_lets_its_listening_fronts_finish_their_requests(
+        start, make_endpoint) -> None:
+    """Outside review, session 21: when one front of a reload died before all
+    of them listened, the arbiter killed every front of the reload, also one
+    that already listened and answered requests on the shared port: those
+    requests failed. It now hands over (stops accepting, finishes what it
+    has) and only the fronts not listening yet are killed. A SIGSTOP stands
+    in for a new front that does not get to listen (e.g. its database refused
+    the connections a reload needs)."""
+    server = start(workers=4, queue_timeout_ms=20000)
+    old = set(fronts(server))
+    slow = ("import time\non endpoint(event):\n    t = time.monotonic()\n"
+            "    while time.monotonic() - t < 0.8:\n        pass\n    event.reply({'ok': 1})\n")
+    ep = make_endpoint(source=slow, plan="bench")
+    assert server.proc is not None
+    arbiter = server.proc.pid
+
+    def children() -> set[int]:
+        with open(f"/proc/{arbiter}/task/{arbiter}/children") as fh:
+            return {int(p) for p in fh.read().split()}
+
+    server.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: len(children() - old) >= 2, timeout=30)
+    listening, stopped = sorted(children() - old)[:2]
+    os.kill(stopped, signal.SIGSTOP)
+    assert wait_until(lambda: f"(pid {listening}) listening" in server.log, timeout=60), server.log
+    results: Counter[Any] = Counter()
+    lock = threading.Lock()
+
+    def one() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        try:
+            outcome: Any = _post(conn, ep.path, ep.secret)[0]
+        except Exception as err:  # noqa: BLE001 - a failure is what the test looks for
+            outcome = type(err).__name__
+        finally:
+            conn.close()
+        with lock:
+            results[outcome] += 1
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    assert wait_until(lambda: any(front_of_any(server.port, listening)), timeout=10)
+    os.kill(stopped, signal.SIGKILL)            # the reload's other front dies: abort
+    for thread in threads:
+        thread.join(60)
+    assert "of the reload died" in server.log, server.log
+    assert results == Counter({200: 12}), results
+    assert wait_until(lambda: f"(pid {listening}) stopped" in server.log, timeout=30), server.log
+    assert all(os.path.exists(f"/proc/{pid}") for pid in old)
+
+
+def front_of_any(port: int, pid: int) -> list[int]:
+    """Connections to `port` that the front `pid` holds now (server ends)."""
+    held = []
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return held
+    links = set()
+    for name in names:
+        try:
+            links.add(os.readlink(f"/proc/{pid}/fd/{name}"))
+        except OSError:
+            continue
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as fh:
+            for line in fh.readlines()[1:]:
+                cols = line.split()
+                if cols[1].endswith(f":{port:04X}") and cols[3] == "01" \
+                        and f"socket:[{cols[9]}]" in links:
+                    held.append(int(cols[9]))
+    return held
