@@ -65,7 +65,7 @@ class Decision:
     limit: int
     remaining: int
     reset_seconds: int  # whole seconds until the oldest counted request leaves the window
-    #: The counted hit's own mark (its time), to give back exactly that hit
+    #: The counted hit's own mark (`Stamp`), to give back exactly that hit
     #: (`refund_endpoint`); None when nothing was counted.
     stamp: Stamp = None
 
