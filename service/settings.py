@@ -37,6 +37,8 @@ class ServerSettings:
     write_buffer_bytes: int = 262144
     #: Front processes sharing the port (SO_REUSEPORT); None ("auto"): one per CPU.
     processes: int | None = 1
+    #: With several fronts: one whose event loop gives no sign of life this long is killed.
+    front_timeout_s: int = 30
     #: Signs dashboard session cookies; `logic serve` refuses to start without it.
     cookie_secret: str = field(default="", repr=False)
 
@@ -133,7 +135,8 @@ _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
                "max_connections": to.int_between(0, 10_000_000),
                "max_connections_per_ip": to.int_between(1, 10_000_000),
                "max_pipelined": to.int_between(1, 100_000),
-               "write_buffer_bytes": to.int_between(4096, 1 << 30), "processes": to.processes},
+               "write_buffer_bytes": to.int_between(4096, 1 << 30), "processes": to.processes,
+               "front_timeout_s": to.int_between(2, 3600)},
     "database": {"url": to.db_url, "outage_serve_s": to.int_between(0, 86_400)},
     "sandbox": {"workers": to.workers, "queue_timeout_ms": to.int_between(1, 600_000),
                 "max_workers": to.int_between(0, 4096),

@@ -68,6 +68,9 @@ class Front:
     started: float
     ready: bool = False
     retiring: bool = False
+    #: `time.monotonic()` of its last sign of life on that pipe (once it listens).
+    beat_at: float = 0.0
+    killed: bool = False          # for its silence (see Arbiter._watch)
 
 
 @dataclass
@@ -206,8 +209,8 @@ class Arbiter:
                 raise FrontStartError("a front process could not start; see the lines above")
 
     def _wait(self, timeout: float) -> None:
-        """Sleep until a signal, a front's readiness, or `timeout`."""
-        waiting = {f.ready_fd: f for f in self.fronts.values() if not f.ready}
+        """Sleep until a signal, a front's readiness or sign of life, or `timeout`."""
+        waiting = {f.ready_fd: f for f in self.fronts.values()}
         try:
             readable, _, _ = select.select([self.wake_r, *waiting], [], [], timeout)
         except InterruptedError:
@@ -221,8 +224,13 @@ class Arbiter:
                     pass
             elif fd in waiting:
                 front = waiting[fd]
+                if front.ready:
+                    if os.read(fd, 4096):   # its signs of life (nothing: it is exiting)
+                        front.beat_at = time.monotonic()
+                    continue
                 front.ready = os.read(fd, 1) == b"1"
                 if front.ready:
+                    front.beat_at = time.monotonic()
                     log.info("front %d (pid %d) listening", front.slot, front.pid)
 
     def _reap(self) -> None:
@@ -276,6 +284,21 @@ class Arbiter:
         used = {f.journal for f in self.fronts.values()}
         return next(n for n in range(len(used) + 1) if n not in used)
 
+    def _watch(self) -> None:
+        """Kill a listening front whose event loop gave no sign of life for
+        `server.front_timeout_s` (stuck, or stopped): the kernel would keep
+        giving it its share of new connections. It is replaced as any front
+        that dies."""
+        limit = self.settings.server.front_timeout_s
+        now = time.monotonic()
+        for front in self.fronts.values():
+            if front.ready and not front.retiring and not front.killed \
+                    and now - front.beat_at > limit:
+                log.error("front %d (pid %d) gave no sign of life for %d s; killing it",
+                          front.slot, front.pid, limit)
+                front.killed = True
+                self._signal(front.pid, signal.SIGKILL)
+
     def _maintain(self) -> None:
         """Spawn back to one front per slot in the current generation (once its back-off ends)."""
         now = time.monotonic()
@@ -305,6 +328,7 @@ class Arbiter:
             self._wait(0.5)
             self._reap()
             if not self.stopping:
+                self._watch()
                 self._maintain()
                 self._check_reload()
 

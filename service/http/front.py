@@ -8,6 +8,7 @@ through a pipe when it listens.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import os
@@ -24,6 +25,8 @@ log = logging.getLogger("logic.arbiter")
 
 #: A front that exits with this code could not start (bad database, journal in use).
 EXIT_BOOT = 3
+#: Seconds between a front's signs of life on its ready pipe (see the arbiter).
+BEAT_S = 1.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -44,7 +47,21 @@ def front_main(settings: Settings, slot: int, journal: int, sockets: list[socket
         return EXIT_BOOT
     def ready() -> None:
         os.write(ready_w, b"1")
-        os.close(ready_w)
+        os.set_blocking(ready_w, False)
+        # Then a sign of life every BEAT_S from the event loop: the arbiter
+        # kills a front whose loop stops beating (stuck, or stopped).
+        loop = asyncio.get_running_loop()
+
+        def beat() -> None:
+            try:
+                os.write(ready_w, b".")
+            except BlockingIOError:
+                pass   # the arbiter has not read the last ones yet
+            except OSError:
+                return  # the arbiter is gone
+            loop.call_later(BEAT_S, beat)
+
+        loop.call_later(BEAT_S, beat)
 
     run_front(settings, database, sockets, front_journal, drain_seconds,
               windows=windows, on_ready=ready)

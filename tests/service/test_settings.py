@@ -102,6 +102,7 @@ time_limit_ms = 1000
     ("[server]\nprocesses = 0\n", {}, 'config: bad value for server.processes: expected "auto" or an integer 1..256'),
     ("[server]\nprocesses = 'many'\n", {}, "config: bad value for server.processes"),
     ("", {"LOGIC_SERVER_PROCESSES": "2.5"}, "env: bad value for LOGIC_SERVER_PROCESSES"),
+    ("[server]\nfront_timeout_s = 1\n", {}, "config: bad value for server.front_timeout_s"),
     ("[ratelimit]\non_storage_error = 'maybe'\n", {},
      "config: bad value for ratelimit.on_storage_error: expected \"open\" or \"closed\""),
     ("", {"LOGIC_RATELIMIT_STORAGE_TIMEOUT_MS": "5"},

@@ -37,8 +37,8 @@ READY = re.compile(r"fronts ready: \d+ front processes \(pids ([\d ]+)\)")
 # ------------------------------------------------------------------ helpers
 
 def _config(path: Path, journal: Path, rpm: int = 1_000_000, workers: int = 2,
-            queue_timeout_ms: int = 2000) -> None:
-    path.write_text(f"[server]\nprocesses = 2\n"
+            queue_timeout_ms: int = 2000, front_timeout_s: int = 30) -> None:
+    path.write_text(f"[server]\nprocesses = 2\nfront_timeout_s = {front_timeout_s}\n"
                     f"[sandbox]\nworkers = {workers}\nqueue_timeout_ms = {queue_timeout_ms}\n"
                     f'[records]\njournal = "{journal}"\n'
                     + CONFIG.replace("requests_per_minute = 1000000",
@@ -279,6 +279,36 @@ def test_a_killed_front_is_replaced_and_its_answered_requests_reach_history(
     for conns in by_front.values():
         for c in conns:
             c.close()
+
+
+@SQLITE_ONLY
+def test_a_front_that_stops_answering_is_killed_and_replaced(start, make_endpoint) -> None:
+    """Outside review, session 21: a front stopped (or stuck) without exiting
+    kept its share of new connections, which hung, and the arbiter never
+    noticed. Its event loop's signs of life stop: after `front_timeout_s` it
+    is killed and replaced, and every new connection is answered again."""
+    server = start(front_timeout_s=2)
+    ep = make_endpoint(source=ECHO, plan="bench")
+    stuck, other = fronts(server)
+    os.kill(stuck, signal.SIGSTOP)
+    try:
+        assert wait_until(lambda: f"(pid {stuck}) gave no sign of life for 2 s; killing it"
+                          in server.log, timeout=30), server.log
+        assert wait_until(lambda: f"(pid {stuck}) died (signal 9), replacing" in server.log,
+                          timeout=30), server.log
+        assert wait_until(lambda: server.log.count(" listening") >= 3, timeout=60), server.log
+    finally:
+        try:
+            os.kill(stuck, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    for _ in range(10):   # fresh connections, spread over both fronts again
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            assert _post(conn, ep.path, ep.secret)[0] == 200
+        finally:
+            conn.close()
+    assert os.path.exists(f"/proc/{other}")   # the healthy front was left alone
 
 
 @SQLITE_ONLY
