@@ -30,11 +30,10 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from tornado.netutil import bind_sockets
 
-from service.http.front import front_main
+from service.http.front import Front, Slot, front_main
 from service.http.metrics import mark_front_dead, prepare_multiprocess_dir
 from service.http.run_dir import METRICS_ENV, make_run_dir
 from service.http.server import HANDOFF_SIGNAL, journal_path, open_front
@@ -56,30 +55,6 @@ class FrontStartError(RuntimeError):
     """The front processes could not start (the reason is in the lines logged before)."""
 
 
-@dataclass
-class Front:
-    """One front process as the arbiter sees it."""
-
-    pid: int
-    slot: int
-    journal: int                  # DIR/front-<journal>
-    generation: int
-    ready_fd: int                 # read end of the pipe the front writes to when it listens
-    started: float
-    ready: bool = False
-    retiring: bool = False
-    #: `time.monotonic()` of its last sign of life on that pipe (once it listens).
-    beat_at: float = 0.0
-    killed: bool = False          # for its silence (see Arbiter._watch)
-
-
-@dataclass
-class _Slot:
-    sockets: list[socket.socket]
-    quick_deaths: int = 0
-    respawn_at: float | None = None
-
-
 class Arbiter:
     """Supervises `settings.server.process_count` fronts until SIGTERM/SIGINT."""
 
@@ -90,7 +65,7 @@ class Arbiter:
         self.drain_seconds = drain_seconds
         self.count = settings.server.process_count
         self.fronts: dict[int, Front] = {}
-        self.slots: list[_Slot] = []
+        self.slots: list[Slot] = []
         self.port = 0
         self.generation = 0
         self.pending: int | None = None     # generation being started by a reload
@@ -148,9 +123,9 @@ class Arbiter:
         server = self.settings.server
         first = bind_sockets(server.port, server.host, family=socket.AF_UNSPEC, reuse_port=True)
         self.port = first[0].getsockname()[1]
-        self.slots = [_Slot(first)]
+        self.slots = [Slot(first)]
         for _ in range(1, self.count):
-            self.slots.append(_Slot(bind_sockets(self.port, server.host, family=socket.AF_UNSPEC,
+            self.slots.append(Slot(bind_sockets(self.port, server.host, family=socket.AF_UNSPEC,
                                                  reuse_port=True)))
 
     def _install_signals(self) -> None:

@@ -1,9 +1,11 @@
-"""One front process under the arbiter (`server.processes` > 1): what runs after the fork.
+"""One front process under the arbiter (`server.processes` > 1): what the arbiter
+knows of it (`Front`, `Slot`), and what runs after the fork.
 
-The arbiter forks; the child resets the arbiter's signal handling, opens its
-own database connection and records journal (replaying what a dead front left
-in it), then serves exactly as one process does (`service.http.server.run_front`) and tells the arbiter
-through a pipe when it listens.
+The child resets the arbiter's signal handling, opens its own database
+connection and records journal (replaying what a dead front left in it), then
+serves exactly as one process does (`service.http.server.run_front`), tells
+the arbiter through a pipe when it listens, and then writes a byte on that
+pipe every `BEAT_S` from its event loop (the arbiter kills a front that stops).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+from dataclasses import dataclass
 
 from models.migrate import SchemaBehindError
 from service.http.journal import JournalInUse
@@ -22,6 +25,33 @@ from service.http.shared_windows import SharedWindows
 from service.settings import Settings
 
 log = logging.getLogger("logic.arbiter")
+
+
+@dataclass
+class Front:
+    """One front process as the arbiter sees it."""
+
+    pid: int
+    slot: int
+    journal: int                  # DIR/front-<journal>
+    generation: int
+    ready_fd: int                 # read end of the pipe the front writes to when it listens
+    started: float
+    ready: bool = False
+    retiring: bool = False
+    #: `time.monotonic()` of its last sign of life on that pipe (once it listens).
+    beat_at: float = 0.0
+    killed: bool = False          # for its silence (see Arbiter._watch)
+
+
+@dataclass
+class Slot:
+    """One front's place: its listening sockets and its back-off."""
+
+    sockets: list[socket.socket]
+    quick_deaths: int = 0
+    respawn_at: float | None = None
+
 
 #: A front that exits with this code could not start (bad database, journal in use).
 EXIT_BOOT = 3

@@ -13,14 +13,15 @@ from typing import Any
 
 import pytest
 
-from service.http.arbiter import MAX_BACKOFF_S, Arbiter, Front, _Slot
+from service.http.arbiter import MAX_BACKOFF_S, Arbiter
+from service.http.front import Front, Slot
 from service.settings import load_settings
 
 
 @pytest.fixture()
 def arbiter(monkeypatch: pytest.MonkeyPatch) -> Arbiter:
     arb = Arbiter(load_settings(None, {}, {"server.processes": "2"}))
-    arb.slots = [_Slot([]), _Slot([])]
+    arb.slots = [Slot([]), Slot([])]
     arb.booted = True
     arb.sent: list[tuple[int, int]] = []  # type: ignore[misc]
     arb.spawned: list[tuple[int, int, int]] = []  # type: ignore[misc]
