@@ -286,9 +286,15 @@ def test_a_guild_within_its_share_runs_beside_another_guilds_excess() -> None:
     # and queued more; guild B's request runs at once beside A's excess
     # instead of waiting behind A's backlog.
     async def scenario(pool: Pool) -> None:
-        a = [asyncio.ensure_future(pool.run(ref(SPIN), event({"s": 0.3}), LIMITS, guild="A"))
+        a = [asyncio.ensure_future(pool.run(ref(SPIN), event({"s": 0.8}), Limits(5000, 512),
+                                            guild="A"))
              for _ in range(6)]
         await asyncio.sleep(0.1)
+        # A took the two spares; B needs one of the two forked for them. On a
+        # loaded host that fork can take longer than the sleep above (B then
+        # waits for its process, not behind A's backlog, which is what this
+        # test is about): wait for it, well within A's first jobs.
+        await wait_for(lambda: len(pool._idle) >= 1, timeout=10)
         b = await pool.run(ref(ECHO), event(), Limits(1000, 512), guild="B")
         assert b.error_kind is None and not b.waited
         # FIFO would have made B wait until four of A's jobs had ended.
