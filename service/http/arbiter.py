@@ -260,19 +260,13 @@ class Arbiter:
         return next(n for n in range(len(used) + 1) if n not in used)
 
     def _watch(self) -> None:
-        """Kill a listening front whose event loop gave no sign of life for
-        `server.front_timeout_s` (stuck, or stopped): the kernel would keep
-        giving it its share of new connections. It is replaced as any front
-        that dies."""
+        """Kill a front gone silent (`Front.silent`); it is replaced as any front that dies."""
         limit = self.settings.server.front_timeout_s
-        now = time.monotonic()
-        for front in self.fronts.values():
-            if front.ready and not front.retiring and not front.killed \
-                    and now - front.beat_at > limit:
-                log.error("front %d (pid %d) gave no sign of life for %d s; killing it",
-                          front.slot, front.pid, limit)
-                front.killed = True
-                self._signal(front.pid, signal.SIGKILL)
+        for front in [f for f in self.fronts.values() if f.silent(limit, time.monotonic())]:
+            log.error("front %d (pid %d) gave no sign of life for %d s; killing it",
+                      front.slot, front.pid, limit)
+            front.killed = True
+            self._signal(front.pid, signal.SIGKILL)
 
     def _maintain(self) -> None:
         """Spawn back to one front per slot in the current generation (once its back-off ends)."""

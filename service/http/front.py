@@ -43,6 +43,13 @@ class Front:
     beat_at: float = 0.0
     killed: bool = False          # for its silence (see Arbiter._watch)
 
+    def silent(self, limit: float, now: float) -> bool:
+        """Listening, serving, not yet killed, and no sign of life from its event
+        loop for `limit` s (stuck or stopped: the kernel would keep giving it its
+        share of new connections)."""
+        return (self.ready and not self.retiring and not self.killed
+                and now - self.beat_at > limit)
+
 
 @dataclass
 class Slot:
