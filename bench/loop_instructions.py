@@ -1,0 +1,150 @@
+"""Instructions the event loop executes per invoke request, counted by callgrind.
+
+    python bench/loop_instructions.py [--before DIR] [--after DIR] [--requests N]
+
+Throughput on a shared 2-vCPU host moves by 5-25 % from one run to the next,
+more than the changes it is asked to judge. This counts instead: `logic serve`
+runs under `valgrind --tool=callgrind` (its workers, exec'd by the fork
+server, run natively), a Python client sends N requests (16 keep-alive
+connections, the invoke bench's request and script) and the count of the
+loop thread's user-space instructions over them is divided by N. The same
+code gives the same figure to within about 1 %, whatever else the machine
+does; the kernel's part (system calls, wake-ups) and cache misses are not
+in it, so it ranks changes of the Python on the loop, not of the system:
+fewer instructions need not mean a faster server (docs/performance.md, the
+request path compiled with mypyc), but more of them show a change that adds
+work to every request.
+
+`--before DIR` also counts a server run with the packages of another tree
+(e.g. `git archive REV service sandbox models setup.py setup.cfg pyproject.toml
+| tar -x -C DIR` and `python setup.py build_ext --inplace` there), and prints
+the ratio; `--after DIR` serves the first column from a tree too. Needs
+valgrind (Debian package `valgrind`). Runs take about 30 s per 800 requests.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from invoke_setup import BODY, LOGIC, SERVE_ENV, bench_endpoint, free_port, tree_env
+
+
+def count(tree: str | None, tmp: Path, requests: int, clients: int) -> dict[str, float]:
+    """Loop-thread (and records-thread) instructions per request of one server."""
+    tmp.mkdir()
+    env = {**SERVE_ENV, **os.environ, "PYTHONUNBUFFERED": "1"}
+    if tree:
+        env = tree_env(tree, env, tmp / "journal")
+    else:
+        env["LOGIC_RECORDS_JOURNAL"] = str(tmp / "journal")
+    db, cfg, script_id, secret, _ = bench_endpoint(tmp, 2, env=env)
+    port = free_port()
+    out = tmp / "callgrind"
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--instr-atstart=no",
+         f"--callgrind-out-file={out}.%p", sys.executable, LOGIC, "--database-url", db,
+         "--config", str(cfg), "serve", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        _wait_listening(port)
+        path = f"/endpoints/1000/{script_id}"
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {secret}"}
+        statuses = _load(port, path, headers, 200, clients)   # warm: caches, compiled script
+        if set(statuses) != {200}:
+            raise SystemExit(f"loop_instructions: warm-up answered {sorted(set(statuses))}")
+        subprocess.run(["callgrind_control", "--instr=on", str(server.pid)], check=True,
+                       capture_output=True)
+        statuses = _load(port, path, headers, requests, clients)
+        subprocess.run(["callgrind_control", "--dump", str(server.pid)], check=True,
+                       capture_output=True)
+        if set(statuses) != {200}:
+            raise SystemExit(f"loop_instructions: answered {sorted(set(statuses))}")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    per: dict[str, float] = {}
+    # The dump asked for is part 1 (`<out>.<pid>.1-<thread>`); thread 1 is the
+    # event loop, thread 2 the records writer.
+    for name in glob.glob(f"{out}.{server.pid}.1-*"):
+        text = Path(name).read_text(errors="replace")
+        total = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+        thread = re.search(r"^thread: (\d+)", text, re.M)
+        if total and thread:
+            part = {"1": "loop", "2": "records"}.get(thread.group(1), "other")
+            per[part] = per.get(part, 0.0) + int(total.group(1)) / len(statuses)
+    return per
+
+
+def _wait_listening(port: int) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit("loop_instructions: the server did not start")
+
+
+def _load(port: int, path: str, headers: dict[str, str], n: int, clients: int) -> list[int]:
+    statuses: list[int] = []
+
+    def client(k: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        for _ in range(k):
+            conn.request("POST", path, BODY, headers)
+            answer = conn.getresponse()
+            answer.read()
+            statuses.append(answer.status)
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(n // clients,)) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statuses
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", default=None, help="also count a server of the tree in DIR")
+    parser.add_argument("--after", default=None, help="count the first server from DIR too")
+    parser.add_argument("--requests", type=int, default=800)
+    parser.add_argument("--clients", type=int, default=16)
+    args = parser.parse_args()
+    if not shutil.which("valgrind"):
+        sys.exit("loop_instructions: valgrind is not installed (apt-get install valgrind)")
+    tmp = Path(tempfile.mkdtemp(prefix="logic-instr-"))
+    try:
+        ours = count(args.after, tmp / "after", args.requests, args.clients)
+        print(f"{args.after or 'this checkout'}: " + json.dumps(
+            {k: round(v) for k, v in sorted(ours.items())}) + " instructions per request",
+            flush=True)
+        if args.before:
+            theirs = count(args.before, tmp / "before", args.requests, args.clients)
+            print(f"{args.before}: " + json.dumps(
+                {k: round(v) for k, v in sorted(theirs.items())}) + " instructions per request")
+            print(f"event loop: {ours['loop'] / theirs['loop']:.3f} of before")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
