@@ -20,6 +20,12 @@ work to every request.
 | tar -x -C DIR` and `python setup.py build_ext --inplace` there), and prints
 the ratio; `--after DIR` serves the first column from a tree too. Needs
 valgrind (Debian package `valgrind`). Runs take about 30 s per 800 requests.
+
+`--cache` also simulates the caches (callgrind's `--cache-sim`: a 32 KiB L1
+and, as the last level, 1 MiB, the L2 a core of these hosts has) and prints
+the misses per request: how much of what a request touches is new to the
+loop's caches. The simulation sees the loop alone, so it misses what the
+workers and other threads evict between its turns: a lower bound.
 """
 from __future__ import annotations
 
@@ -42,8 +48,16 @@ from pathlib import Path
 from invoke_setup import BODY, LOGIC, SERVE_ENV, bench_endpoint, free_port, tree_env
 
 
-def count(tree: str | None, tmp: Path, requests: int, clients: int) -> dict[str, float]:
-    """Loop-thread (and records-thread) instructions per request of one server."""
+#: ``--cache``: a 32 KiB first level and, as the last, the 1 MiB a core of
+#: the hosts this was written on has as L2 (what the loop keeps of its own
+#: while the core runs workers too), not the host's shared L3.
+CACHE_SIM = ["--cache-sim=yes", "--D1=32768,8,64", "--I1=32768,8,64", "--LL=1048576,16,64"]
+
+
+def count(tree: str | None, tmp: Path, requests: int, clients: int,
+          cache: bool = False) -> dict[str, dict[str, float]]:
+    """Per thread ("loop", "records"), callgrind's events per request of one
+    server: ``Ir`` (instructions), and with `cache` the simulated misses."""
     tmp.mkdir()
     env = {**SERVE_ENV, **os.environ, "PYTHONUNBUFFERED": "1"}
     if tree:
@@ -55,7 +69,7 @@ def count(tree: str | None, tmp: Path, requests: int, clients: int) -> dict[str,
     out = tmp / "callgrind"
     server = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--instr-atstart=no",
-         f"--callgrind-out-file={out}.%p", sys.executable, LOGIC, "--database-url", db,
+         *(CACHE_SIM if cache else []), f"--callgrind-out-file={out}.%p", sys.executable, LOGIC, "--database-url", db,
          "--config", str(cfg), "serve", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
@@ -78,17 +92,34 @@ def count(tree: str | None, tmp: Path, requests: int, clients: int) -> dict[str,
             server.wait(timeout=120)
         except subprocess.TimeoutExpired:
             server.kill()
-    per: dict[str, float] = {}
+    per: dict[str, dict[str, float]] = {}
     # The dump asked for is part 1 (`<out>.<pid>.1-<thread>`); thread 1 is the
     # event loop, thread 2 the records writer.
     for name in glob.glob(f"{out}.{server.pid}.1-*"):
         text = Path(name).read_text(errors="replace")
-        total = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+        events = re.search(r"^events: (.+)$", text, re.M)
+        total = re.search(r"^(?:summary|totals): ([\d ]+)$", text, re.M)
         thread = re.search(r"^thread: (\d+)", text, re.M)
-        if total and thread:
-            part = {"1": "loop", "2": "records"}.get(thread.group(1), "other")
-            per[part] = per.get(part, 0.0) + int(total.group(1)) / len(statuses)
+        if events and total and thread:
+            part = per.setdefault({"1": "loop", "2": "records"}.get(thread.group(1), "other"), {})
+            for event, value in zip(events.group(1).split(), total.group(1).split()):
+                part[event] = part.get(event, 0.0) + int(value) / len(statuses)
     return per
+
+
+def _show(name: str, per: dict[str, dict[str, float]], cache: bool) -> str:
+    if not cache:
+        return f"{name}: " + json.dumps({part: round(ev["Ir"]) for part, ev in sorted(per.items())
+                                         if ev.get("Ir")}) + " instructions per request"
+    lines = [f"{name}, per request:"]
+    for part, ev in sorted(per.items()):
+        if not ev.get("Ir"):
+            continue   # a thread that ran nothing while counted
+        lines.append(f"  {part:<8} instructions {ev['Ir']:>9,.0f}  L1 data misses "
+                     f"{ev.get('D1mr', 0) + ev.get('D1mw', 0):>7,.0f}  L1 code misses "
+                     f"{ev.get('I1mr', 0):>7,.0f}  misses of a 1 MiB last level "
+                     f"{ev.get('DLmr', 0) + ev.get('DLmw', 0) + ev.get('ILmr', 0):>6,.0f}")
+    return "\n".join(lines)
 
 
 def _wait_listening(port: int) -> None:
@@ -128,20 +159,20 @@ def main() -> None:
     parser.add_argument("--after", default=None, help="count the first server from DIR too")
     parser.add_argument("--requests", type=int, default=800)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--cache", action="store_true",
+                        help="also simulate the caches (L1 and a 1 MiB last level; ~3x slower)")
     args = parser.parse_args()
     if not shutil.which("valgrind"):
         sys.exit("loop_instructions: valgrind is not installed (apt-get install valgrind)")
     tmp = Path(tempfile.mkdtemp(prefix="logic-instr-"))
     try:
-        ours = count(args.after, tmp / "after", args.requests, args.clients)
-        print(f"{args.after or 'this checkout'}: " + json.dumps(
-            {k: round(v) for k, v in sorted(ours.items())}) + " instructions per request",
-            flush=True)
+        ours = count(args.after, tmp / "after", args.requests, args.clients, args.cache)
+        print(_show(args.after or "this checkout", ours, args.cache), flush=True)
         if args.before:
-            theirs = count(args.before, tmp / "before", args.requests, args.clients)
-            print(f"{args.before}: " + json.dumps(
-                {k: round(v) for k, v in sorted(theirs.items())}) + " instructions per request")
-            print(f"event loop: {ours['loop'] / theirs['loop']:.3f} of before")
+            theirs = count(args.before, tmp / "before", args.requests, args.clients, args.cache)
+            print(_show(args.before, theirs, args.cache))
+            print(f"event loop: {ours['loop']['Ir'] / theirs['loop']['Ir']:.3f} of before's "
+                  "instructions")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
