@@ -1,6 +1,6 @@
 """Instructions the event loop executes per invoke request, counted by callgrind.
 
-    python bench/loop_instructions.py [--before DIR] [--after DIR] [--requests N]
+    python bench/loop_instructions.py [--before DIR] [--after DIR] [--requests N] [--cache]
 
 Throughput on a shared 2-vCPU host moves by 5-25 % from one run to the next,
 more than the changes it is asked to judge. This counts instead: `logic serve`
