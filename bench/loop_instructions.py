@@ -37,15 +37,14 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
-from invoke_setup import BODY, LOGIC, SERVE_ENV, bench_endpoint, free_port, tree_env
+from invoke_setup import (BODY, LOGIC, SERVE_ENV, bench_endpoint, free_port, tree_env,
+                          wait_listening)
 
 
 #: ``--cache``: a 32 KiB first level and, as the last, the 1 MiB a core of
@@ -69,11 +68,11 @@ def count(tree: str | None, tmp: Path, requests: int, clients: int,
     out = tmp / "callgrind"
     server = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--instr-atstart=no",
-         *(CACHE_SIM if cache else []), f"--callgrind-out-file={out}.%p", sys.executable, LOGIC, "--database-url", db,
-         "--config", str(cfg), "serve", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+         *(CACHE_SIM if cache else []), f"--callgrind-out-file={out}.%p", sys.executable, LOGIC,
+         "--database-url", db, "--config", str(cfg), "serve", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        _wait_listening(port)
+        wait_listening(server)
         path = f"/endpoints/1000/{script_id}"
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {secret}"}
         statuses = _load(port, path, headers, 200, clients)   # warm: caches, compiled script
@@ -120,17 +119,6 @@ def _show(name: str, per: dict[str, dict[str, float]], cache: bool) -> str:
                      f"{ev.get('I1mr', 0):>7,.0f}  misses of a 1 MiB last level "
                      f"{ev.get('DLmr', 0) + ev.get('DLmw', 0) + ev.get('ILmr', 0):>6,.0f}")
     return "\n".join(lines)
-
-
-def _wait_listening(port: int) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), 1).close()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit("loop_instructions: the server did not start")
 
 
 def _load(port: int, path: str, headers: dict[str, str], n: int, clients: int) -> list[int]:

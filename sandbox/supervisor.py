@@ -146,8 +146,8 @@ class Supervisor(Ticking):
         self._spawning.pop(slot, None)
         self._reap(pid)
         if self._workers.get(slot) is None:
-            self._schedule_spawn(slot, backoff=True,
-                                 failed="a new worker arrived without its descriptors (%d failures in a row)")
+            self._schedule_spawn(slot, backoff=True, failed="a new worker arrived without its "
+                                 "descriptors (%d failures in a row)")
 
     def _zygote_lost(self) -> None:
         if self._zygote_alive and self._state in ("starting", "running"):
@@ -225,7 +225,7 @@ class Supervisor(Ticking):
             n = self._failures[slot] = self._failures.get(slot, 0) + 1
             delay = min(BACKOFF_FIRST_S * 2 ** (n - 1), BACKOFF_MAX_S)
             if n > 2:
-                log.warning("sandbox slot %d: " + failed + "; next spawn in %.2fs", slot, n, delay)
+                log.warning("sandbox slot %d: %s; next spawn in %.2fs", slot, failed % n, delay)
         if delay and self._loop is not None:
             self._spawning[slot] = time.monotonic()
             self._loop.call_later(delay, self._request_spawn, slot)

@@ -7,7 +7,6 @@ as differences between two scrapes of the same server.
 from __future__ import annotations
 
 import re
-
 import socket
 import subprocess
 import threading
