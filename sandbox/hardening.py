@@ -244,6 +244,25 @@ def make_undumpable() -> tuple[bool, str]:
     return _libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0, ""
 
 
+_environment = {"cleared": False}
+
+
+def clear_environment() -> None:
+    """Empty ``os.environ`` and zero the initial environment block (R6).
+
+    The service's environment may hold a database URL with a password or
+    other operator secrets; a worker needs none of it, neither in
+    ``os.environ`` nor in the block the kernel copied onto the stack at exec
+    time. The fork server calls this once before it forks: every worker is
+    a copy of its memory, so each starts with both empty and does not pay
+    again for the file read it takes (a worker forked by anything else still
+    clears its own, in ``harden``).
+    """
+    os.environ.clear()
+    wipe_initial_environment()
+    _environment["cleared"] = True
+
+
 def wipe_initial_environment() -> bool:
     """Zero the process's initial environment block (R6).
 
@@ -291,11 +310,8 @@ def harden(channel_fd: int, cfg: HardeningConfig, seccomp_filter: Any,
     fd, root_fd = close_inherited_fds(channel_fd, root_fd)
     report.set("close_fds", True)
     limits.statm_pages()   # opens this worker's /proc/self/statm while it still may
-    # The service's environment may hold a database URL with a password or
-    # other operator secrets; a worker needs none of it, neither in os.environ
-    # nor in the block the kernel copied onto the stack at exec time.
-    os.environ.clear()
-    wipe_initial_environment()
+    if not _environment["cleared"]:   # else the fork server did it once, before any fork
+        clear_environment()
     leave_terminal_session()
 
     failed = limits.apply_rlimits(address_space=cfg.address_space,

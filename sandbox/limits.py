@@ -10,7 +10,6 @@ compile process) after fork, never in the service process.
 """
 from __future__ import annotations
 
-import logging
 import os
 import resource
 import time
@@ -19,7 +18,6 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Protocol
 
-log = logging.getLogger("sandbox.limits")
 
 _memguard: ModuleType | None
 try:  # the optional C extension; see setup.py

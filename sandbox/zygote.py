@@ -346,6 +346,8 @@ def _main(ctl_fd: int, cfg: worker.WorkerConfig, service_pid: int,
     hardening.set_parent_death_signal(service_pid)
     _batch_scheduling()
     warm()
+    # After the imports (which may read the environment), before any fork.
+    hardening.clear_environment()
     if as_headroom is not None:
         # Exec'd: the address space that workers start from is ours, now.
         cfg = dataclasses.replace(cfg, hardening=dataclasses.replace(

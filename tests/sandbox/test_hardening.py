@@ -443,6 +443,26 @@ def test_a_worker_in_its_own_namespace_without_a_filter_serves_and_says_so(
     run_with_pool(scenario, size=2, fresh_interpreter=False, code_cache_mb=0)
 
 
+@pytest.mark.skipif(not ROOT, reason="a worker's /proc/<pid>/environ is readable by root only")
+def test_no_worker_holds_the_service_environment_when_the_fork_server_is_a_fork(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """R6 where it matters most: a fork server that is a fork of the service (no
+    exec) starts with the service's exec-time environment block and os.environ.
+    It clears both once, before its first fork, so no worker holds any of it."""
+    monkeypatch.setenv("LOGIC_DATABASE_URL", "postgresql://logic:hunter2@db/logic")
+    with open(f"/proc/{os.getpid()}/environ", "rb") as f:
+        assert any(f.read())   # this process has one, which the fork server copies
+
+    async def scenario(pool: Pool) -> tuple[bool, Any, dict[str, Any]]:
+        return await exec_seen(pool, "import os\nresult = [dict(os.environ), "
+                                     "os.getenv('LOGIC_DATABASE_URL')]")
+
+    ok, value, outside = run_with_pool(scenario, size=1, fresh_interpreter=False,
+                                       _unsafe_test_hooks=True, code_cache_mb=0)
+    assert ok and value == [{}, None]
+    assert outside["environ_block"] is not None and not any(outside["environ_block"])
+
+
 IPC_PROBE = '''
 import ctypes, errno, os
 libc = ctypes.CDLL(None, use_errno=True)
