@@ -84,7 +84,9 @@ def http_url(value: Any) -> str:
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ValueError("expected an http:// or https:// URL")
-    return url.rstrip("/")
+    # The scheme in lower case (urlparse gives it so): `HTTPS://` is https to
+    # everything that reads the setting, the session cookie's Secure flag included.
+    return (parsed.scheme + url[len(parsed.scheme):]).rstrip("/")
 
 
 def cookie_secret(value: Any) -> str:

@@ -28,6 +28,7 @@ from datetime import timedelta
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+from urllib.parse import urlparse
 
 from tornado.ioloop import IOLoop
 from tornado.web import HTTPError, create_signed_value, decode_signed_value
@@ -80,7 +81,7 @@ class Dashboard:
 
     @property
     def secure_cookies(self) -> bool:
-        return self.settings.server.base_url.startswith("https://")
+        return urlparse(self.settings.server.base_url).scheme == "https"
 
     @property
     def idle(self) -> timedelta:

@@ -62,6 +62,9 @@ time_limit_ms = 1000
                       {"server.port": 9200, "database.url": None})
     assert s.server.host == "0.0.0.0" and s.server.port == 9200
     assert s.server.base_url == "https://logic.example.com"
+    # The scheme in any letter case reads as https (the session cookie's Secure flag).
+    assert load_settings(None, {"LOGIC_SERVER_BASE_URL": "HTTPS://Logic.example.com/x/"}
+                         ).server.base_url == "https://Logic.example.com/x"
     assert s.server.trusted_proxies == (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("::1/128"))
     assert s.database.url == "postgresql://u@db/logic" and s.sandbox.workers == 2
     assert s.plans["plus"].history == 50 and s.plans["plus"].endpoints == 3

@@ -88,7 +88,9 @@ def start_site(tmp: Path, env: dict[str, str] | None = None) -> Site:
     server = Server(url, extra_args=["--port", str(port)],
                     env={"LOGIC_SANDBOX_WORKERS": "2", "LOGIC_SERVER_BASE_URL": base_url,
                          **(env or {})}).start()
-    return Site(server, open_database(url), load_settings(None, env={}).plans, base_url)
+    settings = load_settings(None, env={"LOGIC_SERVER_BASE_URL": base_url})
+    # The links are made as the server makes them: with the base URL as parsed.
+    return Site(server, open_database(url), settings.plans, settings.server.base_url)
 
 
 @pytest.fixture(scope="module")
