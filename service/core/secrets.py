@@ -40,7 +40,7 @@ from models import Endpoint, database
 from models.clock import iso, utcnow
 from service.core import audit
 from service.core.access import Actor, Role, guild_and_script
-from service.core.errors import PermissionDeniedError
+from service.core.errors import ConflictError, PermissionDeniedError
 
 log = logging.getLogger("logic.core")
 
@@ -187,10 +187,22 @@ def upgrade_secret_hash(endpoint_id: int, old_hash: str, secret: str) -> str | N
     return new_hash
 
 
-def regenerate_secret(actor: Actor, guild_id: str, script_id: str) -> dict[str, Any]:
+def secret_state(created_at: Any, hint: str | None, none: bool = False) -> str:
+    """Which secret an endpoint has, for `regenerate_secret(replaces=...)`."""
+    return "none" if none or created_at is None else f"{iso(created_at)}/{hint}"
+
+
+def regenerate_secret(actor: Actor, guild_id: str, script_id: str, *,
+                      replaces: str | None = None) -> dict[str, Any]:
     """Create or replace the endpoint's secret (owner only) and return it once:
     `{"secret": ..., "hint": ...}`.  Raises `PermissionDeniedError`
-    (`owner_only`: operator, manager), `NotFoundError` (also for a stranger)."""
+    (`owner_only`: operator, manager), `NotFoundError` (also for a stranger).
+
+    `replaces`, if given, is the secret the caller means to replace, as
+    `"<createdAt>/<hint>"` read before (or `"none"`: no secret yet): when it is no
+    longer that one (a form sent twice, another tab regenerated it), nothing
+    changes and `ConflictError` (`secret_changed`) is raised, so a resubmitted
+    form never kills the secret it has just shown."""
     if actor.is_operator:
         raise PermissionDeniedError(
             "the operator cannot create or regenerate a secret; the guild owner must (--as OWNER_ID)",
@@ -207,6 +219,11 @@ def regenerate_secret(actor: Actor, guild_id: str, script_id: str) -> dict[str, 
             raise PermissionDeniedError(err.message + " (owner only)", code="owner_only") from None
         endpoint = Endpoint.get(Endpoint.script == script.id)
         first = endpoint.secret_hash is None
+        if replaces is not None and replaces != secret_state(endpoint.secret_created_at,
+                                                             endpoint.secret_hint, first):
+            raise ConflictError("the secret was changed since this page was loaded (in another "
+                                "tab, or this form was sent again); nothing was changed now: "
+                                "reload the page", code="secret_changed")
         now = utcnow()
         Endpoint.update(secret_hash=digest, secret_hint=hint, secret_created_at=now,
                         secret_created_by=actor.user_id).where(Endpoint.id == endpoint.id).execute()

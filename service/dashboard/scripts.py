@@ -174,10 +174,16 @@ class SecretHandler(DashboardHandler):
             raise PageError(403, "Only the guild owner creates or regenerates the secret.")
         if self.get_body_argument("confirm", "") != "yes":
             # The dialog (or, without script, a checkbox) confirms that the old
-            # secret dies at once: a bare POST, e.g. a resubmitted form, changes nothing.
+            # secret dies at once: a bare POST changes nothing.
             raise PageError(400, "Confirm first: the current secret stops working at once.")
+        # The secret the page showed (its creation time, or "none"): a form sent
+        # again (a reload of the page that shows the new secret) finds another
+        # one and changes nothing (409), instead of killing the secret just shown.
+        replaces = self.get_body_argument("replaces", "")
+        if not replaces:
+            raise PageError(400, "Reload the page and confirm again.")
         made = await self.core(core.regenerate_secret, self.actor, guild_id, script_id,
-                               deny=403)
+                               deny=403, replaces=replaces)
         if self.request.headers.get("Accept", "").startswith("application/json"):
             self.write_json({"secret": made["secret"], "hint": made["hint"]}, 201)
             return

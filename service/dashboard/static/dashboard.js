@@ -68,6 +68,7 @@
       var body = new URLSearchParams();
       body.set("_xsrf", xsrf());
       body.set("confirm", "yes");   // confirmed in the dialog
+      body.set("replaces", document.getElementById("secret-replaces").value);
       fetch(form.getAttribute("action"), {
         method: "POST", body: body, credentials: "same-origin",
         headers: { "Accept": "application/json" }

@@ -100,6 +100,29 @@ def test_secret_owner_only(db):
     assert actions[-2:] == ["secret.created", "secret.regenerated"]
 
 
+def test_a_secret_replaced_only_if_it_is_still_the_one_the_caller_saw(db):
+    """`replaces`: a form sent twice, or two tabs, never kill a secret just shown."""
+    gid = make_guild()
+    sid = make_script(gid)
+    with pytest.raises(core.ConflictError) as err:     # "a secret exists": there is none
+        core.regenerate_secret(OWNER, gid, sid, replaces="2026-01-01T00:00:00.000Z")
+    assert err.value.code == "secret_changed" and err.value.status == 409
+    assert core.show_endpoint(OWNER, gid, sid)["secret"] is None
+    first = core.regenerate_secret(OWNER, gid, sid, replaces="none")
+    shown = core.show_endpoint(OWNER, gid, sid)["secret"]
+    seen = f"{shown['createdAt']}/{shown['hint']}"
+    second = core.regenerate_secret(OWNER, gid, sid, replaces=seen)
+    for stale in ("none", seen):    # the same form again, or one from before the first
+        with pytest.raises(core.ConflictError):
+            core.regenerate_secret(OWNER, gid, sid, replaces=stale)
+    target = must_load(gid, sid)
+    assert verify_secret(target.secret_hash, second["secret"])
+    assert not verify_secret(target.secret_hash, first["secret"])
+    # The role check comes first: a stranger still learns nothing.
+    with pytest.raises(core.NotFoundError):
+        core.regenerate_secret(STRANGER, gid, sid, replaces="none")
+
+
 def test_whitelist_pro_only_and_normalised(db):
     plus, pro = make_guild("plus"), make_guild("pro")
     s_plus, s_pro = make_script(plus), make_script(pro)

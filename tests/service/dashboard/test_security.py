@@ -54,8 +54,12 @@ def test_login_sets_a_signed_httponly_lax_cookie_and_leaves_no_token_in_the_url(
     assert forged.get("/dashboard").status == 303
 
 
-def test_cookie_is_secure_when_the_base_url_is_https(tmp_path: Path) -> None:
-    s = start_site(tmp_path, env={"LOGIC_SERVER_BASE_URL": "https://logic.example.com"})
+@pytest.mark.parametrize("base_url", ["https://logic.example.com", "HTTPS://logic.example.com",
+                                      "Https://logic.example.com/"])
+def test_cookie_is_secure_when_the_base_url_is_https(tmp_path: Path, base_url: str) -> None:
+    # The scheme in any letter case is https: a cookie without Secure would
+    # also be sent over plain http to the same host.
+    s = start_site(tmp_path, env={"LOGIC_SERVER_BASE_URL": base_url})
     try:
         resp = Client(s.server).get(s.link(OWNER))
         assert resp.status == 303
@@ -363,13 +367,26 @@ def test_a_secret_needs_confirmation_and_is_shown_once(site: Site, client: Clien
     assert resp.status == 400 and b"Confirm first" in resp.body
     assert site.invoke(gid, sid, first, {}).status == 200
     # Without script: the checkbox confirms, and a page shows the secret once.
-    resp = client.post(f"{page}/secret", {"_xsrf": client.xsrf(), "confirm": "yes"})
+    # The form names the secret it replaces (the page's hidden field).
+    replaces = re.search(r'name="replaces" id="secret-replaces" value="([^"]+)"',
+                         client.get(page).body.decode())
+    assert replaces and replaces.group(1) != "none"
+    form = {"_xsrf": client.xsrf(), "confirm": "yes", "replaces": replaces.group(1)}
+    resp = client.post(f"{page}/secret", form)
     assert resp.status == 201
     secret = re.search(r'value="(lsk_[^"]+)"', resp.body.decode())
     assert secret and site.invoke(gid, sid, secret.group(1), {}).status == 200
     assert site.invoke(gid, sid, first, {}).status == 401
     shown = client.get(page).body.decode()
     assert secret.group(1) not in shown and f"…{secret.group(1)[-4:]}" in shown
+    # The same form sent again (a reload of the page that showed the secret)
+    # finds another secret: 409, no new one, and the one just shown still works.
+    again = client.post(f"{page}/secret", form)
+    assert again.status == 409 and b"lsk_" not in again.body
+    assert site.invoke(gid, sid, secret.group(1), {}).status == 200
+    # Without the field (a form from before): nothing changes either.
+    resp = client.post(f"{page}/secret", {"_xsrf": client.xsrf(), "confirm": "yes"})
+    assert resp.status == 400 and site.invoke(gid, sid, secret.group(1), {}).status == 200
 
 
 def test_a_managers_flood_of_slow_saves_never_holds_another_users_page(site: Site) -> None:
