@@ -63,7 +63,8 @@ class ManagerHandler(APIHandler):
 
 
 class AuditHandler(APIHandler):
-    @operation("listAudit", "Audit records, newest first", "owner, manager", schemas.AuditPage,
+    @operation("listAudit", "Audit records, newest first", "owner, manager, operator",
+               schemas.AuditPage,
                query=schemas.ListQuery)
     async def get(self, guildId: str) -> None:
         q = self.query(schemas.ListQuery)

@@ -11,6 +11,7 @@ from openapi_spec_validator import validate
 from service import api
 from service.api.spec import METHODS, operation_of
 from tests.service.api.conftest import Api
+from tests.service.http.harness import wait_until
 
 ST = str(Path(sys.executable).parent / "st")
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
@@ -76,3 +77,36 @@ def test_schemathesis_finds_no_5xx_and_no_nonconforming_answer(server, world, tm
     tail = proc.stdout[-4000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
     assert " passed" in proc.stdout and " failed" not in proc.stdout, tail
+
+
+def test_who_of_every_guild_read_is_what_the_server_allows(world) -> None:
+    """Each guild-scoped read's "Who:" line names exactly the roles that get it:
+    those listed are answered 200, the others refused (403, or 404 for a
+    stranger, who learns nothing). A red-team pass found `listAudit`
+    documented as "owner, manager" while operators read it."""
+    w = world()
+    tried = w.owner("POST", w.script_path + "/test", {"body": {"a": 1}})
+    assert tried.status == 200, tried.body
+    request_id = tried.json["requestId"]
+    assert wait_until(lambda: w.owner("GET", f"{w.script_path}/history/{request_id}").status
+                      == 200)
+    values = {"guildId": w.guild_id, "scriptId": w.script_id, "requestId": request_id}
+    callers = {"owner": w.owner, "manager": w.manager, "operator": w.operator,
+               "stranger": w.stranger}
+    checked = 0
+    for template, item in api.document()["paths"].items():
+        op = item.get("get")
+        if op is None or "{guildId}" not in template:
+            continue
+        who = op["description"].split("Who:", 1)[1].split(".", 1)[0]
+        allowed = {role.strip() for role in who.split(",")}
+        assert allowed <= set(callers), (template, who)
+        path = template.removeprefix("/api/v1").format(**values)
+        for role, call in callers.items():
+            status = call("GET", path).status
+            if role in allowed:
+                assert status == 200, (template, role, status)
+            else:
+                assert status in (403, 404), (template, role, status)
+        checked += 1
+    assert checked >= 9
