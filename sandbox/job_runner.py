@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from sandbox.worker import WorkerConfig
 
 OUTPUT_CAP = 16384
+#: Room a frame of N bytes needs to be read and decoded: N times this, plus the next.
+DECODE_ROOM_FACTOR = 112
+DECODE_ROOM_BYTES = 8 << 20
 
 
 def error_result(kind: str, message: str, line: int | None = None,
@@ -85,6 +88,20 @@ class JobRunner:
     def release_limits(self) -> None:
         """Back to the worker's own address-space limit (before a test hook)."""
         self._as.release()
+
+    def before_frame(self, size: int) -> None:
+        """The next message's frame holds ``size`` bytes: make sure the last
+        job's address-space bound leaves room to read and decode it.
+
+        Decoding can take ~100 times the frame (a body of many small
+        containers: an empty map is one byte of msgpack and ~100 bytes of
+        Python objects), and the last job's event is still held meanwhile.
+        The event is the caller's data, never charged to a script: where the
+        bound leaves too little room, the worker's own limit applies until the
+        job sets its own (a 1 MiB body of small records under the pro plan's
+        bound killed every second worker before its script ran). A frame of a
+        few KB after a job that kept little needs no system call."""
+        self._as.make_room(self._mem.mapped, DECODE_ROOM_FACTOR * size + DECODE_ROOM_BYTES)
 
     def _compile_guarded(self, src: str) -> Any:
         """Compile under the guard's compile cap and the address-space bound."""

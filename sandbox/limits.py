@@ -162,7 +162,10 @@ class AddressSpaceLimit:
     ``hashlib``, the compiler's) is bounded by the address space a job may
     map: what the worker maps when the job starts, plus twice the job's cap
     plus :data:`AS_SLACK_BYTES`. The bound stays until the next job's (so a
-    worker serving the same cap from the same size makes no system call).
+    worker serving the same cap from the same size makes no system call),
+    unless the next frame needs more room to be read and decoded than it
+    leaves (``make_room``): the job's event is the caller's data, decoded
+    before any script runs, never held to the last job's bound.
     """
 
     def __init__(self) -> None:
@@ -179,6 +182,12 @@ class AddressSpaceLimit:
     def release(self) -> None:
         """Back to the worker's own (hard) limit."""
         if self.active:
+            self._set(self._hard)
+
+    def make_room(self, mapped_now: int, needed: int) -> None:
+        """Back to the worker's own limit if the bound in force leaves less than
+        ``needed`` bytes above ``mapped_now`` (one system call, only then)."""
+        if self.active and self._soft != self._hard and self._soft - mapped_now < needed:
             self._set(self._hard)
 
     def _set(self, soft: int) -> None:

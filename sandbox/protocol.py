@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import socket
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -130,12 +130,16 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(chunks)
 
 
-def recv_message(sock: socket.socket, cap: int) -> Any:
-    """Blocking read of one message (worker side and start-up); EOFError when closed."""
+def recv_message(sock: socket.socket, cap: int,
+                 before_body: Callable[[int], object] | None = None) -> Any:
+    """Blocking read of one message (worker side and start-up); EOFError when
+    closed. ``before_body`` is told the frame's size before it is read."""
     header = _recv_exactly(sock, HEADER_BYTES)
     n = int.from_bytes(header, "big")
     if n > cap:
         raise ProtocolError(f"frame of {n} bytes exceeds the {cap}-byte cap")
+    if before_body is not None:
+        before_body(n)
     return decode(_recv_exactly(sock, n))
 
 

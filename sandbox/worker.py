@@ -134,7 +134,8 @@ def serve(channel_fd: int, cfg: WorkerConfig, seccomp_filter: Any,
             # blocked in recv() (for nothing) but not one in poll(POLLIN).
             waiting.poll()
             try:
-                msg = protocol.check_job(protocol.recv_message(sock, protocol.MAX_JOB_BYTES))
+                msg = protocol.check_job(protocol.recv_message(sock, protocol.MAX_JOB_BYTES,
+                                                               runner.before_frame))
             except EOFError:
                 os._exit(EXIT_EOF)
             if msg["t"] == "exec":

@@ -142,6 +142,29 @@ def test_memory_kept_after_a_large_passing_peak_still_retires_the_worker(
     assert max(rss for pid, rss in seen if pid == first) < start + (2 << 20) + (8 << 20)
 
 
+def test_big_bodies_in_a_row_are_decoded_outside_the_last_jobs_address_space_bound() -> None:
+    # Red-team pass, session 23: a job's address-space bound (what it mapped
+    # + 2 x cap + 16 MB) stayed in force while the worker read and decoded the
+    # next job, with the last job's event still held: a 1 MiB JSON array of
+    # small records (within the pro plan's body limit) decodes to ~30 MB, so
+    # every second such request killed the worker before its script ran, and
+    # after three the script was quarantined as a crasher.
+    body = [{"a": 1} for _ in range(131_071)]          # 1 MiB of JSON
+    assert len(json.dumps(body, separators=(",", ":"))) <= 1 << 20
+    source = 'on endpoint(event):\n    event.reply(len(event.body))\n'
+
+    async def scenario(pool: Pool) -> list[Any]:
+        pids = set(pool.worker_pids)
+        out = [(r.status, r.body, r.error_kind) for r in
+               [await pool.run(ref(source), event(body), Limits(1000, 4096), "g")
+                for _ in range(4)]]
+        return [out, pool.counters["crashes"], pids <= set(pool.worker_pids)]
+
+    out, crashes, same_worker = run_with_pool(scenario, size=1)
+    assert out == [(200, b"131071", None)] * 4
+    assert crashes == 0 and same_worker
+
+
 def test_the_event_is_not_charged_to_the_scripts_memory_cap() -> None:
     # Outside review, session 19: the worker deep-copied the event with the
     # guard armed, so a body of many small containers (80 KB of JSON here,
