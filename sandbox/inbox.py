@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from sandbox.budget import WORKER_BYTES
 from sandbox.channel import WorkerHandle
 from sandbox.compiling import Compiling
 from sandbox.errors import ProtocolError
@@ -135,6 +136,10 @@ class Inbox(Compiling, Supervisor):
             if not w.rss_first:
                 w.rss_first = rss
             w.rss_last = rss
+            if rss - w.rss_first >= WORKER_BYTES:
+                self._growers[w] = None   # retired first to make room (Placement._top_up)
+            elif self._growers:
+                self._growers.pop(w, None)
         # A worker retires itself past MAX_RSS_GROWTH_BYTES above its start-up
         # size (below its first report): one that reports more growth and stays
         # is lying or broken, and is replaced, so its charge against the memory

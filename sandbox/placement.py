@@ -88,6 +88,7 @@ class Placement:
     _guild_idle: dict[str, list[WorkerHandle]]
     _lru: OrderedDict[WorkerHandle, None]
     _once: OrderedDict[WorkerHandle, None]    # the idle workers of _lru that served <= 1 job
+    _growers: dict[WorkerHandle, None]        # workers that reported growing by WORKER_BYTES+
     _homeless: OrderedDict[str, RequestState]
     _queued: dict[Any, RequestState]
     _timeouts: deque[tuple[float, RequestState]]
@@ -289,13 +290,28 @@ class Placement:
                 self._workers[slot] = None
                 self._request_spawn(slot)
             else:
-                w = self._lru_victim()
+                # Over the memory budget (not the count): a worker that grew goes
+                # first, as in housekeeping, before any lean one makes room.
+                w = ((self._grower_victim() if len(self._workers) - extra < self.max_workers
+                      else None) or self._lru_victim())
                 if w is None:
                     return
                 self._c["retired"] += 1
                 self._kill(w)          # its slot is free: a spare is forked into it
                 self._request_spawn(w.slot)
             want -= 1
+
+    def _grower_victim(self) -> WorkerHandle | None:
+        """The idle worker that grew most (by at least ``WORKER_BYTES``), of a guild
+        with nothing queued; None if there is none."""
+        guilds = self._sched.guilds
+        best: WorkerHandle | None = None
+        for w in self._growers:
+            g = guilds.get(w.guild or "")
+            if (w in self._lru and (g is None or not g.queue)
+                    and (best is None or w.rss_last - w.rss_first > best.rss_last - best.rss_first)):
+                best = w
+        return best
 
     def _lru_victim(self) -> WorkerHandle | None:
         """The idle worker to retire for a spare: the least recently used of those

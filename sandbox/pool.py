@@ -118,6 +118,7 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
         self._guild_idle: dict[str, list[WorkerHandle]] = {}
         self._lru: OrderedDict[WorkerHandle, None] = OrderedDict()
         self._once: OrderedDict[WorkerHandle, None] = OrderedDict()
+        self._growers: dict[WorkerHandle, None] = {}   # grew by a worker's charge or more
         self._homeless: OrderedDict[str, RequestState] = OrderedDict()  # one per guild
         self._sched = Scheduler(self.size, guild_share, guild_budget_s)
         # (queue deadline, request) in deadline order; an entry whose request

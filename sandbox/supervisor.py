@@ -53,6 +53,7 @@ class Supervisor(Ticking):
     _state: str
     _busy: int
     _unready: int
+    _growers: dict[WorkerHandle, None]
 
     # provided by Pool
     def _on_readable(self, w: WorkerHandle) -> None:
@@ -241,6 +242,7 @@ class Supervisor(Ticking):
     def _kill(self, w: WorkerHandle) -> None:
         """SIGKILL the worker and drop its channel at once."""
         w.signal(signal.SIGKILL)
+        self._growers.pop(w, None)
         if not w.ready and w.alive:
             self._unready -= 1
         w.close(self._loop)
