@@ -42,7 +42,10 @@ FORBIDDEN_HEADERS = frozenset({
 # Proxy-control headers: a reverse proxy in front (nginx's X-Accel-*, Apache's
 # and lighttpd's X-Sendfile*, LiteSpeed's X-LiteSpeed-*) obeys them, so a
 # script could make it serve another location or change its buffering.
-FORBIDDEN_PREFIXES = ("proxy-", "x-accel-", "x-sendfile", "x-litespeed-", "x-lighttpd-")
+FORBIDDEN_PREFIXES = ("proxy-", "x-accel-", "x-sendfile", "x-litespeed-", "x-lighttpd-",
+                      # Device-bound session credentials, under their draft and their
+                      # shipped names: a session bound to the origin of the dashboard.
+                      "sec-session-", "secure-session-")
 _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789"
                          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))

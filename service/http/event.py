@@ -77,11 +77,13 @@ def parse_query(query: str) -> dict[str, str | list[str]]:
     """Query arguments: a string, or a list when the name repeats."""
     out: dict[str, str | list[str]] = {}
     for name, value in parse_qsl(query, keep_blank_values=True):
-        if name in out:
-            prev = out[name]
-            out[name] = [*prev, value] if isinstance(prev, list) else [prev, value]
-        else:
+        prev = out.get(name)
+        if prev is None:
             out[name] = value
+        elif isinstance(prev, list):
+            prev.append(value)   # in place: a copy per repeat made one request quadratic
+        else:
+            out[name] = [prev, value]
     return out
 
 

@@ -183,10 +183,23 @@ class ParsingConnection(Connection):
             # Whitespace after a value is not part of it (RFC 9112 5); llhttp
             # keeps it.
             headers = {}
+            repeated: dict[str, list[str]] | None = None
             for raw_name, raw_value in self._raw_headers:
                 name = raw_name.decode("latin1").lower()
                 value = raw_value.rstrip(b" \t").decode("latin1")
-                headers[name] = f"{headers[name]}, {value}" if name in headers else value
+                if name not in headers:
+                    headers[name] = value
+                elif repeated is None:
+                    repeated = {name: [headers[name], value]}
+                elif name in repeated:
+                    repeated[name].append(value)
+                else:
+                    repeated[name] = [headers[name], value]
+            if repeated:
+                # Joined once: joining at every repeat made a head of one name
+                # repeated thousands of times quadratic.
+                for name, values in repeated.items():
+                    headers[name] = ", ".join(values)
         else:
             headers = httputil.HTTPHeaders()
             try:

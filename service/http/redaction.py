@@ -6,7 +6,8 @@
   is kept as ``[redacted]``; the secret itself is cut out of bodies, the
   script's output and error messages wherever it appears, and a value that
   holds it only in an encoded form (percent-encoding, JSON ``\\u`` escapes,
-  UTF-16 text: `hides`) is replaced whole by ``[redacted]``.
+  Python's ``\\x`` escapes, UTF-16 text: `hides`) is replaced whole by
+  ``[redacted]``.
 - The service log (`RedactingFormatter`): anything shaped like a secret or a
   token (``lsk_...``, ``lat_...``, ``Bearer ...``) is replaced, including in
   tracebacks — a last line of defence behind never logging request content.
@@ -96,6 +97,9 @@ class Redactor:
 
 
 _U_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
+#: Python's ``\\xHH`` escapes: the repr of a str or bytes a script printed or
+#: raised with (UTF-16 text's NULs become ``\\x00``).
+_X_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 #: Decoding steps tried one after the other on a marked value (percent-encoding
 #: and ``\\u`` escapes, in either order, one inside the other): bounded work.
 DECODE_DEPTH = 2
@@ -137,14 +141,19 @@ def _decoded_holds(secret: str, text: str, depth: int, fold: bool) -> bool:
         decoded = _U_ESCAPE.sub(_unescaped, text)
         if decoded != text and _decoded_holds(secret, decoded, depth - 1, fold):
             return True
+    if "\\x" in text:
+        decoded = _X_ESCAPE.sub(_unescaped, text)
+        if decoded != text and _decoded_holds(secret, decoded, depth - 1, fold):
+            return True
     return False
 
 
 def hides(secret: str, value: bytes | str, *, fold: bool = False) -> bool:
     """Whether `value` holds `secret` in an encoded form a literal search misses:
-    percent-encoded (a form body, a URL in a header), as JSON ``\\u`` escapes,
-    one inside the other, or as UTF-16 text at any alignment (bytes, or text
-    with NULs between its letters, each decoded further).
+    percent-encoded (a form body, a URL in a header), as JSON ``\\u`` escapes or
+    Python's ``\\x`` ones (the repr of what a script printed), one inside the
+    other, or as UTF-16 text at any alignment (bytes, or text with NULs between
+    its letters, each decoded further).
     `fold`: in any letter case, before and after each decoding (`secret` given
     lower-cased; a header name). Searched: the first `SCAN_CHARS` of what is
     left once the plain secret is cut out. Cheap when none of their marks is

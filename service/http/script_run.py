@@ -41,7 +41,7 @@ class ScriptRun:
     context: AppContext
     conn: Exchange | None
     target: InvokeTarget | None
-    chunks: list[bytes]
+    chunks: list[bytes | bytearray]
     raw_body: bytes
     event: dict[str, Any] | None
     method: str

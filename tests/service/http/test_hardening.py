@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.service.http.harness import Server
+from tests.service.http.harness import Server, wait_until
 from tests.service.http.test_checks import ECHO, assert_error
 
 ECHO_EVENT = """
@@ -78,6 +79,8 @@ def test_bad_header_value_is_400_without_traceback_or_value_in_log(server: Serve
     "X-LiteSpeed-Location", "NEL", "Report-To", "Reporting-Endpoints", "Accept-CH",
     "Set-Login", "Origin-Agent-Cluster", "Expect-CT", "Public-Key-Pins",
     "Use-As-Dictionary", "Sec-Session-Registration", "Activate-Storage-Access", "No-Vary-Search",
+    # Device-bound sessions: the draft names and the shipped ones (red-team pass, session 23).
+    "Sec-Session-Challenge", "Secure-Session-Registration", "Secure-Session-Challenge",
 ])
 def test_script_cannot_send_proxy_control_or_origin_wide_headers(server: Server, make_endpoint,
                                                                  name: str) -> None:
@@ -408,3 +411,84 @@ on endpoint(event):
     segments = sorted(journal.rglob("segment-*.journal"))
     assert segments and not any(ep.secret.lower().encode() in p.read_bytes().lower()
                                 or percent.encode() in p.read_bytes() for p in segments)
+
+
+# --- red-team pass, session 23: one request's parsing stays linear and its body compact ----
+
+@pytest.mark.timeout(30)
+def test_a_name_repeated_300000_times_parses_in_one_pass() -> None:
+    # Each repeat copied the list of the values before it: a 1 MB form body or
+    # query of one repeated name held the event loop for minutes (60,000
+    # repeats: 3 s; the time grew with the square). Linear, it takes well
+    # under a second; the timeout is the test's only clock.
+    from service.http.event import parse_query
+    parsed = parse_query("&".join(["a=1"] * 300_000) + "&b=2&a=3")
+    assert parsed["b"] == "2"
+    values = parsed["a"]
+    assert isinstance(values, list) and len(values) == 300_001 and values[-1] == "3"
+    assert parse_query("a=1&a=2") == {"a": ["1", "2"]} and parse_query("a=1") == {"a": "1"}
+
+
+def test_repeated_header_names_reach_the_script_joined_in_order(server: Server,
+                                                                 make_endpoint) -> None:
+    ep = make_endpoint(ECHO_EVENT)
+    values = [f"v{i}" for i in range(2000)]
+    extra = "".join(f"X-Many: {v}\r\n" for v in values) + "x-MANY: last\r\n"
+    status, _, body = raw(server, post(ep.path, ep.secret, extra=extra))
+    assert status == 200
+    assert json.loads(body)["headers"]["x-many"] == ", ".join(values + ["last"])
+
+
+def test_a_body_sent_in_tiny_chunks_is_held_in_one_buffer(server: Server, make_endpoint) -> None:
+    # Each chunk used to be kept as an object of its own: 8 open requests of a
+    # 1 MB body in 2-byte chunks grew the server by ~144 MB (~18 MB each).
+    import psutil  # type: ignore[import-untyped,unused-ignore]
+    ep = make_endpoint("on endpoint(event):\n    event.reply(len(event.body))\n")
+    assert server.proc is not None
+    proc = psutil.Process(server.proc.pid)
+    head = (f"POST {ep.path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {ep.secret}\r\n"
+            "Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            ).encode()
+    part = b"2\r\nab\r\n" * 131_072          # 256 KiB of body in 2-byte chunks
+    before = proc.memory_info().rss
+    socks = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(4)]
+    try:
+        for sock in socks:
+            sock.sendall(head + part + part)    # 512 KiB each, the last chunk not sent
+        assert wait_until(lambda: server.request("/healthz", method="GET").status == 200)
+        time.sleep(1.0)      # let the server read what was sent
+        grown = proc.memory_info().rss - before
+        for sock in socks:
+            sock.sendall(b"0\r\n\r\n")
+            answer = sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"\r\n524288")
+    finally:
+        for sock in socks:
+            sock.close()
+    assert grown < 16 << 20, grown     # ~36 MB with an object per chunk
+
+
+def test_a_utf16_secret_a_script_prints_or_raises_with_is_redacted_too(
+        server: Server, make_endpoint, read_history, read_errors) -> None:
+    """Red-team pass, session 23: the query value (UTF-16 of the secret,
+    percent-encoded) was kept as [redacted], but the repr a script printed or
+    raised with writes each NUL as the four characters \\x00: history's output
+    and the error log kept the secret that way."""
+    ep = make_endpoint(source='on endpoint(event):\n    print(event.query)\n'
+                              '    raise ValueError(str(event.query))\n')
+    utf16 = "".join("%%%02X" % b for b in ep.secret.encode("utf-16-le"))
+    resp = server.request(ep.path + "?h=" + utf16, body=b"{}", secret=ep.secret,
+                          headers={"Content-Type": "application/json"})
+    assert resp.status == 500
+    assert wait_until(lambda: len(read_history(ep)) == 1 and len(read_errors(ep)) == 1)
+    part = ep.secret[4:]
+
+    def decoded(text: str) -> str:
+        return re.sub(r"\\x([0-9a-fA-F]{2})", lambda m: chr(int(m[1], 16)), text).replace("\x00", "")
+
+    record, error = read_history(ep)[0], read_errors(ep)[0]
+    assert record["query"] == {"h": "[redacted]"}
+    kept = [*_strings(record), *_strings(error)]
+    assert kept and all(part not in decoded(text) for text in kept)
+    for text in (record["output"], error["message"]):
+        assert "[redacted]" in text and part not in decoded(text), text

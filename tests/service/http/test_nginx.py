@@ -34,6 +34,8 @@ HOSTILE = {
     "Expect-CT": "max-age=1", "Public-Key-Pins": 'pin-sha256="x"; max-age=1',
     "Alt-Svc": 'h2="evil.example:443"', "Strict-Transport-Security": "max-age=1",
     "Use-As-Dictionary": 'match="/*"', "Sec-Session-Registration": '(ES256);path="/x"',
+    "Sec-Session-Challenge": '"c"', "Secure-Session-Registration": '(ES256);path="/x"',
+    "Secure-Session-Challenge": '"c"',
     "Activate-Storage-Access": "retry; allowed-origin=*", "No-Vary-Search": "params",
     "Clear-Site-Data": '"cookies", "storage"',
 }
