@@ -187,9 +187,9 @@ def upgrade_secret_hash(endpoint_id: int, old_hash: str, secret: str) -> str | N
     return new_hash
 
 
-def secret_state(created_at: Any, hint: str | None, none: bool = False) -> str:
+def secret_state(created_at: Any, hint: str | None, missing: bool = False) -> str:
     """Which secret an endpoint has, for `regenerate_secret(replaces=...)`."""
-    return "none" if none or created_at is None else f"{iso(created_at)}/{hint}"
+    return "none" if missing or created_at is None else f"{iso(created_at)}/{hint}"
 
 
 def regenerate_secret(actor: Actor, guild_id: str, script_id: str, *,

@@ -176,7 +176,7 @@ class SecretHandler(DashboardHandler):
             # The dialog (or, without script, a checkbox) confirms that the old
             # secret dies at once: a bare POST changes nothing.
             raise PageError(400, "Confirm first: the current secret stops working at once.")
-        # The secret the page showed (its creation time, or "none"): a form sent
+        # The secret the page showed ("<createdAt>/<hint>", or "none"): a form sent
         # again (a reload of the page that shows the new secret) finds another
         # one and changes nothing (409), instead of killing the secret just shown.
         replaces = self.get_body_argument("replaces", "")
