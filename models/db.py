@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlparse
+from urllib.parse import parse_qsl, unquote, urlparse, urlsplit, urlunsplit
 
 from peewee import (Database, DatabaseProxy, InterfaceError, Model, OperationalError,
                     PostgresqlDatabase, SqliteDatabase)
@@ -84,14 +84,28 @@ def _qs_value(value: str) -> Any:
     return int(value) if value.isdigit() else value
 
 
+def _shown(url: str) -> str:
+    """`url` as an error message may quote it: without its password."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return repr(url)
+        netloc = parts.netloc.rpartition("@")[2]
+        user = f"{parts.username}@" if parts.username else ""
+        return repr(urlunsplit(parts._replace(netloc=user + netloc)))
+    except ValueError:
+        return "(an unparseable URL)"
+
+
 def open_database(url: str) -> Database:
-    """Return an unconnected peewee `Database` for `url` (no proxy change)."""
+    """Return an unconnected peewee `Database` for `url` (no proxy change).
+    A `DatabaseURLError`'s message never holds the URL's password."""
     parsed = urlparse(url)
     params = {k: _qs_value(v) for k, v in parse_qsl(parsed.query, keep_blank_values=True)}
     if parsed.scheme == "sqlite":
         path = unquote(parsed.path[1:]) if parsed.path.startswith("/") else parsed.path
         if not path:
-            raise DatabaseURLError(f"database url {url!r}: missing file path (sqlite:///logic.db)")
+            raise DatabaseURLError(f"database url {_shown(url)}: missing file path (sqlite:///logic.db)")
         return _PrivateSqlite(
             path,
             pragmas={
@@ -120,9 +134,9 @@ def open_database(url: str) -> Database:
             kwargs["port"] = parsed.port
         name = unquote(parsed.path[1:])
         if not name:
-            raise DatabaseURLError(f"database url {url!r}: missing database name")
+            raise DatabaseURLError(f"database url {_shown(url)}: missing database name")
         return ReconnectingPostgresqlDatabase(name, **kwargs)
-    raise DatabaseURLError(f"database url {url!r}: unsupported scheme (use sqlite:// or postgresql://)")
+    raise DatabaseURLError(f"database url {_shown(url)}: unsupported scheme (use sqlite:// or postgresql://)")
 
 
 def connect(url: str) -> Database:

@@ -193,6 +193,8 @@ def _read_file(path: str) -> dict[str, Any]:
         raise SettingsError(f"config: cannot read {path}: {err.strerror}") from None
     except tomllib.TOMLDecodeError as err:
         raise SettingsError(f"config: {path} is not valid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise SettingsError(f"config: {path} is not UTF-8 text") from None
 
 
 def _plans_from(table: Any) -> Mapping[str, Plan]:

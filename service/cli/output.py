@@ -17,7 +17,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: Characters a terminal acts on instead of showing: C0 controls but newline
 #: and tab, DEL, C1 controls, and the bidirectional overrides that reorder
 #: what is shown.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNPRINTABLE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def _escaped(match: re.Match[str]) -> str:

@@ -22,6 +22,15 @@ def ascii_digits(text: str, max_len: int = 18) -> bool:
     return 0 < len(text) <= max_len and text.isascii() and text.isdigit()
 
 
+def stored_request_id(value: object) -> str | None:
+    """`value` as a request id records may hold (printable ASCII, 1 to 64
+    characters), else None: no record has any other, and one that is not
+    ASCII (a surrogate from the command line) must not reach the database
+    driver or an error message."""
+    text = str(value)
+    return text if 0 < len(text) <= 64 and text.isascii() and text.isprintable() else None
+
+
 def user_time(value: datetime, *, field: str, code: str) -> datetime:
     """A user's time as the database stores it (naive UTC; naive input is
     UTC already).  Raises `ValidationError` (`code`) when it is out of range."""

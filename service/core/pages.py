@@ -25,7 +25,7 @@ from service.core.access import EDITORS, Actor, get_guild, require_role
 from service.core.audit import audit_view
 from service.core.errors import NotFoundError, QuotaError, ValidationError
 from service.core.guilds import guild_view
-from service.core.inputs import ascii_digits, user_time
+from service.core.inputs import ascii_digits, stored_request_id, user_time
 from service.core.reads import _endpoint_and_plan, error_view, in_history, record_view
 from service.core.record_queries import parse_status
 from service.core.scripts import script_view
@@ -121,12 +121,14 @@ def history_record(actor: Actor, guild_id: str, script_id: str, request_id: str,
     newest N (what `history_page` lists).  Raises `NotFoundError`
     (`request_not_found`), `PermissionDeniedError`."""
     endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read history", plans)
+    rid = stored_request_id(request_id)
     row = (RequestRecord.select().where(in_history(endpoint.id, plan.history)
-                                        & (RequestRecord.request_id == str(request_id)[:64]))
+                                        & (RequestRecord.request_id == rid))
            .order_by(RequestRecord.id.desc()).first()
-           if plan.history > 0 else None)
+           if plan.history > 0 and rid is not None else None)
     if row is None:
-        raise NotFoundError(f"request {request_id} not found", code="request_not_found")
+        raise NotFoundError(f"request {rid or '(not a request id)'} not found",
+                            code="request_not_found")
     return record_view(row)
 
 

@@ -16,7 +16,7 @@ from models import Endpoint, ErrorRecord, RequestRecord
 from models.clock import iso
 from service.core.access import Actor, guild_and_script
 from service.core.errors import NotFoundError, QuotaError, ValidationError
-from service.core.inputs import ascii_digits, user_time
+from service.core.inputs import ascii_digits, stored_request_id, user_time
 from service.core.reads import _endpoint_and_plan, error_view, in_history, record_view
 from service.core.records import ERROR_KEEP
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
@@ -69,13 +69,14 @@ def history_record(actor: Actor, guild_id: str, script_id: str, request_id: str,
     only one of the plan's newest N (what `history_page` lists).  Raises
     `NotFoundError` (`record_not_found`), `PermissionDeniedError`."""
     endpoint, plan = _endpoint_and_plan(actor, guild_id, script_id, "read history", plans)
+    rid = stored_request_id(request_id)
     row = (RequestRecord.select().where(in_history(endpoint.id, plan.history)
-                                        & (RequestRecord.request_id == request_id))
+                                        & (RequestRecord.request_id == rid))
            .order_by(RequestRecord.id.desc()).first()
-           if plan.history > 0 else None)
+           if plan.history > 0 and rid is not None else None)
     if row is None:
-        raise NotFoundError(f"no request {request_id!r} in the history of script {script_id}",
-                            code="record_not_found")
+        raise NotFoundError(f"no request {rid or '(not a request id)'!r} in the history of "
+                            f"script {script_id}", code="record_not_found")
     view = record_view(row)
     error = (ErrorRecord.select().where((ErrorRecord.endpoint == endpoint.id)
                                         & (ErrorRecord.request_id == request_id)).first()

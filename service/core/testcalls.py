@@ -34,6 +34,7 @@ from urllib.parse import urlencode
 from models import RequestRecord
 from service.core.access import EDITORS, Actor, guild_and_script
 from service.core.errors import ConflictError, NotFoundError, QuotaError, ValidationError
+from service.core.inputs import stored_request_id
 from service.core.invoke_target import InvokeTarget, load_target
 from service.core.reads import in_history
 from service.core.records import SECRET_HEADERS
@@ -132,14 +133,15 @@ def replay_request(actor: Actor, guild_id: str, script_id: str, request_id: str,
     and what `test_target` raises."""
     target = test_target(actor, guild_id, script_id, plans=plans)
     # Only a record the history lists (the plan's newest N) can be replayed.
+    rid = stored_request_id(request_id)
     row = (RequestRecord.select()
            .where(in_history(target.endpoint_id, target.plan.history)
-                  & (RequestRecord.request_id == str(request_id)[:64]))
+                  & (RequestRecord.request_id == rid))
            .order_by(RequestRecord.id.desc()).first()
-           if target.plan.history > 0 else None)
+           if target.plan.history > 0 and rid is not None else None)
     if row is None:
-        raise NotFoundError(f"request {request_id} not found in this endpoint's history",
-                            code="request_not_found")
+        raise NotFoundError(f"request {rid or '(not a request id)'} not found in this "
+                            "endpoint's history", code="request_not_found")
     if row.body_truncated:
         raise ConflictError("the stored body was cut at 8 KB, so the request cannot be replayed",
                             code="body_truncated")

@@ -25,6 +25,18 @@ def test_bad_urls(url):
         open_database(url)
 
 
+@pytest.mark.parametrize("url", ["postgresql://logic:S3cretPw@127.0.0.1:1",
+                                 "postgresql://logic:S3cretPw@db.internal:5432/",
+                                 "sqlite://u:S3cretPw@", "mysql://a:S3cretPw@h/db"])
+def test_a_bad_urls_message_never_holds_its_password(url):
+    # Red-team pass, session 23: the message quoted the whole URL, so a URL
+    # missing only its database name printed the password (also into the
+    # journal of a service started by systemd).
+    with pytest.raises(DatabaseURLError) as err:
+        open_database(url)
+    assert "S3cretPw" not in str(err.value) and "database url" in str(err.value)
+
+
 def test_postgres_url_parts():
     db = open_database("postgresql://u:p%40ss@h:5433/name?sslmode=require&connect_timeout=3")
     assert isinstance(db, PostgresqlDatabase) and db.database == "name"

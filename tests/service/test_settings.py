@@ -128,6 +128,15 @@ def test_errors_are_one_line_naming_the_key(tmp_path, text, env, message):
     assert "pw0rd" not in str(err.value)
 
 
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path):
+    # Red-team pass, session 23: a latin-1 file gave a 48-line traceback.
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b"# caf\xe9\n[server]\nport = 9000\n")
+    with pytest.raises(SettingsError) as err:
+        load_settings(str(path), {}, {})
+    assert str(err.value) == f"config: {path} is not UTF-8 text"
+
+
 def test_processes_default_auto_env_and_flag(tmp_path):
     assert load_settings(None, {}, {}).server.processes == 1
     assert load_settings(None, {}, {}).server.process_count == 1

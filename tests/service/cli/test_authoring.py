@@ -183,6 +183,10 @@ def test_versions_history_errors_and_stats_read_well(env: tuple[Cli, Path]) -> N
         full = cli.json("history", "show", "1", sid, failing["requestId"])
         assert full["errorRecord"]["line"] == 5 and full["scriptVersion"] == 1
         cli.run("history", "show", "1", sid, "nope", code=2)
+        # A request id that is not UTF-8 on the command line (red-team pass,
+        # session 23: a 72-line traceback from the database driver): one line.
+        odd = cli.run("history", "show", "1", sid, "req_\udcff", code=2).stderr
+        assert odd.count("\n") == 1 and "Traceback" not in odd and "no request" in odd, odd
 
         errors = cli.json("errors", "1", sid)["errors"]
         assert len(errors) == 1 and errors[0]["scriptVersion"] == 1 and errors[0]["line"] == 5
@@ -203,7 +207,7 @@ def test_versions_history_errors_and_stats_read_well(env: tuple[Cli, Path]) -> N
 
 HOSTILE = """\
 on endpoint(event):
-    print("\\x1b]0;pwned\\x07\\x1b[2J\\rforged line \\u202eevil")
+    print("\\x1b]0;pwned\\x07\\x1b[2J\\rforged line \\u202eevil \\u061cmark")
     raise ValueError("\\x1b]52;c;Y3VybCBldmlsIHwgc2g=\\x07\\x9b31m"
                      "\\n2026-01-01 00:00:00  req_FAKE  timeout  9  1")
 """
@@ -228,7 +232,7 @@ def test_what_scripts_and_callers_wrote_reaches_the_terminal_inert(env: tuple[Cl
         for args in (("errors", "1", sid), ("history", "1", sid),
                      ("history", "show", "1", sid, request_id)):
             shown = cli.out(*args)
-            assert not any(c in shown for c in "\x1b\x07\r\x7f\x9b\u202e"), (args, shown)
+            assert not any(c in shown for c in "\x1b\x07\r\x7f\x9b\u202e\u061c"), (args, shown)
             # A newline in what the script wrote starts no row of its own.
             assert not any(line.startswith("2026-01-01") for line in shown.splitlines()), shown
         shown = cli.out("errors", "1", sid)
@@ -236,6 +240,7 @@ def test_what_scripts_and_callers_wrote_reaches_the_terminal_inert(env: tuple[Cl
         record = cli.out("history", "show", "1", sid, request_id)
         assert "\\x1b]0;pwned\\x07\\x1b[2J\\x0dforged line" in record, record
         assert "\\x1b]0;caller\\x07" in record and "\\u202eevil" in record, record
+        assert "\\u061cmark" in record, record     # the Arabic letter mark reorders text too
         # --json stays exact (every control character escaped by JSON itself).
         full = cli.json("history", "show", "1", sid, request_id)
         assert full["output"].startswith("\x1b]0;pwned\x07")
