@@ -68,7 +68,8 @@ class RequestState:
 
     __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker",
                  "ships_source", "compiled", "asked_source", "guild", "queued", "deprioritised", "waited",
-                 "seated", "excess", "where", "dig", "code_waited", "homeless", "cpu_at_ship")
+                 "seated", "excess", "where", "dig", "code_waited", "homeless", "cpu_at_ship",
+                 "held_s")
 
     def __init__(self, future: "asyncio.Future[Any]", kind: str, ref: Any,
                  event: dict[str, Any], limits: "Limits", guild: str = "") -> None:
@@ -98,6 +99,9 @@ class RequestState:
         self.asked_source = False
         self.dig = b""  # SHA-256 of ref.source (sandbox.codecache.source_digest)
         self.code_waited = False  # waited once for the compile worker (sandbox.compiling)
+        #: Time it held its run slot before its job went out (waiting for the
+        #: compile worker): charged to its guild with the job's own.
+        self.held_s = 0.0
 
     def resolve(self, value: Any) -> None:
         """Set the result unless the caller already went away (cancelled)."""

@@ -179,7 +179,9 @@ class Compiling:
             if compiling.done():
                 return False   # no compile worker now: this worker compiles, as before
         req.code_waited = True   # once: a compile that failed is not asked for again
-        compiling.add_done_callback(functools.partial(self._code_ready, w, req))
+        assert self._loop is not None
+        started = self._loop.time()
+        compiling.add_done_callback(functools.partial(self._code_ready, w, req, started))
         return True
 
     def _compile_later(self, key: CodeKey, source: str) -> None:
@@ -194,8 +196,12 @@ class Compiling:
         q.append((key, source, future))
         self._next_compile()
 
-    def _code_ready(self, w: WorkerHandle, req: RequestState, _: "asyncio.Future[Any]") -> None:
-        """The compile the request waited for answered (or failed): dispatch it now."""
+    def _code_ready(self, w: WorkerHandle, req: RequestState, started: float,
+                    _: "asyncio.Future[Any]") -> None:
+        """The compile the request waited for answered (or failed): dispatch it now.
+        The wait held a run slot: it is charged to the guild like the job's time."""
+        if self._loop is not None:
+            req.held_s += self._loop.time() - started
         if req.future.done() or self._state not in ("running", "stopping"):
             # Its caller went away (or the pool stopped): give the slot and the worker back.
             # (While stopping, an admitted request still runs, as running jobs do.)

@@ -144,7 +144,7 @@ class Placement:
         if not req.seated:
             return
         req.seated = False
-        if self._sched.finish(req.guild, cost_s, req.excess):
+        if self._sched.finish(req.guild, cost_s + req.held_s, req.excess):
             log.warning("sandbox: guild %s is over its worker-time budget (last: script %s); "
                         "its requests are served only when no other guild waits",
                         req.guild or "-", getattr(req.ref, "key", "-"))

@@ -385,3 +385,29 @@ def test_requests_waiting_for_a_worker_get_one_when_every_process_was_busy() -> 
         assert pool.counters["workers"] <= 2
 
     run_with_pool(scenario, size=2, max_workers=2, spares=1)
+
+
+# Slow to compile (a long comparison chain, within the save-time gate's bounds).
+SLOW_COMPILE = ("def f(a):\n    return a" + "<a" * 20000 + "\n"
+                "on endpoint(event):\n    event.reply(f(1))\n")
+
+
+def test_a_wait_for_the_compile_worker_is_charged_to_the_guild() -> None:
+    """Red-team pass, session 23: a request waiting for the compile worker
+    holds its run slot, but its guild was charged only from the job's dispatch
+    after the compile: each new version of a slow-to-compile source held the
+    only slot for seconds and cost the guild almost nothing, while another
+    guild's trivial request waited behind it."""
+    from sandbox.compile_gate import check_source
+    assert check_source(SLOW_COMPILE).ok   # a source the save-time gate lets through
+
+    async def scenario(pool: Pool) -> tuple[float, float]:
+        t0 = time.monotonic()
+        out = await pool.run(ref(SLOW_COMPILE), event(), Limits(100, 4096), guild="A")
+        held = time.monotonic() - t0
+        assert out.status == 200, out.error_message
+        return held, pool._sched.budget - pool._sched.standing("A")
+
+    held, spent = run_with_pool(scenario, size=1, guild_budget_s=6.0)
+    assert held > 0.2, held            # the compile took a while (else nothing is shown)
+    assert spent >= 0.6 * held, (spent, held)   # before: a few ms
