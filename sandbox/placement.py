@@ -1,4 +1,4 @@
-"""Which worker process runs a request: guild binding, warm spares, quarantine.
+"""Which worker process runs a request: guild binding, warm spares, retirement.
 
 A worker is bound to one guild from its first job to its exit; a worker that
 has run guild A's code never runs guild B's (state left in CPython's caches
@@ -29,9 +29,7 @@ Memory: each worker is charged ``WORKER_BYTES`` plus what it reported it grew
 since its first job; no spare is forked past ``memory_budget``, and
 housekeeping retires least recently used idle workers while over it.
 
-Quarantine: a script version that crashed its worker ``crash_limit`` times
-within ``crash_window_s`` (per guild) is answered ``crash`` without a worker
-for ``quarantine_s``; the crashed worker's slot is refilled at once.
+Crash quarantine is ``sandbox.quarantine``.
 """
 from __future__ import annotations
 
@@ -43,13 +41,11 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox.budget import WORKER_BYTES
 from sandbox.channel import RequestState, WorkerHandle
-from sandbox.outcome import Outcome, failure
+from sandbox.outcome import Outcome
+from sandbox.quarantine import Quarantine
 from sandbox.scheduler import Scheduler
 
 log = logging.getLogger("sandbox.pool")
-
-QuarantineKey = tuple[str, str, int]
-
 
 def sandbox_user(name: str) -> tuple[int, int]:
     """uid and gid of ``name`` (``nobody``'s numbers when it does not exist)."""
@@ -67,7 +63,7 @@ def sandbox_user(name: str) -> tuple[int, int]:
 ONCE_SHARE = 8
 
 
-class Placement:
+class Placement(Quarantine):
     """Worker placement state and methods shared with ``Pool`` (which initialises them)."""
 
     max_workers: int
@@ -76,9 +72,6 @@ class Placement:
     _grown: int
     spares: int
     idle_retire_s: float
-    crash_limit: int
-    crash_window_s: float
-    quarantine_s: float
     _loop: asyncio.AbstractEventLoop | None
     _state: str
     _workers: dict[int, WorkerHandle | None]
@@ -94,8 +87,6 @@ class Placement:
     _timeouts: deque[tuple[float, RequestState]]
     queue_timeout: float
     _sched: Scheduler
-    _crashes: dict[QuarantineKey, deque[float]]
-    _quarantine: dict[QuarantineKey, tuple[float, str, int]]
     _next_slot: int
     _unready: int
     _c: dict[str, int]
@@ -361,12 +352,7 @@ class Placement:
         self._sched.sweep()
         for guild in [g for g, idle in self._guild_idle.items() if not idle]:
             del self._guild_idle[guild]
-        stale = [k for k, times in self._crashes.items()
-                 if not times or now - times[-1] > self.crash_window_s]
-        for k in stale:
-            del self._crashes[k]
-        for k in [k for k, q in self._quarantine.items() if q[0] <= now]:
-            del self._quarantine[k]
+        self._sweep_quarantine(now)
 
     def _retire(self, w: WorkerHandle) -> None:
         """Retire an idle bound worker and free its slot."""
@@ -380,37 +366,3 @@ class Placement:
         reported after its last one)."""
         return sum(WORKER_BYTES + max(0, w.rss_last - w.rss_first) if w is not None
                    else WORKER_BYTES for w in self._workers.values())
-
-    # --- quarantine --------------------------------------------------------------
-    def _quarantined(self, req: RequestState, now: float) -> Outcome | None:
-        """The answer for a request whose script version is quarantined, else None."""
-        ref = req.ref
-        q = self._quarantine.get((req.guild, ref.key, ref.version))
-        if q is None:
-            return None
-        until, reason, n = q
-        if now >= until:
-            del self._quarantine[(req.guild, ref.key, ref.version)]
-            return None
-        self._c["quarantined"] += 1
-        return failure("crash", f"script quarantined for {until - now:.0f} s more: it crashed "
-                       f"its worker {n} times within {self.crash_window_s:.0f} s (last: {reason})",
-                       0.0)
-
-    def _note_crash(self, req: RequestState, reason: str, now: float) -> None:
-        """Count a crash against the request's (guild, script version)."""
-        if req.kind != "job" or self.crash_limit <= 0:
-            return
-        key = (req.guild, req.ref.key, req.ref.version)
-        times = self._crashes.get(key)
-        if times is None:
-            times = self._crashes[key] = deque()
-        times.append(now)
-        while now - times[0] > self.crash_window_s:
-            times.popleft()
-        if len(times) >= self.crash_limit:
-            del self._crashes[key]
-            self._quarantine[key] = (now + self.quarantine_s, reason, len(times))
-            log.warning("sandbox: script %s version %d of guild %s crashed its worker %d times "
-                        "within %.0f s (%s); quarantined for %.0f s", key[1], key[2],
-                        key[0] or "-", len(times), self.crash_window_s, reason, self.quarantine_s)

@@ -42,7 +42,8 @@ from sandbox.limits import COMPILE_BUDGET_MS, Limits, current_address_space
 from sandbox.outcome import Outcome, failure
 from sandbox.inbox import Inbox
 from sandbox.budget import derived_max_workers, derived_memory_budget
-from sandbox.placement import Placement, QuarantineKey, sandbox_user
+from sandbox.placement import Placement, sandbox_user
+from sandbox.quarantine import QuarantineKey
 from sandbox.scheduler import Scheduler
 from sandbox.shutdown import Shutdown
 from sandbox.ticking import HOUSEKEEPING_S
