@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlparse, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlparse, urlsplit
 
 from peewee import (Database, DatabaseProxy, InterfaceError, Model, OperationalError,
                     PostgresqlDatabase, SqliteDatabase)
@@ -84,17 +84,21 @@ def _qs_value(value: str) -> Any:
     return int(value) if value.isdigit() else value
 
 
-def _shown(url: str) -> str:
-    """`url` as an error message may quote it: without its password."""
+def describe_url(url: str) -> str:
+    """A database URL to name in a message: the SQLite path, or the server and
+    database without the password."""
+    if url.startswith("sqlite:///"):
+        return url[len("sqlite:///"):] or url
     try:
         parts = urlsplit(url)
-        if parts.password is None:
-            return repr(url)
-        netloc = parts.netloc.rpartition("@")[2]
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
         user = f"{parts.username}@" if parts.username else ""
-        return repr(urlunsplit(parts._replace(netloc=user + netloc)))
     except ValueError:
-        return "(an unparseable URL)"
+        return "(unparseable URL)"
+    if not parts.scheme:
+        return "(no scheme)"
+    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
 
 
 def open_database(url: str) -> Database:
@@ -105,7 +109,7 @@ def open_database(url: str) -> Database:
     if parsed.scheme == "sqlite":
         path = unquote(parsed.path[1:]) if parsed.path.startswith("/") else parsed.path
         if not path:
-            raise DatabaseURLError(f"database url {_shown(url)}: missing file path (sqlite:///logic.db)")
+            raise DatabaseURLError(f"database url {describe_url(url)!r}: missing file path (sqlite:///logic.db)")
         return _PrivateSqlite(
             path,
             pragmas={
@@ -134,9 +138,9 @@ def open_database(url: str) -> Database:
             kwargs["port"] = parsed.port
         name = unquote(parsed.path[1:])
         if not name:
-            raise DatabaseURLError(f"database url {_shown(url)}: missing database name")
+            raise DatabaseURLError(f"database url {describe_url(url)!r}: missing database name")
         return ReconnectingPostgresqlDatabase(name, **kwargs)
-    raise DatabaseURLError(f"database url {_shown(url)}: unsupported scheme (use sqlite:// or postgresql://)")
+    raise DatabaseURLError(f"database url {describe_url(url)!r}: unsupported scheme (use sqlite:// or postgresql://)")
 
 
 def connect(url: str) -> Database:

@@ -113,7 +113,7 @@ class State:
 
     def open_database(self, check_schema: bool = True) -> None:
         """Connect the models; refuse a database that is behind."""
-        from models.db import DatabaseURLError, connect
+        from models.db import DatabaseURLError, connect, describe_url
         from models.migrate import Runner, SchemaBehindError
         from service.core import secrets
         url = self.settings.database.url
@@ -132,22 +132,6 @@ class State:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise CommandError(f"cannot open database {describe_url(url)}: {first}",
                                EXIT_ERROR) from None
-
-
-def describe_url(url: str) -> str:
-    """A database URL to name in a message: the SQLite path, or the server and
-    database without the password."""
-    from urllib.parse import urlsplit
-    if url.startswith("sqlite:///"):
-        return url[len("sqlite:///"):] or url
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-        user = f"{parts.username}@" if parts.username else ""
-    except ValueError:
-        return "(unparseable URL)"
-    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
 
 
 pass_state = click.make_pass_decorator(State)
