@@ -187,9 +187,11 @@ def upgrade_secret_hash(endpoint_id: int, old_hash: str, secret: str) -> str | N
     return new_hash
 
 
-def secret_state(created_at: Any, hint: str | None, missing: bool = False) -> str:
-    """Which secret an endpoint has, for `regenerate_secret(replaces=...)`."""
-    return "none" if missing or created_at is None else f"{iso(created_at)}/{hint}"
+def secret_state(secret: dict[str, Any] | None) -> str:
+    """Which secret an endpoint has, from its `show_endpoint` view's "secret"
+    (`{"createdAt", "hint", ...}` or None): what `regenerate_secret(replaces=...)`
+    compares."""
+    return "none" if secret is None else f"{secret['createdAt']}/{secret['hint']}"
 
 
 def regenerate_secret(actor: Actor, guild_id: str, script_id: str, *,
@@ -219,8 +221,9 @@ def regenerate_secret(actor: Actor, guild_id: str, script_id: str, *,
             raise PermissionDeniedError(err.message + " (owner only)", code="owner_only") from None
         endpoint = Endpoint.get(Endpoint.script == script.id)
         first = endpoint.secret_hash is None
-        if replaces is not None and replaces != secret_state(endpoint.secret_created_at,
-                                                             endpoint.secret_hint, first):
+        shown = None if first else {"createdAt": iso(endpoint.secret_created_at),
+                                    "hint": endpoint.secret_hint}
+        if replaces is not None and replaces != secret_state(shown):
             raise ConflictError("the secret was changed since this page was loaded (in another "
                                 "tab, or this form was sent again); nothing was changed now: "
                                 "reload the page", code="secret_changed")

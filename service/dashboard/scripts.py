@@ -14,6 +14,7 @@ from service import core
 from service.core.access import Actor
 from service.core.charts import request_series
 from service.core.errors import CoreError, QuotaError, ValidationError
+from service.core.secrets import secret_state
 from service.dashboard.base import DashboardHandler, PageError
 from service.dashboard.charts import bar_chart, legend
 from service.settings import Settings
@@ -102,6 +103,7 @@ class ScriptHandler(DashboardHandler):
         values.update(extra)
         self.page("script.html", status=status, title=data["script"]["name"], tab=tab,
                   is_owner=data["guild"]["ownerId"] == self.actor.user_id,
+                  replaces=secret_state(data["endpoint"]["secret"]),
                   shown_body=shown_body, **data, **values)
 
 
