@@ -7,6 +7,11 @@ that deferred message through the platform's webhook API:
     PATCH {api_url}/webhooks/{application_id}/{interaction_token}/messages/@original
     {"content": "...", "allowed_mentions": {"parse": []}}
 
+A 429, a 5xx or no answer at all is tried again with the same body (an
+edit: twice is the same as once), three attempts in all, after the wait
+its `Retry-After` names (at most 5 s) or 1 s; the command never runs again.
+The platform's answer is never read, so it is not kept either.
+
 The interaction token in the path authorises the call (valid 15 minutes;
 no bot token is needed).  It is a credential: it never reaches a log line.
 `FollowUps` is the interface; `WebhookFollowUps` the one implementation.
@@ -15,6 +20,7 @@ the real platform cannot be reached from the test machine.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any, Protocol
@@ -26,6 +32,11 @@ log = logging.getLogger("logic.chat")
 
 #: Seconds the platform gets to take a follow-up.
 FOLLOW_UP_TIMEOUT_S = 10.0
+#: Attempts at one follow-up: the platform answered 429 or 5xx, or not at all.
+ATTEMPTS = 3
+#: Seconds between attempts when the platform names no wait; the most it may name.
+RETRY_WAIT_S = 1.0
+MAX_RETRY_WAIT_S = 5.0
 
 
 class FollowUps(Protocol):
@@ -49,18 +60,52 @@ class WebhookFollowUps:
                             data: dict[str, Any]) -> bool:
         # The flags of a deferred message are fixed when it is deferred; an
         # edit cannot change them, so only content and mentions are sent.
-        body = {k: v for k, v in data.items() if k in ("content", "allowed_mentions")}
-        request = HTTPRequest(self.url(application_id, token), method="PATCH",
-                              body=json.dumps(body),
+        body = json.dumps({k: v for k, v in data.items() if k in ("content", "allowed_mentions")})
+        url = self.url(application_id, token)
+        for attempt in range(1, ATTEMPTS + 1):
+            wait = await self._attempt(url, body)
+            if wait is None:
+                return True
+            if wait < 0 or attempt == ATTEMPTS:
+                return False
+            # The same edit again (it replaces the message: sending it twice
+            # changes nothing); the command itself never runs again.
+            await asyncio.sleep(wait)
+        return False
+
+    async def _attempt(self, url: str, body: str) -> float | None:
+        """One PATCH: None when taken, else the seconds to wait before trying
+        again (429, 5xx, no answer), or -1 for a refusal not worth repeating."""
+        request = HTTPRequest(url, method="PATCH", body=body,
                               headers={"Content-Type": "application/json",
                                        "User-Agent": self._user_agent},
-                              request_timeout=FOLLOW_UP_TIMEOUT_S, follow_redirects=False)
+                              request_timeout=FOLLOW_UP_TIMEOUT_S, follow_redirects=False,
+                              # Its answer is never read: not kept either.
+                              streaming_callback=_discard)
         try:
             await AsyncHTTPClient().fetch(request)
         except HTTPClientError as err:
             log.warning("chat follow-up refused by the platform: HTTP %d", err.code)
-            return False
+            if err.code == 429 or err.code >= 500:   # 599: no answer in time
+                return _retry_after(err.response.headers if err.response else None)
+            return -1.0
         except OSError as err:
             log.warning("chat follow-up could not reach the platform: %s", err.strerror or err)
-            return False
-        return True
+            return RETRY_WAIT_S
+        return None
+
+
+def _discard(chunk: bytes) -> None:
+    """The platform's answer to an edit: nothing in it is used."""
+
+
+def _retry_after(headers: Any) -> float:
+    """The wait a 429 or 5xx asks for (`Retry-After` in seconds), within bounds."""
+    try:
+        wait = float(headers.get("Retry-After", RETRY_WAIT_S)) if headers is not None \
+            else RETRY_WAIT_S
+    except (TypeError, ValueError):
+        wait = RETRY_WAIT_S
+    if not wait >= 0:   # NaN too
+        wait = RETRY_WAIT_S
+    return min(wait, MAX_RETRY_WAIT_S)

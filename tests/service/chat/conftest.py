@@ -112,6 +112,10 @@ class PlatformAPI:
 
     def __init__(self, status: int = 200) -> None:
         self.status = status
+        #: Answers for the next calls, in order (status, extra headers); then `status`.
+        self.script: list[tuple[int, dict[str, str]]] = []
+        #: Bytes of padding in each answer (a platform answering far too much).
+        self.answer_bytes = 0
         self.received: list[Received] = []
         self.arrived = threading.Event()
         outer = self
@@ -122,11 +126,16 @@ class PlatformAPI:
                 body = json.loads(self.rfile.read(length) or b"null")
                 outer.received.append(Received("PATCH", self.path, body))
                 answer = json.dumps({"id": "1", "content": body.get("content", "")}).encode()
-                self.send_response(outer.status)
+                status, extra = outer.script.pop(0) if outer.script else (outer.status, {})
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
+                for name, value in extra.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(answer) + outer.answer_bytes))
                 self.end_headers()
                 self.wfile.write(answer)
+                for _ in range(outer.answer_bytes >> 20):
+                    self.wfile.write(bytes(1 << 20))
                 outer.arrived.set()
 
             def log_message(self, *args: Any) -> None:  # keep test output clean

@@ -75,6 +75,48 @@ def test_follow_up_to_a_platform_that_refuses_or_is_gone() -> None:
     assert asyncio.run(gone.edit_original(APP_ID, "tok-2", data)) is False
 
 
+def test_a_follow_up_the_platform_asks_to_repeat_is_sent_again_within_bounds() -> None:
+    """Outside review, session 24: one 429 (or 5xx) lost the reply, and with
+    it a secret just made (the old one already dead). Now the same edit is
+    sent again, three attempts in all, after the wait the platform names,
+    capped at 5 s; a refusal such as 404 is not repeated."""
+    api = PlatformAPI()
+    client = WebhookFollowUps(api.url)
+    data = {"content": "new secret", "allowed_mentions": {"parse": []}}
+    api.script = [(429, {"Retry-After": "0.2"}), (502, {})]
+    assert asyncio.run(client.edit_original(APP_ID, "tok-1", data)) is True
+    assert [r.body for r in api.received] == [data] * 3
+    api.received.clear()
+    api.script = [(429, {"Retry-After": "999999999"}), (503, {"Retry-After": "nan"}),
+                  (500, {})]
+    # Bounded: two waits of at most 5 s, not the 31 years asked for.
+    assert asyncio.run(asyncio.wait_for(client.edit_original(APP_ID, "tok-2", data), 30)) is False
+    assert len(api.received) == 3
+    api.received.clear()
+    api.script = [(404, {})]
+    assert asyncio.run(client.edit_original(APP_ID, "tok-3", data)) is False
+    assert len(api.received) == 1
+    api.close()
+
+
+def test_the_platforms_answer_to_a_follow_up_is_not_kept_in_memory() -> None:
+    """Outside review, session 24: the answer to each edit (never read) was
+    buffered whole, up to 100 MB each with ten in flight: a hostile or
+    broken platform API took the front to a gigabyte."""
+    import tracemalloc
+    api = PlatformAPI()
+    api.answer_bytes = 40 << 20
+    client = WebhookFollowUps(api.url)
+    tracemalloc.start()
+    try:
+        assert asyncio.run(client.edit_original(APP_ID, "tok-1", {"content": "x"})) is True
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        api.close()
+    assert peak < 8 << 20, peak
+
+
 def test_a_database_that_makes_the_replay_record_wait_defers_the_answer(
         http_env: Any, make_guild: Any, tmp_path: Path) -> None:
     """The interaction id is recorded (the cross-process replay check) inside the
