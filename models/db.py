@@ -68,6 +68,9 @@ class ReconnectingPostgresqlDatabase(ReconnectMixin, PostgresqlDatabase):  # typ
     and every write here runs in one, so a retried statement is a read or a
     BEGIN: nothing is applied twice."""
 
+    #: Connection parameters the URL's query string set (`open_database`).
+    url_params: frozenset[str] = frozenset()
+
     reconnect_errors = (
         (OperationalError, "server closed the connection"),
         (OperationalError, "terminating connection"),
@@ -128,6 +131,13 @@ def open_database(url: str) -> Database:
         # Bounded: the invoke path reads on the event loop, which must not wait
         # for a TCP timeout when the server is gone (override with ?connect_timeout=N).
         kwargs.setdefault("connect_timeout", 5)
+        # A network that went silent surfaces as an error within ~10 s, not
+        # when TCP gives up after many minutes (override each in the URL).
+        kwargs.setdefault("keepalives", 1)
+        kwargs.setdefault("keepalives_idle", 5)
+        kwargs.setdefault("keepalives_interval", 2)
+        kwargs.setdefault("keepalives_count", 3)
+        kwargs.setdefault("tcp_user_timeout", 10000)
         if parsed.username:
             kwargs["user"] = unquote(parsed.username)
         if parsed.password:
@@ -139,7 +149,9 @@ def open_database(url: str) -> Database:
         name = unquote(parsed.path[1:])
         if not name:
             raise DatabaseURLError(f"database url {describe_url(url)!r}: missing database name")
-        return ReconnectingPostgresqlDatabase(name, **kwargs)
+        db = ReconnectingPostgresqlDatabase(name, **kwargs)
+        db.url_params = frozenset(params)   # set in the URL: not to be overridden
+        return db
     raise DatabaseURLError(f"database url {describe_url(url)!r}: unsupported scheme (use sqlite:// or postgresql://)")
 
 

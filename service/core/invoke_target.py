@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +48,14 @@ FEED_NOTICE_S = 1.0
 #: How long remembered answers are served once the change feed's connection
 #: broke (`database.outage_serve_s`); 0: never (fail closed).
 OUTAGE_SERVE_S = 30.0
+#: A lookup's query unanswered after this long counts as a lost connection: a
+#: server, proxy or network that keeps the connection open but answers nothing
+#: (the lookup thread's socket is then shut, which frees the thread).
+LOOKUP_TIMEOUT_S = 2.0
+
+
+class LookupStalled(Exception):
+    """A lookup's query got no answer within `LOOKUP_TIMEOUT_S`."""
 
 
 class TargetsUnavailable(Exception):
@@ -102,7 +112,10 @@ class TargetCache:
     server ends the outage, and the feed's reconnect starts a new generation,
     so nothing served during the outage survives it. An error the server
     reports (too many clients, a cancelled query) is no outage: that lookup
-    raises `TargetsUnavailable` and nothing is served from memory.
+    raises `TargetsUnavailable` and nothing is served from memory. A query
+    with no answer after `lookup_timeout_s` (a stalled server, proxy or
+    network that keeps the connection open) counts as a lost connection: its
+    socket is shut, which ends the query and frees its thread.
     docs/architecture.md states the exact guarantee and its limits.
 
     `clock` is `time.monotonic` (the feed's `lost_at` uses it); tests shift it.
@@ -110,8 +123,10 @@ class TargetCache:
 
     def __init__(self, plans: Mapping[str, Plan] = DEFAULT_PLANS, max_entries: int = 10_000,
                  feed: ChangeFeed | None = None, *, outage_serve_s: float = OUTAGE_SERVE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 lookup_timeout_s: float = LOOKUP_TIMEOUT_S) -> None:
         self._plans = plans
+        self._lookup_timeout = lookup_timeout_s
         self._max = max_entries
         self._feed = feed
         self._serve_s = outage_serve_s
@@ -247,13 +262,21 @@ class TargetCache:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-lookup")
         self._pending += 1
+        held: list[int] = []   # a copy of the query's socket while it runs
+        query = asyncio.get_running_loop().run_in_executor(
+            self._executor, self._query, held, guild_id, script_id)
         try:
-            found = await asyncio.get_running_loop().run_in_executor(
-                self._executor, load_target, guild_id, script_id, self._plans)
+            found = await asyncio.wait_for(query, self._lookup_timeout)
         except (OperationalError, InterfaceError) as err:
             if waited or feed is None or not feed.healthy or not connection_lost(err):
                 return self._failed(err, key)
             lost_first = True
+        except asyncio.TimeoutError:
+            _shut(held)
+            self._unreachable(LookupStalled(), key, answer=False)
+            if not waited and feed is not None and feed.healthy:
+                await self._feed_notices(feed)   # its heartbeat finds the same stall
+            return self._outage_answer(key)
         else:
             lost_first = False
         finally:
@@ -274,6 +297,18 @@ class TargetCache:
         if version is not None and version == self._version and self._conn is feed:
             self._store(key, found)
         return found
+
+    def _query(self, held: list[int], guild_id: str, script_id: str) -> InvokeTarget | None:
+        """`load_target` on a lookup thread; `held` has a duplicate of its
+        connection's socket meanwhile, for `_shut` should it stall."""
+        try:
+            held.append(os.dup(database.connection().fileno()))
+        except (OSError, AttributeError, OperationalError, InterfaceError):
+            pass   # not connected (load_target says why), or no socket to hold
+        try:
+            return load_target(guild_id, script_id, self._plans)
+        finally:
+            _close_held(held)
 
     def _serving_until(self) -> float | None:
         """Until when (clock) remembered answers may be served, or None: none may."""
@@ -314,7 +349,8 @@ class TargetCache:
                         type(orig).__name__, getattr(orig, "pgcode", None) or "none")
         raise TargetsUnavailable("the database refused the lookup")
 
-    def _unreachable(self, err: BaseException, key: tuple[str, str]) -> InvokeTarget | None:
+    def _unreachable(self, err: BaseException, key: tuple[str, str],
+                     answer: bool = True) -> InvokeTarget | None:
         now = self._clock()
         self._retry_at = max(self._retry_at, now + PROBE_GAP_S)
         if self._down_since is None:
@@ -326,7 +362,7 @@ class TargetCache:
                         "until it is back", type(err).__name__,
                         len(self._entries) if until is not None else 0,
                         max(0.0, until - now) if until is not None else 0.0)
-        return self._outage_answer(key)
+        return self._outage_answer(key) if answer else None
 
     def _reachable(self) -> None:
         if self._down_since is not None or self._refusing:
@@ -352,6 +388,32 @@ class TargetCache:
         if self._executor is not None:
             self._executor.shutdown(wait=False)
         self._index = None
+
+
+def _shut(held: list[int]) -> None:
+    """End a stalled query: shut its socket (through the duplicate in `held`),
+    so that its thread's read fails now instead of when TCP gives up."""
+    try:
+        fd = held.pop()
+    except IndexError:
+        return   # the query ended meanwhile
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        return
+    with sock:   # closes the duplicate
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _close_held(held: list[int]) -> None:
+    try:
+        os.close(held.pop())
+    except IndexError:
+        pass   # `_shut` took it
 
 
 async def _feed_noticed(feed: ChangeFeed) -> None:

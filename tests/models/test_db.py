@@ -41,7 +41,21 @@ def test_postgres_url_parts():
     db = open_database("postgresql://u:p%40ss@h:5433/name?sslmode=require&connect_timeout=3")
     assert isinstance(db, PostgresqlDatabase) and db.database == "name"
     assert db.connect_params == {"user": "u", "password": "p@ss", "host": "h", "port": 5433,
-                                 "sslmode": "require", "connect_timeout": 3}
+                                 "sslmode": "require", "connect_timeout": 3,
+                                 # TCP keepalives unless the URL says otherwise
+                                 "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+                                 "keepalives_count": 3, "tcp_user_timeout": 10000}
+
+
+def test_keepalive_parameters_of_the_url_win_over_the_defaults_and_the_feeds():
+    from models.change_feed import ChangeFeed
+    db = open_database("postgresql://u@h/name?keepalives_idle=30&tcp_user_timeout=0")
+    assert db.connect_params["keepalives_idle"] == 30 and db.connect_params["tcp_user_timeout"] == 0
+    assert db.connect_params["keepalives_count"] == 3
+    feed = ChangeFeed.for_database(db)
+    # The change feed's own, quicker values, except where the URL set one.
+    assert feed._connect_kwargs["keepalives_idle"] == 30 and feed._connect_kwargs["tcp_user_timeout"] == 0
+    assert feed._connect_kwargs["keepalives_count"] == 2 and feed._connect_kwargs["keepalives_interval"] == 1
 
 
 def test_postgres_reconnects_after_the_server_drops_the_connection(pg_empty_url):

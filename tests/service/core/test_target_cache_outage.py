@@ -20,7 +20,8 @@ import pytest
 
 from service import core
 from service.core.db_errors import connection_lost
-from service.core.invoke_target import NEEDS_QUERY, TargetCache, TargetsUnavailable
+from service.core.invoke_target import (NEEDS_QUERY, InvokeTarget, TargetCache,
+                                         TargetsUnavailable)
 from tests.factories import OWNER, make_guild, make_script
 from tests.service.http.harness import LOGIC
 from tests.service.http.private_servers import PrivatePostgres, free_port, poll
@@ -235,6 +236,45 @@ def _remembering_cache(db: Any, gid: str, sid: str) -> tuple[Any, TargetCache, A
     cache = TargetCache(feed=feed, outage_serve_s=3600)
     assert poll(lambda: _answer(cache, gid, sid) is cache.lookup(gid, sid))
     return feed, cache, cache.lookup(gid, sid)
+
+
+def test_a_stalled_server_bounds_each_lookup_then_memory_or_503_and_frees_the_threads(
+        private_db: tuple[PrivatePostgres, Any]) -> None:
+    """Outside review, session 24: a server (or a proxy, or a network) that
+    keeps its connections open but answers nothing held every lookup as long
+    as it lasted (two lookup threads, no deadline): invoke requests hung,
+    none got its remembered answer or 503. Now a query unanswered for
+    `lookup_timeout_s` counts as a lost connection (its socket shut, its
+    thread freed), and lookups are answered as in any outage."""
+    pg, db = private_db
+    gid, sid = _enabled_endpoint()
+    new_gid, new_sid = _enabled_endpoint()
+    feed, cache, remembered = _remembering_cache(db, gid, sid)
+    assert isinstance(remembered, InvokeTarget)
+    pg.pause()
+    try:
+        out: list[Any] = []
+
+        def ask() -> None:
+            try:
+                out.append(_answer(cache, new_gid, new_sid))
+            except TargetsUnavailable:
+                out.append("503")
+
+        thread = threading.Thread(target=ask, daemon=True)
+        thread.start()
+        thread.join(20)
+        assert not thread.is_alive(), "a lookup waits on the stalled server"
+        assert out == ["503"]   # never looked up: nothing to answer from
+        assert poll(lambda: feed.vouched_until is not None, 20)
+        assert _answer(cache, gid, sid) is remembered   # remembered: served from memory
+    finally:
+        pg.resume()
+    try:
+        # Back: lookups reach the server again (the stalled queries' threads are free).
+        assert poll(lambda: _try(cache, new_gid, new_sid) is True, 30)
+    finally:
+        feed.stop()
 
 
 def test_a_lookup_that_sees_the_server_go_before_the_feed_does_is_still_answered_from_memory(

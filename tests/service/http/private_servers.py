@@ -117,6 +117,7 @@ class PrivatePostgres:
         self.user: str | None = None
         #: More server options for `pg_ctl -o` (e.g. "-c max_connections=8").
         self.options = ""
+        self._started = False   # once started, its port is in URLs: it keeps it
         if os.geteuid() == 0:
             self.user = "postgres"
 
@@ -153,16 +154,51 @@ class PrivatePostgres:
         return self
 
     def start(self) -> None:
-        self._run(f"{self.bin}/pg_ctl", "-D", str(self.data), "-w", "-t", "60",
-                  "-l", str(self.root / "server.log"),
-                  "-o", f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
-                        f"-c fsync=off -c full_page_writes=off {self.options}", "start")
+        """Start the server; on its first start, on another free port if its port
+        was taken meanwhile (by any socket, a client's own end included)."""
+        for attempt in range(3):
+            try:
+                self._run(f"{self.bin}/pg_ctl", "-D", str(self.data), "-w", "-t", "60",
+                          "-l", str(self.root / "server.log"),
+                          "-o", f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
+                                f"-c fsync=off -c full_page_writes=off {self.options}", "start")
+            except subprocess.CalledProcessError as err:
+                log = self.log()
+                if self._started or attempt == 2 or "could not bind" not in log:
+                    raise RuntimeError(f"pg_ctl start failed ({err.returncode}); server log:\n"
+                                       f"{log[-2000:]}") from None
+                self.port = free_port()
+                continue
+            self._started = True
+            return
+
+    def log(self) -> str:
+        try:
+            return (self.root / "server.log").read_text(errors="replace")
+        except OSError:
+            return ""
 
     def stop(self, mode: str = "fast") -> None:
         self._run(f"{self.bin}/pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-m", mode, "stop")
 
     def running(self) -> bool:
         return (self.data / "postmaster.pid").exists()
+
+    def _processes(self) -> list[int]:
+        """The postmaster and its children (backends, background workers)."""
+        main = int((self.data / "postmaster.pid").read_text().split()[0])
+        with open(f"/proc/{main}/task/{main}/children") as fh:
+            return [main, *(int(p) for p in fh.read().split())]
+
+    def pause(self) -> None:
+        """Stop every process of the server (SIGSTOP): connections stay open,
+        nothing answers — a stalled server, proxy or network."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for pid in self._processes():
+            os.kill(pid, signal.SIGCONT)
 
     def cleanup(self) -> None:
         if self.running():
