@@ -31,6 +31,7 @@ import hmac
 import logging
 import re
 import secrets as _random
+from collections.abc import Callable
 from typing import Any
 
 from argon2 import PasswordHasher
@@ -167,16 +168,21 @@ def upgraded_hash(secret_hash: str, secret: str) -> str:
     return _with_verifier(_argon2_part(secret_hash), secret)
 
 
-def upgrade_secret_hash(endpoint_id: int, old_hash: str, secret: str) -> str | None:
+def upgrade_secret_hash(endpoint_id: int, old_hash: str, secret: str,
+                        before_write: Callable[[str], object] | None = None) -> str | None:
     """Rewrite a verified hash in the current form (`upgraded_hash`).
 
     Only while the row still holds `old_hash` (a secret regenerated meanwhile
     is never overwritten); the caller has just verified `secret` against it.
-    Returns the hash now stored when the row changed, else None.
+    `before_write(new_hash)` runs before the row is written (the caller
+    remembers that `secret` verifies against it too, before anyone can read
+    it). Returns the hash now stored when the row changed, else None.
     """
     new_hash = upgraded_hash(old_hash, secret)
     if new_hash == old_hash:
         return None
+    if before_write is not None:
+        before_write(new_hash)
     with database.connection_context():
         changed = (Endpoint.update(secret_hash=new_hash)
                    .where((Endpoint.id == endpoint_id) & (Endpoint.secret_hash == old_hash))

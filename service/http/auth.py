@@ -23,6 +23,7 @@ import functools
 import hashlib
 import hmac
 import logging
+import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
@@ -35,6 +36,8 @@ log = logging.getLogger("logic.http")
 
 
 _CACHE_SIZE = 10_000
+#: Seconds a hash rewrite waits for the loop to remember the new hash before writing it.
+UPGRADE_REMEMBER_S = 1.0
 
 
 def presented_secret(headers: Mapping[str, str]) -> str | None:
@@ -82,7 +85,8 @@ class SecretVerifier:
 
     def __init__(self, verify: Callable[[str, str], bool], executor: Executor, *,
                  workers: int = 2, max_pending: int = 64, per_endpoint: int = 8,
-                 upgrade: Callable[[int, str, str], object] | None = None) -> None:
+                 upgrade: Callable[[int, str, str, Callable[[str], None]], object] | None = None,
+                 ) -> None:
         self._verify = verify
         self._upgrade = upgrade
         self._executor = executor
@@ -155,21 +159,29 @@ class SecretVerifier:
                        digest: bytes) -> None:
         if self._upgrade is None:
             return
-        upgrading = asyncio.get_running_loop().run_in_executor(
-            self._executor, self._upgrade, endpoint_id, stored_hash, secret)
+        loop = asyncio.get_running_loop()
 
-        def done(future: asyncio.Future[Any]) -> None:
-            _log_upgrade_failure(future)
-            if future.cancelled() or future.exception() is not None:
-                return
-            rewritten = future.result()
-            hit = self._cache.get(endpoint_id)
-            if isinstance(rewritten, str) and hit is not None and hit == (stored_hash, digest):
-                # What the row holds now verified too: an address throttled for
-                # wrong secrets still gets this right one answered at once.
-                self._remember(endpoint_id, rewritten, digest)
+        def remember_first(rewritten: str) -> None:
+            """(On the upgrade's thread, before the row is written.) What the row
+            will hold verified too: remembered before any lookup can read it, so
+            an address throttled for wrong secrets still gets this right one
+            answered at once."""
+            remembered = threading.Event()
 
-        upgrading.add_done_callback(done)
+            def remember() -> None:
+                if self._cache.get(endpoint_id) == (stored_hash, digest):
+                    self._remember(endpoint_id, rewritten, digest)
+                remembered.set()
+
+            try:
+                loop.call_soon_threadsafe(remember)
+            except RuntimeError:
+                return   # the loop is closed: the server stops
+            remembered.wait(UPGRADE_REMEMBER_S)
+
+        upgrading = loop.run_in_executor(self._executor, self._upgrade, endpoint_id, stored_hash,
+                                         secret, remember_first)
+        upgrading.add_done_callback(_log_upgrade_failure)
 
     def _remember(self, endpoint_id: int, stored_hash: str, digest: bytes) -> None:
         self._cache[endpoint_id] = (stored_hash, digest)
