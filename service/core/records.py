@@ -35,6 +35,7 @@ from models.stats import HOUR, LATENCY_BOUNDS_MS, MINUTE
 from service.core.record_items import (BODY_CAP, OUTPUT_CAP, SECRET_HEADERS, TEXT_CAP,
                                        ErrorRecordIn, Item, RequestRecordIn, StatHit, cap_body,
                                        cap_text, json_text, redact_headers, short_text, storable_ms)
+from service.core.journal_marks import Mark, set_mark
 from service.core.sketch import key_of
 
 ERROR_KEEP = 100
@@ -295,10 +296,12 @@ def _newest(requests: list[RequestRecordIn], keep: dict[int, int]) -> list[Reque
     return picked
 
 
-def write_batch(items: Sequence[Item]) -> None:
+def write_batch(items: Sequence[Item], mark: Mark | None = None) -> None:
     """Append a batch of records and statistics in one transaction (see the
-    module docstring).  Raises peewee database errors (the writer retries)."""
-    if not items:
+    module docstring), with the journal mark of the entries they came from
+    (`service.core.journal_marks`).  Raises peewee database errors (the
+    writer retries)."""
+    if not items and mark is None:
         return
     now = utcnow()
     wanted = {i.endpoint_id for i in items}
@@ -333,6 +336,8 @@ def write_batch(items: Sequence[Item]) -> None:
                     _prune(ErrorRecord, endpoint_id, ERROR_KEEP)
             if hits:
                 _write_stats(hits, now)
+            if mark is not None:
+                set_mark(mark)
     except BaseException:
         # Rolled back: the prune counts this batch took are void, so its
         # endpoints are forgotten and their next write prunes.

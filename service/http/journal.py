@@ -11,9 +11,13 @@ process that died are written to the database first (`replay`), then removed.
 What this guarantees: a crash (SIGKILL, OOM kill, a segfault) of the service
 loses no answered request's records. Not a power loss or a kernel crash —
 what is in the page cache but not on disk is lost then — unless
-`records.fsync = true` (an fsync per request: slow). After a crash at the very
-moment a batch was committed but its segment not yet deleted, that batch's
-records are written twice.
+`records.fsync = true` (an fsync per request: slow). Nothing is written
+twice: segment files are named after the journal's run (a random id per
+opening), each batch the writer commits stores the position of its last
+journaled entry under that run in the same transaction (`JournalMark`,
+`service.core.journal_marks`), and replay skips what the mark covers — a
+crash between two batches of one turn, or between a commit and the emptying
+of its segments, replays only what was not yet in the database.
 
 The presented secret is never journaled: the headers carrying secrets are
 left out, and every value holding it is redacted before it is written (as in
@@ -24,13 +28,16 @@ hold them until the segment is reused or deleted (docs/security.md).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import mmap
 import os
 import re
+import secrets
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,12 +48,12 @@ from service.http.journal_facts import FIELDS, JournaledRequest
 
 log = logging.getLogger("logic.records")
 
-_SEGMENT = re.compile(r"segment-(\d{12})\.journal")
+#: A segment's file name: its number, and the run that wrote it (none before marks).
+_SEGMENT = re.compile(r"segment-(\d{12})(?:-([0-9a-f]{16}))?\.journal")
 _LENGTH = struct.Struct("<I")
 _ZERO = bytes(4)
-#: Size of a segment file (sparse: only what is written takes disk space).
+#: Size of a segment file; its blocks are reserved when it is made.
 SEGMENT_BYTES = 8 * 1024 * 1024
-
 
 
 class JournalInUse(OSError):
@@ -105,6 +112,9 @@ class Journal:
             raise JournalInUse(f"the records journal {self.directory} is used by another "
                                "process; give each one its own records.journal") from None
         self._fsync = fsync
+        #: This opening's id, in its segments' names: the record writer's marks
+        #: say how far the run is in the database (`service.core.journal_marks`).
+        self.run = secrets.token_hex(8)
         self._lock = threading.Lock()
         self._packer = msgpack.Packer(use_bin_type=True)
         existing = [int(m.group(1)) for p in self.directory.iterdir()
@@ -113,7 +123,15 @@ class Journal:
         self._sealed: list[_Segment] = []   # sealed, not yet handed out by `seal`
         self._pending: dict[Path, _Segment] = {}  # handed out, batch not yet written
         self._free: list[_Segment] = []
-        self._segment = self._open_next()
+        self._segment: _Segment | None = None   # None: none could be made (a full disk)
+        self._retry_at = 0.0
+        self._last_errno = 0
+        try:
+            self._segment = self._open_next()
+        except OSError as err:
+            log.warning("records journal %s: cannot make a segment (%s); answered requests "
+                        "are journaled again once one can be made", self.directory,
+                        err.strerror or err)
 
     @property
     def lock(self) -> threading.Lock:
@@ -122,7 +140,7 @@ class Journal:
         return self._lock
 
     def _path(self, number: int) -> Path:
-        return self.directory / f"segment-{number:012d}.journal"
+        return self.directory / f"segment-{number:012d}-{self.run}.journal"
 
     def _open_next(self, size: int = SEGMENT_BYTES) -> _Segment:
         """The next segment: an emptied one renamed, or a new sparse file of
@@ -131,18 +149,44 @@ class Journal:
         path = self._path(self._number)
         if self._free and size <= SEGMENT_BYTES:
             segment = self._free.pop()
-            os.rename(segment.path, path)  # numbers keep the replay order
+            try:
+                os.rename(segment.path, path)  # numbers keep the replay order
+            except OSError:
+                segment.close()
+                segment.path.unlink(missing_ok=True)
+                raise
             segment.path = path
             segment.number = self._number
             segment.offset = 0
             return segment
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        os.ftruncate(fd, size)
-        mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            # The blocks are reserved now, so a full disk is an OSError here:
+            # a store into a page of a mapping the file system cannot back
+            # is a SIGBUS, which would end the process.
+            os.posix_fallocate(fd, 0, size)
+            mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
         return _Segment(path, self._number, fd, mapping)
 
-    def append(self, facts: tuple[Any, ...]) -> None:
-        """Journal one request (call with `lock` held).
+    def _reopen(self) -> _Segment:
+        """A new segment after none could be made, tried at most once a second
+        (a full disk would otherwise cost a file made and removed per request)."""
+        now = time.monotonic()
+        if now < self._retry_at:
+            raise OSError(self._last_errno, os.strerror(self._last_errno))
+        try:
+            return self._open_next()
+        except OSError as err:
+            self._retry_at, self._last_errno = now + 1.0, err.errno or errno.EIO
+            raise
+
+    def append(self, facts: tuple[Any, ...]) -> tuple[str, int, int]:
+        """Journal one request (call with `lock` held); returns its mark (run,
+        segment number, the byte just past it).
 
         A copy into a shared mapping of the segment: in the page cache at
         once (a process crash cannot lose it), and no system call. The entry
@@ -154,6 +198,8 @@ class Journal:
         of an earlier use of the file instead of replaying it again.
         """
         segment = self._segment
+        if segment is None:   # none could be made: try again (OSError if not)
+            segment = self._segment = self._reopen()
         data = self._packer.pack((segment.number, facts))
         size = len(data)
         if segment.offset + 4 + size + 4 > len(segment.map):
@@ -171,13 +217,16 @@ class Journal:
         segment.offset = end
         if self._fsync:
             mapping.flush()
+        return self.run, segment.number, end
 
     def _finish_segment(self) -> None:
         """The current segment waits for `seal`, at its full size: cutting the
         file to its entries would drop its pages from the page cache, and its
         next use would fault every page in again (replay stops at the zero
         length word that follows the last entry)."""
-        segment = self._segment
+        segment, self._segment = self._segment, None
+        if segment is None:
+            return
         if segment.offset:
             self._sealed.append(segment)
         elif len(self._free) < self.KEEP_FREE and len(segment.map) == SEGMENT_BYTES:
@@ -188,9 +237,12 @@ class Journal:
 
     def seal(self) -> list[Path]:
         """Start a new segment (call with `lock` held); returns the ones sealed so far."""
-        if self._segment.offset:
+        if self._segment is not None and self._segment.offset:
             self._finish_segment()
-            self._segment = self._open_next()
+            try:
+                self._segment = self._open_next()
+            except OSError:
+                pass  # the next append tries again, and counts its failure
         sealed, self._sealed = self._sealed, []
         for segment in sealed:
             self._pending[segment.path] = segment
@@ -224,10 +276,16 @@ class Journal:
 
     def leftovers(self) -> list[Path]:
         """Segments of an earlier process (none of this process's own)."""
-        own = {self._segment.path, *self._pending, *(s.path for s in self._sealed),
+        own = {*(s.path for s in [self._segment] if s is not None), *self._pending, *(s.path for s in self._sealed),
                *(s.path for s in self._free)}
         return sorted(p for p in self.directory.iterdir()
                       if _SEGMENT.fullmatch(p.name) and p not in own)
+
+
+def run_of(path: Path) -> str | None:
+    """The run that wrote the segment at `path` (None: named before runs were)."""
+    match = _SEGMENT.fullmatch(path.name)
+    return match.group(2) if match else None
 
 
 def read_segments(paths: list[Path]) -> Iterator[JournaledRequest]:
@@ -238,6 +296,7 @@ def read_segments(paths: list[Path]) -> Iterator[JournaledRequest]:
     for path in paths:
         match = _SEGMENT.fullmatch(path.name)
         number = int(match.group(1)) if match else None
+        run = match.group(2) if match else None
         data = path.read_bytes()
         offset = 0
         while offset + 4 <= len(data):
@@ -249,8 +308,11 @@ def read_segments(paths: list[Path]) -> Iterator[JournaledRequest]:
                 log.warning("journal %s: an unreadable or stale entry at byte %d; the rest of "
                             "the file is not replayed", path.name, offset)
                 break
-            yield JournaledRequest(facts)
             offset += 4 + size
+            entry = JournaledRequest(facts)
+            if run is not None and number is not None:
+                entry.mark = (run, number, offset)
+            yield entry
 
 
 def _entry(raw: bytes, number: int | None) -> tuple[Any, ...] | None:

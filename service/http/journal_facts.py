@@ -192,10 +192,12 @@ def _scan(secret: str, facts: tuple[Any, ...]) -> tuple[bool, bool]:
 class JournaledRequest:
     """A finished request as plain facts: what `RecordWriter` converts to records."""
 
-    __slots__ = ("facts",)
+    __slots__ = ("facts", "mark")
 
     def __init__(self, facts: tuple[Any, ...]) -> None:
         self.facts = facts
+        #: Where it is journaled: (run, segment, byte past it); None if it is not.
+        self.mark: tuple[str, int, int] | None = None
 
     def history_slot(self) -> tuple[int, int] | None:
         f = self.facts

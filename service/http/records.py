@@ -100,7 +100,7 @@ class RecordWriter:
 
     def __init__(
         self,
-        write_batch: Callable[[Sequence[Any]], None],
+        write_batch: Callable[..., None],
         *,
         interval: float = 0.25,
         spread_interval: float = SPREAD_INTERVAL_S,
@@ -110,8 +110,10 @@ class RecordWriter:
         on_thread_start: Callable[[], object] | None = None,
         on_thread_stop: Callable[[], object] | None = None,
         journal: Journal | None = None,
+        forget_run: Callable[[str], object] | None = None,
     ) -> None:
         self._journal = journal
+        self._forget_run = forget_run
         self._journal_errors = 0
         self._write_batch = write_batch
         self._interval = interval
@@ -174,7 +176,7 @@ class RecordWriter:
             entry = JournaledRequest(facts())
             with journal.lock:
                 try:
-                    journal.append(entry.facts)
+                    entry.mark = journal.append(entry.facts)
                 except OSError as err:
                     self._journal_failed(err)
                 queue.append(entry)
@@ -246,6 +248,8 @@ class RecordWriter:
                             self.dropped += len(self._queue)
                     if self._journal is not None:
                         self._journal.close()
+                        if not self._queue and self._forget_run is not None:
+                            self._forget(self._journal.run)
                     return
         finally:
             if self._on_stop:
@@ -290,6 +294,21 @@ class RecordWriter:
             self._sealed = []
         # else: kept until everything they hold is written (or replayed at the next start)
 
+    def _forget(self, run: str) -> None:
+        """Everything journaled is written: the run's mark is of no more use."""
+        assert self._forget_run is not None
+        try:
+            self._forget_run(run)
+        except Exception:  # noqa: BLE001 - a leftover mark is harmless (and expires)
+            log.debug("the records journal's mark was not deleted", exc_info=True)
+
+    def _store(self, items: list[Any], mark: Any) -> None:
+        """One transaction: `items`, and the journal mark of the entries they came from."""
+        if mark is None:
+            self._write_batch(items)
+        else:
+            self._write_batch(items, mark)
+
     def _take_up_to(self, n: int) -> list[Any]:
         queue = self._queue
         take = min(n, len(queue), self._max_batch)
@@ -308,7 +327,7 @@ class RecordWriter:
         for attempt in range(3):
             try:
                 items = expand(batch)
-                self._write_batch(items)
+                self._store(items, _mark_of(batch))
             except (OperationalError, InterfaceError) as err:
                 self._unreachable(err, len(batch))
                 return True
@@ -336,7 +355,7 @@ class RecordWriter:
         holds only the entries not yet written, to be held and retried."""
         for i, entry in enumerate(batch):
             try:
-                self._write_batch(expand([entry]))
+                self._store(expand([entry]), _mark_of([entry]))
             except (OperationalError, InterfaceError) as err:
                 del batch[:i]
                 self._unreachable(err, len(batch))
@@ -375,3 +394,12 @@ class RecordWriter:
                     f"; {lost} dropped while the buffer was full" if lost else "")
         self._down_since = None
         self._overflowing = False
+
+
+def _mark_of(batch: Sequence[Any]) -> Any:
+    """The journal mark of the last journaled entry of `batch` (None: none is)."""
+    for entry in reversed(batch):
+        mark = getattr(entry, "mark", None)
+        if mark is not None:
+            return mark
+    return None

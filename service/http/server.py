@@ -35,7 +35,7 @@ from service.http.context import AppContext
 from service.http.listener import HTTP1Server, ServerLimits
 from service.http.invoke import PREFIX, InvokeEndpoint
 from service.http.ratelimit import RateLimits, _Windows
-from service.http.journal import Journal, read_segments
+from service.http.journal import Journal, read_segments, run_of
 from service.http.records import RecordWriter, expand
 from service.settings import Settings
 
@@ -128,6 +128,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                drain_seconds: float, journal: Journal | None = None, *,
                windows: _Windows | None = None,
                on_ready: Callable[[], None] | None = None) -> None:
+    from service.core import journal_marks
     from service.core.invoke_target import TargetCache
     from service.core.records import write_batch
     from service.core.secrets import configure, upgrade_secret_hash, verify_secret
@@ -146,6 +147,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         on_thread_start=lambda: db.connect(reuse_if_open=True),
         on_thread_stop=db.close,
         journal=journal,
+        forget_run=lambda run: journal_marks.forget([run]),
     )
     records.start()
 
@@ -268,11 +270,13 @@ def replay_journal(journal: Journal, batch: int = 5000) -> None:
     from peewee import InterfaceError, OperationalError
 
     from models.db import database
+    from service.core import journal_marks
     from service.core.records import write_batch
 
     leftovers = journal.leftovers()
     if not leftovers:
         return
+
     def stored(part: list[Any]) -> bool:
         """Whether `part` was written (in a savepoint: nothing of it when not)."""
         try:
@@ -285,18 +289,37 @@ def replay_journal(journal: Journal, batch: int = 5000) -> None:
         return True
 
     entries = list(read_segments(leftovers))
+    # What the writer had in the database before the crash (a mark per run).
+    done = journal_marks.marks(e.mark[0] for e in entries if e.mark is not None)
+    entries = [e for e in entries if not _written(e.mark, done)]
+    reached: dict[str, journal_marks.Mark] = {}
     dropped = 0
     with database.atomic():
         for start in range(0, len(entries), batch):
             part = entries[start:start + batch]
             if not stored(part):        # one by one: only what fails alone is dropped
                 dropped += sum(not stored([entry]) for entry in part)
+        for entry in entries:
+            if entry.mark is not None:
+                reached[entry.mark[0]] = entry.mark   # segments are read in order
+        for mark in reached.values():   # a crash before `discard` replays nothing twice
+            journal_marks.set_mark(mark)
     journal.discard(leftovers)
+    # A mark goes with the last segment of its run (kept while any is left).
+    left = {run_of(p) for p in journal.leftovers()}
+    journal_marks.forget(run for run in {*done, *reached} if run not in left)
     log.info("replayed %d journaled requests from %d segments", len(entries) - dropped,
              len(leftovers))
     if dropped:
         log.warning("journal: %d entries could not be stored and were dropped (a damaged "
                     "file?)", dropped)
+
+
+def _written(mark: tuple[str, int, int] | None, done: dict[str, tuple[int, int]]) -> bool:
+    """Whether the entry at `mark` was in the database before its process died."""
+    if mark is None or mark[0] not in done:
+        return False
+    return (mark[1], mark[2]) <= done[mark[0]]
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from service.http.journal import Journal, read_segments
 from service.http.journal_facts import FIELDS
@@ -67,11 +73,11 @@ def test_journal_holds_no_secret_and_a_torn_entry_is_skipped(tmp_path: Path) -> 
     journal.close()
 
 
-def _facts(n: int) -> tuple[Any, ...]:
+def _facts(n: int, body: bytes = b"{}") -> tuple[Any, ...]:
     facts: dict[str, Any] = {name: None for name in FIELDS}
     facts.update(endpoint_id=1, keep=10, error_logs=True, accepted=True, request_id=f"req_{n}",
                  started=1.0, finished=1.5, status=200, ip="127.0.0.1", method="POST",
-                 query={"n": str(n)}, headers={}, body=b"{}", user_agent="",
+                 query={"n": str(n)}, headers={}, body=body, user_agent="",
                  response_headers=[], response_body=b"", output="", error_message="")
     return tuple(facts.values())
 
@@ -234,3 +240,169 @@ def test_an_entry_that_cannot_be_stored_is_dropped_alone_at_replay(db, tmp_path:
     replay_journal(journal, batch=2)      # nothing left: nothing written twice
     assert RequestRecord.select().count() == 4
     journal.close()
+
+
+@pytest.fixture()
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 12 MiB file system of its own (tmpfs), so that filling it harms nothing else."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system for the journal needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m,mode=0700", "tmpfs", str(disk)],
+                   check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(path: Path) -> None:
+    """Write `path` until its file system has no block left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):
+            while True:
+                try:
+                    os.write(fd, bytes(size))
+                except OSError as err:
+                    assert err.errno == errno.ENOSPC, err
+                    break
+    finally:
+        os.close(fd)
+
+
+def test_a_segment_is_made_only_with_its_blocks_and_a_full_disk_is_an_oserror(
+        small_disk: Path) -> None:
+    """Outside review, session 24: segments were sparse files, so a store into
+    the mapping on a full file system was a SIGBUS that ended the service.
+    Now a segment's blocks are reserved when it is made: a full disk is an
+    OSError of `append` (the writer counts it and the request is answered),
+    and journaling goes on once a segment can be made again."""
+    journal = Journal(small_disk / "j")
+    with journal.lock:
+        journal.append(_facts(1))      # into the first segment, made before the disk filled
+    _fill(small_disk / "filler")
+    with journal.lock:
+        for n in range(2, 200):        # ~8 MiB more than the disk has: no SIGBUS
+            try:
+                journal.append(_facts(n, body=bytes(60_000)))
+            except OSError as err:
+                assert err.errno == errno.ENOSPC
+                break
+        else:
+            raise AssertionError("the segment never filled")
+        with pytest.raises(OSError):   # asked again at once: not retried yet
+            journal.append(_facts(500))
+        sealed = journal.seal()        # what was journaled is there to write or replay
+    assert _ids(sealed)[:2] == ["req_1", "req_2"]
+    journal.discard(sealed)            # written: kept, emptied, for reuse
+    journal._retry_at = 0.0            # (a second later)
+    with journal.lock:
+        journal.append(_facts(501))    # journaled again, in the reused segment
+        again = journal.seal()
+    assert _ids(again) == ["req_501"]
+    journal.close()
+
+
+def test_a_full_disk_under_the_journal_costs_journaling_not_the_service(
+        small_disk: Path, make_server, make_endpoint, read_history) -> None:
+    extra = f'[records]\njournal = "{small_disk / "journal"}"'
+    server: Server = make_server(extra=extra)
+    ep = make_endpoint(source=ECHO, plan="bench")
+    assert server.request(ep.path, json_body={"n": 0}, secret=ep.secret).status == 200
+    _fill(small_disk / "filler")
+    for n in range(1, 40):
+        resp = server.request(ep.path + f"?n={n}", json_body={"pad": "x" * 200_000},
+                              secret=ep.secret)
+        assert resp.status == 200, server.log
+    assert wait_until(lambda: "writing the records journal failed" in server.log, timeout=10)
+    assert "No space left on device" in server.log
+    assert wait_until(lambda: len(read_history(ep)) == 40, timeout=20), len(read_history(ep))
+    (small_disk / "filler").unlink()
+    assert server.request("/healthz", method="GET").status == 200
+    assert server.proc is not None and server.proc.poll() is None
+
+
+KILLED_BETWEEN_BATCHES = """
+import os, sys, time
+sys.path[:0] = [{root!r}]
+from models.db import connect
+from service.core.records import write_batch
+from service.http.journal import Journal
+from service.http.records import RecordWriter
+from tests.service.http.test_journal import _facts
+
+db = connect({url!r})
+commits = []
+
+def sink(items, mark=None):
+    write_batch(items, mark)
+    commits.append(len(items))
+    if len(commits) == 2:
+        os._exit(0)   # killed after the turn's second batch, before its third
+
+class Answered:
+    def __init__(self, n):
+        facts = list(_facts(n))
+        facts[0], facts[1] = {endpoint_id}, 1000
+        facts[5], facts[6] = time.time(), time.time() + 0.01
+        self.facts = tuple(facts)
+    def journal_facts(self):
+        return self.facts
+
+writer = RecordWriter(sink, max_batch=10, journal=Journal({path!r}),
+                      on_thread_start=lambda: db.connect(reuse_if_open=True))
+for n in range(50):
+    writer.put(Answered(n))     # all queued: the writer's first turn takes them all
+writer.start()
+time.sleep(60)
+"""
+
+
+def test_a_crash_between_two_batches_of_a_turn_writes_nothing_twice(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside review, session 24: the writer empties a turn's journal
+    segments once all its batches are in; a crash after some were committed
+    replayed them again (a whole batch twice in history and statistics).
+    Each batch now stores its journal mark in its own transaction, and
+    replay skips what a mark covers; so does a second replay after a crash
+    that came between the first one's commit and its emptying the segments."""
+    import sys
+
+    from models import RequestRecord, StatBucket
+    from models.db import connect, database
+    from models.migrate import Runner
+    from service import core
+    from service.core.invoke_target import load_target
+    from service.http.server import replay_journal
+    from tests.factories import OWNER, make_guild, make_script
+    db = connect(db_url)
+    Runner(db).upgrade()
+    try:
+        gid = make_guild("pro")
+        sid = make_script(gid)
+        core.enable_endpoint(OWNER, gid, sid)
+        endpoint_id = load_target(gid, sid).endpoint_id   # type: ignore[union-attr]
+        root = str(Path(__file__).resolve().parents[3])
+        path = str(tmp_path / "j")
+        subprocess.run([sys.executable, "-c", KILLED_BETWEEN_BATCHES.format(
+            root=root, url=db_url, endpoint_id=endpoint_id, path=path)],
+            check=True, cwd=root, timeout=120)
+        assert RequestRecord.select().count() == 20        # two batches of ten were in
+        with monkeypatch.context() as patch:
+            patch.setattr(Journal, "discard", lambda self, paths: None)   # killed right after
+            journal = Journal(path)
+            replay_journal(journal, batch=7)
+            journal.close()
+        journal = Journal(path)
+        assert journal.leftovers()
+        replay_journal(journal, batch=7)
+        assert journal.leftovers() == []
+        ids = [r.request_id for r in RequestRecord.select()]
+        assert sorted(ids) == sorted(f"req_{n}" for n in range(50))
+        assert sum(b.count for b in StatBucket.select().where(StatBucket.granularity == "m")) == 50
+        journal.close()
+    finally:
+        db.close()
+        database.initialize(None)
