@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Iterable
 
-from models import JournalMark
+from models import JournalMark, database
 from models.clock import utcnow
 
 #: (run, segment number, byte position just past the entry).
@@ -24,12 +24,19 @@ KEEP_DAYS = 30
 def set_mark(mark: Mark) -> None:
     """Record `mark` (call inside the transaction that wrote what it covers)."""
     run, segment, position = mark
-    now = utcnow()
-    (JournalMark.insert(run=run, segment=segment, position=position, updated=now)
-     .on_conflict(conflict_target=[JournalMark.run],
-                  update={JournalMark.segment: segment, JournalMark.position: position,
-                          JournalMark.updated: now})
-     .execute())
+    db = database.obj
+    sql = _UPSERT.get(type(db))
+    if sql is None:   # built once per kind of database (peewee builds it in ~0.1 ms)
+        sql = _UPSERT[type(db)] = (
+            JournalMark.insert(run="", segment=0, position=0, updated=utcnow())
+            .on_conflict(conflict_target=[JournalMark.run],
+                         preserve=[JournalMark.segment, JournalMark.position,
+                                   JournalMark.updated])
+            .sql()[0])
+    db.execute_sql(sql, (run, segment, position, JournalMark.updated.db_value(utcnow())))
+
+
+_UPSERT: dict[type, str] = {}
 
 
 def marks(runs: Iterable[str]) -> dict[str, tuple[int, int]]:
