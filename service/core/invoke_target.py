@@ -19,13 +19,15 @@ import socket
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from peewee import InterfaceError, OperationalError, SqliteDatabase
 
 from models.change_feed import ChangeFeed
 from models.db import database
 from service.core.db_errors import connection_lost
+from service.core.lookup_query import (SKIPPED, Backlogged, LookupStalled, Query, answer_of,
+                                       close_held, retrieve, shut)
 from service.core.target_read import InvokeTarget, load_target
 from service.core.target_generation import generation
 from service.core.wal_index import WalIndex
@@ -52,10 +54,6 @@ OUTAGE_SERVE_S = 30.0
 #: server, proxy or network that keeps the connection open but answers nothing
 #: (the lookup thread's socket is then shut, which frees the thread).
 LOOKUP_TIMEOUT_S = 2.0
-
-
-class LookupStalled(Exception):
-    """A lookup's query got no answer within `LOOKUP_TIMEOUT_S`."""
 
 
 class TargetsUnavailable(Exception):
@@ -262,23 +260,28 @@ class TargetCache:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-lookup")
         self._pending += 1
-        held: list[int] = []   # a copy of the query's socket while it runs
-        query = asyncio.get_running_loop().run_in_executor(
-            self._executor, self._query, held, guild_id, script_id)
+        query = Query()
+        future = asyncio.get_running_loop().run_in_executor(
+            self._executor, self._query, query, guild_id, script_id, probe)
+        future.add_done_callback(retrieve)
         try:
-            found = await asyncio.wait_for(query, self._lookup_timeout)
+            found = await answer_of(query, future, self._lookup_timeout)
         except (OperationalError, InterfaceError) as err:
             if waited or feed is None or not feed.healthy or not connection_lost(err):
                 return self._failed(err, key)
             lost_first = True
-        except asyncio.TimeoutError:
-            _shut(held)
-            self._unreachable(LookupStalled(), key, answer=False)
+        except LookupStalled as err:
+            shut(query.held)
+            self._unreachable(err, key, answer=False)
             if not waited and feed is not None and feed.healthy:
                 await self._feed_notices(feed)   # its heartbeat finds the same stall
             return self._outage_answer(key)
+        except Backlogged:
+            raise TargetsUnavailable("endpoint lookups are backed up") from None
         else:
             lost_first = False
+            if found is SKIPPED:
+                return self._outage_answer(key)
         finally:
             self._pending -= 1
             if probe:
@@ -296,19 +299,24 @@ class TargetCache:
         self._reachable()
         if version is not None and version == self._version and self._conn is feed:
             self._store(key, found)
-        return found
+        return found   # type: ignore[no-any-return]
 
-    def _query(self, held: list[int], guild_id: str, script_id: str) -> InvokeTarget | None:
-        """`load_target` on a lookup thread; `held` has a duplicate of its
-        connection's socket meanwhile, for `_shut` should it stall."""
+    def _query(self, query: Query, guild_id: str, script_id: str, probe: bool) -> Any:
+        """`load_target` on a lookup thread; `query.held` has a duplicate of
+        its connection's socket meanwhile, for `_shut` should it stall."""
+        feed = self._feed
+        if query.abandoned or (not probe and self._down_since is not None
+                               and (feed is None or feed.generation is None)):
+            return SKIPPED   # given up on, or an outage began while it waited
+        query.started = time.monotonic()
         try:
-            held.append(os.dup(database.connection().fileno()))
+            query.held.append(os.dup(database.connection().fileno()))
         except (OSError, AttributeError, OperationalError, InterfaceError):
             pass   # not connected (load_target says why), or no socket to hold
         try:
             return load_target(guild_id, script_id, self._plans)
         finally:
-            _close_held(held)
+            close_held(query.held)
 
     def _serving_until(self) -> float | None:
         """Until when (clock) remembered answers may be served, or None: none may."""
@@ -388,32 +396,6 @@ class TargetCache:
         if self._executor is not None:
             self._executor.shutdown(wait=False)
         self._index = None
-
-
-def _shut(held: list[int]) -> None:
-    """End a stalled query: shut its socket (through the duplicate in `held`),
-    so that its thread's read fails now instead of when TCP gives up."""
-    try:
-        fd = held.pop()
-    except IndexError:
-        return   # the query ended meanwhile
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        os.close(fd)
-        return
-    with sock:   # closes the duplicate
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-
-def _close_held(held: list[int]) -> None:
-    try:
-        os.close(held.pop())
-    except IndexError:
-        pass   # `_shut` took it
 
 
 async def _feed_noticed(feed: ChangeFeed) -> None:

@@ -277,6 +277,37 @@ def test_a_stalled_server_bounds_each_lookup_then_memory_or_503_and_frees_the_th
         feed.stop()
 
 
+def test_lookups_queued_behind_slow_queries_are_answered_and_no_outage(
+        private_db: tuple[PrivatePostgres, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside review, session 24: the stall bound counted from when a lookup
+    was queued, so lookups waiting for one of the two threads behind
+    queries that were merely slow (a distant database, a flood of unknown
+    ids) counted as stalls: the node declared an outage, answered 503 and
+    shut healthy connections. It counts from the query's start now. (Each
+    query is made slow here by a pause before it: a server 0.4 s away.)"""
+    import service.core.invoke_target as invoke_target
+
+    pg, db = private_db
+    endpoints = [_enabled_endpoint() for _ in range(8)]
+    real = invoke_target.load_target
+
+    def slow(*args: Any) -> Any:
+        time.sleep(0.4)
+        return real(*args)
+
+    monkeypatch.setattr(invoke_target, "load_target", slow)
+    cache = TargetCache(lookup_timeout_s=1.0)
+
+    async def all_at_once() -> list[Any]:
+        return await asyncio.gather(*(cache.fetch(gid, sid) for gid, sid in endpoints),
+                                    return_exceptions=True)
+
+    answers = asyncio.run(all_at_once())   # the last ones wait 1.2-1.6 s for a thread
+    assert all(isinstance(a, InvokeTarget) and a.enabled for a in answers), answers
+    assert not cache.database_down
+    cache.close()
+
+
 def test_a_lookup_that_sees_the_server_go_before_the_feed_does_is_still_answered_from_memory(
         private_db: tuple[PrivatePostgres, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """The race of a server that stops under load: a lookup (its endpoint's
