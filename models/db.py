@@ -144,8 +144,16 @@ def open_database(url: str) -> Database:
             kwargs["password"] = unquote(parsed.password)
         if parsed.hostname:
             kwargs["host"] = parsed.hostname
-        if parsed.port:
-            kwargs["port"] = parsed.port
+        try:
+            port = parsed.port
+        except ValueError:
+            # Its text would quote what stands where the port goes: with a
+            # `/`, `?` or `#` in the password, part of the password.
+            raise DatabaseURLError(
+                f"database url {describe_url(url)!r}: the port is not a number (percent-encode "
+                "/ ? # @ : in the user name and password)") from None
+        if port:
+            kwargs["port"] = port
         name = unquote(parsed.path[1:])
         if not name:
             raise DatabaseURLError(f"database url {describe_url(url)!r}: missing database name")

@@ -27,7 +27,13 @@ def test_bad_urls(url):
 
 @pytest.mark.parametrize("url", ["postgresql://logic:S3cretPw@127.0.0.1:1",
                                  "postgresql://logic:S3cretPw@db.internal:5432/",
-                                 "sqlite://u:S3cretPw@", "mysql://a:S3cretPw@h/db"])
+                                 "sqlite://u:S3cretPw@", "mysql://a:S3cretPw@h/db",
+                                 # Session 24: a `/`, `?` or `#` in the password
+                                 # (not percent-encoded) put part of it where the
+                                 # port goes, and the port's error quoted it.
+                                 "postgresql://logic:S3cretPw/x@h:5432/db",
+                                 "postgresql://logic:S3cretPw?x@h/db",
+                                 "postgresql://logic:S3cretPw#x@h:5432/db"])
 def test_a_bad_urls_message_never_holds_its_password(url):
     # Red-team pass, session 23: the message quoted the whole URL, so a URL
     # missing only its database name printed the password (also into the
