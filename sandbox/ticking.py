@@ -155,7 +155,9 @@ class Ticking:
                 f"{limits.COMPILE_BUDGET_MS / 1000:g} s; the host may be overloaded)",
                 (now - req.t0) * 1000.0), backoff=False)
             return
-        log.info("sandbox worker %d passed the %d ms limit; killed", w.pid, req.limits.time_ms)
+        # A script's own outcome (its history and error log say so): no line at
+        # INFO per request, which a guild could send at its plan's rate.
+        log.debug("sandbox worker %d passed the %d ms limit; killed", w.pid, req.limits.time_ms)
         message = f"script ran longer than {req.limits.time_ms} ms"
         out = failure("script_timeout", message, (now - req.t0) * 1000.0)
         if req.where is not None:

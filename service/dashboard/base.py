@@ -35,7 +35,7 @@ from tornado.web import HTTPError, create_signed_value, decode_signed_value
 
 from service.core.errors import CoreError, NotFoundError, PermissionDeniedError
 from service.core.sessions import Session, check_xsrf, resume, xsrf_token
-from service.http.base import BaseHandler
+from service.http.base import BaseHandler, database_lost
 from service.http.errors import BusyError
 from service.http.fair import FairCalls
 from service.settings import Settings
@@ -233,6 +233,9 @@ class DashboardHandler(BaseHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        if database_lost(exc):
+            exc = PageError(503, "The database cannot be reached just now; retry in a moment.",
+                            headers={"Retry-After": "1"})
         if isinstance(exc, PageError):
             status, message = exc.status, exc.message
             for name, value in exc.headers.items():
@@ -244,8 +247,12 @@ class DashboardHandler(BaseHandler):
         else:
             status, message = status_code, "Something went wrong on our side."
         self.set_status(status)
+        # Only the service's own failure counts as one (a WARNING access line,
+        # `logic.access`); a 503 page is the dashboard being busy or its
+        # database unreachable, which is logged once per interval.
+        self.error_code = ("internal_error" if status >= 500 and status != 503
+                           else "busy" if status == 503 else "dashboard_error")
         if self.request.headers.get("Accept", "").startswith("application/json"):
-            self.error_code = "dashboard_error"
             self.write_json({"success": False, "error": {"code": f"http_{status}",
                                                          "message": message,
                                                          "requestId": self.request_id}}, status)

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from http import HTTPStatus
 
+from peewee import InterfaceError, OperationalError
 from tornado.web import HTTPError, RequestHandler
 
-from service.http.errors import STATUS_CODES, NotFoundError, ServiceError
+from service.core.db_errors import connection_lost
+from service.http.errors import STATUS_CODES, BusyError, NotFoundError, ServiceError
 
 if TYPE_CHECKING:
     from service.http.context import AppContext
@@ -34,7 +36,8 @@ class _RefusalLog:
     interval, with how many there were: a flood of refused requests (unsigned
     chat interactions, say) must not fill the disk one line each."""
 
-    def __init__(self) -> None:
+    def __init__(self, level: int = logging.INFO) -> None:
+        self._level = level
         self._counts: dict[str, int] = {}
         self._logged: dict[str, float] = {}
 
@@ -51,12 +54,15 @@ class _RefusalLog:
             self._counts.clear()
         self._logged[key], self._counts[key] = now, 0
         if count == 1:
-            log.info("%s %s", request_id, key)
+            log.log(self._level, "%s %s", request_id, key)
         else:
-            log.info("%s %s (%d such since the last line about them)", request_id, key, count)
+            log.log(self._level, "%s %s (%d such since the last line about them)", request_id,
+                    key, count)
 
 
 _refusals = _RefusalLog()
+#: Requests that failed because the database is unreachable: a WARNING per interval.
+_outages = _RefusalLog(logging.WARNING)
 
 
 _random = bytearray()
@@ -147,6 +153,9 @@ class BaseHandler(RequestHandler):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         for name, value in self.sticky_headers.items():
             self.set_header(name, value)
+        if database_lost(exc):
+            exc = DATABASE_BUSY
+            self.set_status(exc.status)
         if isinstance(exc, ServiceError):
             code, message = exc.code, exc.message
             self.error_code = code
@@ -169,8 +178,24 @@ class BaseHandler(RequestHandler):
             return
         if isinstance(value, HTTPError) and value.status_code < 500:
             return
+        if database_lost(value):
+            # An outage, not a fault of this request: one line per interval, the
+            # error's kind only (its text names the server), no traceback.
+            _outages(self.request_id, "busy", "the database is unreachable "
+                     f"({type(value).__name__}): requests that need it get 503 busy")
+            return
         log.error("%s uncaught exception on %s", self.request_id, self.request.path,
                   exc_info=(typ, value, tb))
+
+
+def database_lost(exc: BaseException | None) -> bool:
+    """Whether `exc` is a query that failed because the database connection was lost."""
+    return isinstance(exc, (OperationalError, InterfaceError)) and connection_lost(exc)
+
+
+#: What a request that needed the database gets while it is unreachable.
+DATABASE_BUSY = BusyError("The database is unreachable; retry shortly.",
+                          headers={"Retry-After": "1"})
 
 
 class NotFoundHandler(BaseHandler):

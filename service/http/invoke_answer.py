@@ -105,7 +105,10 @@ class RequestAnswers:
         self._ended()
         self.context.metrics.invoke_answered(self)
         status = self.status
-        internal = status >= 500 and self.error_code in (None, "internal_error")
+        # The service's own failure, not a script's reply (`event.status(503)`)
+        # nor a refusal with its code: a WARNING line each.
+        internal = status >= 500 and (self.error_code == "internal_error"
+                                      or self.error_code is None and self.outcome is None)
         level = logging.WARNING if internal else logging.DEBUG
         if access_log.isEnabledFor(level):
             access_log.log(level, "%s %s %s %d %.1fms", self.request_id, self.method or "-",

@@ -20,7 +20,7 @@ import logging
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote, unquote_plus
+from urllib.parse import quote, unquote, unquote_plus
 
 from service.core.secrets import SECRET_PREFIX
 
@@ -223,7 +223,10 @@ _SECRET_SHAPES = re.compile(r"(lsk|lat)_[A-Za-z0-9_\-]{6,}|(?i:\b(bearer|basic)\
 
 
 _AFTER_LOGIN = re.compile(r"(?is)(login/).*")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: What a decoded path may not show as it is: anything but printable ASCII
+#: (and the "…" that marks a cut): control characters of C0 and C1, line and
+#: paragraph separators, bidirectional controls.
+_CONTROL = re.compile("[^\x21-\x7e\u2026]")
 
 
 def loggable_path(path: str) -> str:
@@ -231,11 +234,12 @@ def loggable_path(path: str) -> str:
     segment, in any letter case and percent-encoded or not, may be a login
     link's token (`//login/...` from a base URL ending in "/", a link typed in
     capitals, `/%6Cogin/...`), and is cut. A path cut after decoding is shown
-    decoded, its control characters encoded again (no forged log lines)."""
+    decoded, all but its printable ASCII encoded again (no forged log lines,
+    no terminal escapes, no reordered text)."""
     if "%" in path:
         decoded = unquote(path)
         if "login/" in decoded.lower():
-            return _CONTROL.sub(lambda m: f"%{ord(m.group()):02X}",
+            return _CONTROL.sub(lambda m: quote(m.group(), safe=""),
                                 _AFTER_LOGIN.sub(r"\1…", decoded))
     if "login/" in path.lower():
         return _AFTER_LOGIN.sub(r"\1…", path)

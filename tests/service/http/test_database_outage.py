@@ -244,3 +244,40 @@ def test_records_held_when_the_process_dies_during_an_outage_are_written_at_the_
         assert _stat_counts(url, endpoint_id) == {"m": 31, "h": 31}
     finally:
         again.stop()
+
+
+def test_requests_that_need_the_database_get_503_busy_and_a_line_per_interval_in_an_outage(
+        private_pg: PrivatePostgres, tmp_path: Path) -> None:
+    """Outside review, session 24: while PostgreSQL was unreachable, every
+    request of the admin API, the dashboard's login links and the chat
+    command that needed it (no credentials needed: a random token does)
+    was a 500 with three chained tracebacks in the log (naming the
+    database server's address): ~120 lines per request, at any rate.
+    Now such a request gets 503 `busy` with `Retry-After`, and the log a
+    WARNING per interval, without a traceback or the error's text."""
+    url = private_pg.url
+    subprocess.run([LOGIC, "--database-url", url, "db", "upgrade"], check=True,
+                   capture_output=True)
+    config = tmp_path / "logic.toml"
+    config.write_text(f'[records]\njournal = "{tmp_path / "journal"}"\n' + CONFIG)
+    srv = Server(url, str(config)).start()
+    try:
+        assert poll(lambda: srv.request("/readyz", method="GET").json
+                    ["dependencies"]["database"].get("changeFeed") == "listening", 30)
+        private_pg.stop("fast")
+        before = len(srv.log_lines)
+        for n in range(15):
+            api = srv.request("/api/v1/me", method="GET",
+                              headers={"Authorization": f"Bearer lat_{'x' * 40}{n}"})
+            assert (api.status, api.code, api.headers.get("retry-after")) == (503, "busy", "1")
+            login = srv.request(f"/login/{'y' * 40}{n}", method="GET")
+            assert login.status == 503 and login.headers.get("retry-after") == "1"
+            assert b"cannot be reached" in login.body
+        lines = srv.log_lines[before:]
+        text = "".join(lines)
+        assert "Traceback" not in text and "uncaught exception" not in text, text[-3000:]
+        assert f"port {private_pg.port}" not in text and "127.0.0.1" not in text
+        assert 1 <= sum("the database is unreachable (" in line for line in lines) <= 3, text
+        assert len(lines) < 15, text
+    finally:
+        srv.stop()

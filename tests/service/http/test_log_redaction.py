@@ -66,9 +66,33 @@ def test_no_access_line_holds_what_follows_a_login_segment(make_server, tmp_path
     paths = (f"/endpoints/1/login/{token}", f"/endpoints/login/{token}",
              f"/endpoints/1/%6Cogin/{token}", f"/%6Cogin/{token}", f"/x/LOGIN/{token}",
              # decoded to be cut, a newline must not forge a log line
-             f"/x%0Aforged-line/login/{token}", f"/login/%0A{token}")
+             f"/x%0Aforged-line/login/{token}", f"/login/%0A{token}",
+             # session 24: nor C1 controls (CSI, NEL), nor a bidi override
+             f"/x%C2%9B2J%C2%85%E2%80%AEevil/login/{token}")
     for target in paths:
         assert srv.request(target, method="POST", body=b"{}").status in (404, 405)
     wait_until(lambda: srv.log.count("login/…") + srv.log.count("LOGIN/…") >= len(paths))
     assert token not in srv.log and token[:12] not in srv.log
     assert "\nforged-line" not in srv.log and "%0Aforged-line/login/…" in srv.log
+    assert not any(ch in srv.log for ch in "\x9b\x85\u202e")
+    assert "%C2%9B2J%C2%85%E2%80%AEevil/login/…" in srv.log
+
+
+def test_script_replies_and_timeouts_write_no_line_per_request(make_server, make_endpoint
+                                                                ) -> None:
+    """Outside review, session 24: a script's own 5xx reply got the WARNING
+    access line of the service's own failures, and each script that ran past
+    its time limit an INFO line: a guild could write lines at its plan's
+    rate. Its history and error log say what happened; the log does not."""
+    srv = make_server()
+    down = make_endpoint("on endpoint(event):\n    event.status(503)\n    event.reply('no')\n",
+                         plan="bench")
+    spin = make_endpoint("on endpoint(event):\n    while True:\n        pass\n", plan="bench")
+    before = len(srv.log_lines)
+    for _ in range(5):
+        assert srv.request(down.path, json_body={}, secret=down.secret).status == 503
+    for _ in range(2):
+        assert srv.request(spin.path, json_body={}, secret=spin.secret).code == "script_timeout"
+    assert srv.request("/healthz", method="GET").status == 200
+    lines = srv.log_lines[before:]
+    assert not [line for line in lines if "WARNING" in line or "INFO" in line], lines
