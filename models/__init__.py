@@ -2,6 +2,7 @@
 from models.audit import AuditRecord
 from models.db import BaseModel, connect, database
 from models.guild import Guild, GuildManager
+from models.installation import Installation
 from models.interaction import SeenInteraction
 from models.journal_mark import JournalMark
 from models.record import ErrorRecord, RequestRecord
@@ -13,8 +14,8 @@ from models.token import ApiToken, LoginToken
 #: Every table, in creation order (parents first).
 ALL_MODELS = (Guild, GuildManager, Script, Endpoint, RequestRecord, ErrorRecord,
               AuditRecord, StatBucket, StatIp, ApiToken, LoginToken, DashboardSession,
-              ScriptVersion, StatSketch, SeenInteraction, JournalMark)
+              ScriptVersion, StatSketch, SeenInteraction, JournalMark, Installation)
 
 __all__ = ["ALL_MODELS", "ApiToken", "AuditRecord", "BaseModel", "DashboardSession", "Endpoint",
-           "ErrorRecord", "Guild", "GuildManager", "JournalMark", "LoginToken", "RequestRecord", "Script",
+           "ErrorRecord", "Guild", "GuildManager", "Installation", "JournalMark", "LoginToken", "RequestRecord", "Script",
            "ScriptVersion", "SeenInteraction", "StatBucket", "StatIp", "StatSketch", "connect", "database"]

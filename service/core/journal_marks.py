@@ -33,7 +33,8 @@ def set_mark(mark: Mark) -> None:
                          preserve=[JournalMark.segment, JournalMark.position,
                                    JournalMark.updated])
             .sql()[0])
-    db.execute_sql(sql, (run, segment, position, JournalMark.updated.db_value(utcnow())))
+    updated = JournalMark.updated.db_value(utcnow())  # type: ignore[no-untyped-call]
+    db.execute_sql(sql, (run, segment, position, updated))
 
 
 _UPSERT: dict[type, str] = {}

@@ -162,9 +162,10 @@ class RateLimits:
     def __init__(self, storage_uri: str = "memory://",
                  clock: Callable[[], float] = time.time, ipv6_prefix: int = 64, *,
                  on_storage_error: str = "open", storage_timeout_s: float = 1.0,
-                 windows: _Windows | None = None) -> None:
+                 windows: _Windows | None = None, installation: str = "") -> None:
         """`windows`: memory windows to use instead of this process's own (the
-        front processes' shared ones, `service.http.shared_windows`)."""
+        front processes' shared ones, `service.http.shared_windows`);
+        `installation`: the id Redis keys are named after."""
         if on_storage_error not in ON_STORAGE_ERROR:
             raise ValueError(f"on_storage_error must be one of {ON_STORAGE_ERROR}")
         self._clock = clock
@@ -177,7 +178,8 @@ class RateLimits:
         if not storage_uri.startswith("memory://"):
             from service.http.redis_windows import RedisWindows
             self._remote = RedisWindows(storage_uri, window_s=WINDOW_S,
-                                        timeout_s=storage_timeout_s, clock=clock)
+                                        timeout_s=storage_timeout_s, clock=clock,
+                                        installation=installation)
         #: True when the windows are shared (Redis): use the ``a``-prefixed coroutines.
         self.remote = self._remote is not None
         #: Addresses with credentials being checked now (`auth_admit`), this process.

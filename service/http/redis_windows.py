@@ -68,16 +68,19 @@ return {allowed, count, age, entry}
 """
 
 
-def _key(key: str, limit: int) -> str:
-    # The `limits` library's key for a per-minute item in the "logic" namespace.
-    return f"LIMITS:LIMITER/logic/{key}/{limit}/1/minute"
+def _key(namespace: str, key: str, limit: int) -> str:
+    # The `limits` library's key for a per-minute item in the namespace.
+    return f"LIMITS:LIMITER/{namespace}/{key}/{limit}/1/minute"
 
 
 class RedisWindows:
     """Moving windows in Redis; every method is a coroutine and returns None while Redis is down."""
 
     def __init__(self, url: str, *, window_s: float, timeout_s: float, retry_s: float = RETRY_S,
-                 clock: Any = time.time) -> None:
+                 clock: Any = time.time, installation: str = "") -> None:
+        """`installation`: the id every key is named after (`models.installation`),
+        so installations sharing one Redis server keep apart."""
+        self._namespace = f"logic-{installation}" if installation else "logic"
         import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
@@ -108,7 +111,7 @@ class RedisWindows:
                 return None
             self._retry_at = started + self._retry_s  # this call probes; the others do not wait
         try:
-            reply = await self._script(keys=[_key(key, limit)],
+            reply = await self._script(keys=[_key(self._namespace, key, limit)],
                                        args=[limit, self._window_s, 1 if hit else 0])
         except Exception as err:  # noqa: BLE001 - refused, reset, timed out, or a broken pool
             self._failed(err)
@@ -160,7 +163,7 @@ class RedisWindows:
         if self.down_since is not None:
             return
         try:
-            await self._client.lrem(_key(key, limit), 1, entry)
+            await self._client.lrem(_key(self._namespace, key, limit), 1, entry)
         except Exception as err:  # noqa: BLE001
             self._failed(err)
 

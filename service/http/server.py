@@ -128,12 +128,16 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                drain_seconds: float, journal: Journal | None = None, *,
                windows: _Windows | None = None,
                on_ready: Callable[[], None] | None = None) -> None:
+    from models.installation import installation_id
     from service.core import journal_marks
     from service.core.invoke_target import TargetCache
     from service.core.records import write_batch
     from service.core.secrets import configure, upgrade_secret_hash, verify_secret
 
     configure(settings.server.cookie_secret)   # the secrets' keyed verifier
+    # Shared Redis windows are named after the installation (none in memory://).
+    installation = ("" if settings.ratelimit.storage.startswith("memory://")
+                    else installation_id())
 
     # PostgreSQL: a LISTEN connection lets the endpoint lookup cache (SQLite
     # has PRAGMA data_version instead); started after the pool's fork.
@@ -164,7 +168,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         limits=RateLimits(settings.ratelimit.storage, ipv6_prefix=settings.ratelimit.ipv6_prefix,
                           on_storage_error=settings.ratelimit.on_storage_error,
                           storage_timeout_s=settings.ratelimit.storage_timeout_ms / 1000,
-                          windows=windows),
+                          windows=windows, installation=installation),
         verifier=SecretVerifier(verify_secret, executor, workers=2,
                                 max_pending=settings.ratelimit.auth_queue,
                                 per_endpoint=settings.ratelimit.auth_queue_per_endpoint,
@@ -307,7 +311,8 @@ def replay_journal(journal: Journal, batch: int = 5000) -> None:
     journal.discard(leftovers)
     # A mark goes with the last segment of its run (kept while any is left).
     left = {run_of(p) for p in journal.leftovers()}
-    journal_marks.forget(run for run in {*done, *reached} if run not in left)
+    named = {run_of(p) for p in leftovers}   # a run's files, entries in them or not
+    journal_marks.forget(run for run in named if run is not None and run not in left)
     log.info("replayed %d journaled requests from %d segments", len(entries) - dropped,
              len(leftovers))
     if dropped:

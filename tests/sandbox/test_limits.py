@@ -215,7 +215,10 @@ def test_compiling_a_new_version_does_not_count_against_the_time_limit() -> None
         loop = await pool.run(ref("on endpoint(event):\n    while True:\n        pass\n"),
                               event(), Limits(time_ms=200, memory_kb=512))
         assert loop.error_kind == "script_timeout"
-        assert time.monotonic() - t0 < 0.3
+        # Cut at its own 200 ms, not at the compile budget (COMPILE_BUDGET_MS,
+        # 10 s) a new version's compile gets. (This bound was 0.3 s of wall
+        # time, which a loaded 2-core host overshot once: 0.36 s in the suite.)
+        assert time.monotonic() - t0 < 2.0
 
     run_with_pool(scenario, size=1)
 

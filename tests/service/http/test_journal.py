@@ -370,7 +370,7 @@ def test_a_crash_between_two_batches_of_a_turn_writes_nothing_twice(
     that came between the first one's commit and its emptying the segments."""
     import sys
 
-    from models import RequestRecord, StatBucket
+    from models import JournalMark, RequestRecord, StatBucket
     from models.db import connect, database
     from models.migrate import Runner
     from service import core
@@ -402,7 +402,34 @@ def test_a_crash_between_two_batches_of_a_turn_writes_nothing_twice(
         ids = [r.request_id for r in RequestRecord.select()]
         assert sorted(ids) == sorted(f"req_{n}" for n in range(50))
         assert sum(b.count for b in StatBucket.select().where(StatBucket.granularity == "m")) == 50
+        assert JournalMark.select().count() == 0       # gone with the run's last segment
         journal.close()
     finally:
         db.close()
         database.initialize(None)
+
+
+def test_the_mark_of_a_run_killed_with_nothing_left_to_write_goes_with_its_files(
+        db, tmp_path: Path) -> None:
+    """Outside review, session 24: a run killed while idle (all written, its
+    segments emptied) left its mark for 30 days: replay forgot only the
+    runs whose files still held entries."""
+    from models import JournalMark
+    from service.core.journal_marks import set_mark
+    from service.http.server import replay_journal
+    dead = Journal(tmp_path / "j")
+    with dead.lock:
+        dead.append(_facts(1))
+        mark = dead.append(_facts(2))
+        sealed = dead.seal()
+    set_mark(mark)                    # written by its writer...
+    dead.discard(sealed)              # ...and emptied: then killed (no close)
+    run = dead.run
+    dead._lock_fd, fd = -1, dead._lock_fd
+    os.close(fd)                      # (its lock goes with the process)
+    journal = Journal(tmp_path / "j")
+    assert journal.leftovers() and JournalMark.select().count() == 1
+    replay_journal(journal)
+    assert journal.leftovers() == []
+    assert not JournalMark.select().where(JournalMark.run == run).exists()
+    journal.close()

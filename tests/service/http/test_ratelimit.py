@@ -169,6 +169,23 @@ def test_shared_storage_on_the_real_redis_is_exact() -> None:
     asyncio.run(scenario())
 
 
+def test_installations_windows_in_one_redis_are_apart_and_nodes_of_one_share_them() -> None:
+    url = _redis_url()
+    ours, theirs = uuid.uuid4().hex[:16], uuid.uuid4().hex[:16]
+
+    async def scenario() -> None:
+        a1, a2 = RateLimits(url, installation=ours), RateLimits(url, installation=ours)
+        b = RateLimits(url, installation=theirs)
+        for n in range(3):
+            assert (await (a1 if n % 2 else a2).ahit_endpoint(1, 3)).allowed
+        assert not (await a1.ahit_endpoint(1, 3)).allowed   # one installation: shared
+        assert (await b.ahit_endpoint(1, 3)).allowed          # another: its own window
+        for limits in (a1, a2, b):
+            await limits.close()
+
+    asyncio.run(scenario())
+
+
 def test_memory_storage_answers_the_async_calls_too() -> None:
     async def scenario() -> None:
         clock = Clock()

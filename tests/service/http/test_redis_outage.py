@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,7 +48,35 @@ def _config(redis: PrivateRedis, on_error: str, timeout_ms: int) -> str:
 
 
 def _window_keys(redis: PrivateRedis) -> list[Any]:
-    return list(redis.client().keys("LIMITS:LIMITER/logic/ep:*"))
+    return list(redis.client().keys("LIMITS:LIMITER/logic-*/ep:*"))
+
+
+def test_two_installations_sharing_one_redis_keep_apart_windows(
+        make_server: Callable[..., Server], make_endpoint: Callable[..., Any],
+        redis_server: PrivateRedis, tmp_path: Path) -> None:
+    """Outside review, session 24: the Redis keys named only the endpoint's
+    id, so two installations (two databases) on one Redis server shared the
+    windows of their endpoints with the same id: callers of one used up the
+    other's quota. Keys are now named after the installation's id, made
+    when its database is created."""
+    from models.db import connect, database
+    from models.installation import installation_id
+    from models.migrate import Runner
+    ep = make_endpoint(ECHO, plan="bench")
+    ours = installation_id()
+    srv = make_server(extra=_config(redis_server, "open", 1000))
+    assert srv.request(ep.path, secret=ep.secret, json_body={}).status == 200
+    keys = [k.decode() for k in _window_keys(redis_server)]
+    assert keys and all(k.startswith(f"LIMITS:LIMITER/logic-{ours}/") for k in keys), keys
+    bound = database.obj
+    other = connect(f"sqlite:///{tmp_path}/other.db")   # another installation's database
+    try:
+        Runner(other).upgrade()
+        theirs = installation_id()
+    finally:
+        other.close()
+        database.initialize(bound)
+    assert len(theirs) == 16 and theirs != ours and installation_id() == ours
 
 
 def test_a_redis_that_does_not_answer_stalls_only_the_requests_that_wait_for_it(
