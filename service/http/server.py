@@ -136,8 +136,10 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
 
     configure(settings.server.cookie_secret)   # the secrets' keyed verifier
     # Shared Redis windows are named after the installation (none in memory://).
-    installation = ("" if settings.ratelimit.storage.startswith("memory://")
-                    else installation_id())
+    installation = ""
+    if not settings.ratelimit.storage.startswith("memory://"):
+        with db.connection_context():   # this thread keeps no connection for it
+            installation = installation_id()
 
     # PostgreSQL: a LISTEN connection lets the endpoint lookup cache (SQLite
     # has PRAGMA data_version instead); started after the pool's fork.
