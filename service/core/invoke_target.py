@@ -303,7 +303,7 @@ class TargetCache:
 
     def _query(self, query: Query, guild_id: str, script_id: str, probe: bool) -> Any:
         """`load_target` on a lookup thread; `query.held` has a duplicate of
-        its connection's socket meanwhile, for `_shut` should it stall."""
+        its connection's socket meanwhile, for `shut` should it stall."""
         feed = self._feed
         if query.abandoned or (not probe and self._down_since is not None
                                and (feed is None or feed.generation is None)):

@@ -143,8 +143,8 @@ class Journal:
         return self.directory / f"segment-{number:012d}-{self.run}.journal"
 
     def _open_next(self, size: int = SEGMENT_BYTES) -> _Segment:
-        """The next segment: an emptied one renamed, or a new sparse file of
-        `size` bytes, mapped shared. Its first length word is zero."""
+        """The next segment: an emptied one renamed, or a new file of `size`
+        bytes (its blocks reserved), mapped shared. Its first length word is zero."""
         self._number += 1
         path = self._path(self._number)
         if self._free and size <= SEGMENT_BYTES:
