@@ -304,9 +304,11 @@ class TargetCache:
     def _query(self, query: Query, guild_id: str, script_id: str, probe: bool) -> Any:
         """`load_target` on a lookup thread; `query.held` has a duplicate of
         its connection's socket meanwhile, for `shut` should it stall."""
+        # (Plain attributes only: the feed's `generation` polls its socket,
+        # which one thread at a time may do, the loop's.)
         feed = self._feed
         if query.abandoned or (not probe and self._down_since is not None
-                               and (feed is None or feed.generation is None)):
+                               and (feed is None or not feed.healthy)):
             return SKIPPED   # given up on, or an outage began while it waited
         query.started = time.monotonic()
         try:
