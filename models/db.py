@@ -107,7 +107,11 @@ def describe_url(url: str) -> str:
 def open_database(url: str) -> Database:
     """Return an unconnected peewee `Database` for `url` (no proxy change).
     A `DatabaseURLError`'s message never holds the URL's password."""
-    parsed = urlparse(url)
+    try:
+        parsed = urlparse(url)
+    except ValueError:   # its text quotes what it choked on: maybe the password
+        raise DatabaseURLError("database url (unparseable URL): percent-encode / ? # @ : [ ] "
+                               "in the user name and password") from None
     params = {k: _qs_value(v) for k, v in parse_qsl(parsed.query, keep_blank_values=True)}
     if parsed.scheme == "sqlite":
         path = unquote(parsed.path[1:]) if parsed.path.startswith("/") else parsed.path

@@ -11,7 +11,7 @@ import ipaddress
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import ParseResult, urlparse
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -79,9 +79,19 @@ def processes(value: Any) -> int | None:
         raise ValueError('expected "auto" or an integer 1..256') from None
 
 
+def _parsed(url: str) -> ParseResult:
+    """`urlparse(url)`; its errors quote the text they choke on — a URL's
+    password, if need be — so they are replaced by a fixed one."""
+    try:
+        return urlparse(url)
+    except ValueError:
+        raise ValueError("not a URL that can be parsed (percent-encode / ? # @ : [ ] in "
+                         "the user name and password)") from None
+
+
 def http_url(value: Any) -> str:
     url = text(value)
-    parsed = urlparse(url)
+    parsed = _parsed(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ValueError("expected an http:// or https:// URL")
     # The scheme in lower case (urlparse gives it so): `HTTPS://` is https to
@@ -109,14 +119,14 @@ def metrics_token(value: Any) -> str:
 
 def db_url(value: Any) -> str:
     url = text(value)
-    if urlparse(url).scheme not in ("sqlite", "postgres", "postgresql"):
+    if _parsed(url).scheme not in ("sqlite", "postgres", "postgresql"):
         raise ValueError("expected sqlite:///PATH or postgresql://...")
     return url
 
 
 def storage(value: Any) -> str:
     url = text(value)
-    scheme = urlparse(url).scheme
+    scheme = _parsed(url).scheme
     if scheme not in ("memory", "redis", "rediss", "unix"):
         raise ValueError('expected "memory://" or a redis://, rediss:// or unix:// URL')
     if scheme != "memory":
@@ -128,7 +138,7 @@ def _check_redis_url(url: str) -> None:
     """Refuse a Redis URL its client would refuse at start-up (a port that is no
     number, a database or option of the wrong type), in one line that never
     echoes the URL (it may hold a password)."""
-    parsed = urlparse(url)
+    parsed = _parsed(url)
     database = parsed.path.strip("/")
     if parsed.scheme != "unix" and database and not (database.isascii() and database.isdigit()):
         raise ValueError("not a valid Redis URL: the database (the path) must be a number")
@@ -136,7 +146,7 @@ def _check_redis_url(url: str) -> None:
         from redis.connection import parse_url
     except ImportError:   # the `redis` extra is not installed: the port at least
         try:
-            urlparse(url).port
+            parsed.port
         except ValueError:
             raise ValueError("not a valid Redis URL: the port must be a number "
                              "from 1 to 65535") from None

@@ -33,7 +33,8 @@ def test_bad_urls(url):
                                  # port goes, and the port's error quoted it.
                                  "postgresql://logic:S3cretPw/x@h:5432/db",
                                  "postgresql://logic:S3cretPw?x@h/db",
-                                 "postgresql://logic:S3cretPw#x@h:5432/db"])
+                                 "postgresql://logic:S3cretPw#x@h:5432/db",
+                                 "postgresql://logic:[S3cretPw]/x@h:5432/db"])
 def test_a_bad_urls_message_never_holds_its_password(url):
     # Red-team pass, session 23: the message quoted the whole URL, so a URL
     # missing only its database name printed the password (also into the

@@ -120,6 +120,14 @@ time_limit_ms = 1000
      "config: bad value for ratelimit.storage: not a valid Redis URL: the database"),
     ("", {"LOGIC_RATELIMIT_STORAGE": "redis://127.0.0.1:6379/0?socket_timeout=pw0rd"},
      "env: bad value for LOGIC_RATELIMIT_STORAGE: not a valid Redis URL"),
+    # Session 24: brackets after a `/` in the password made urlparse's own
+    # error quote the bracketed part of it.
+    ("", {"LOGIC_RATELIMIT_STORAGE": "redis://u:[pw0rd]/x@h:6379/0"},
+     "env: bad value for LOGIC_RATELIMIT_STORAGE: not a URL that can be parsed"),
+    ("", {"LOGIC_DATABASE_URL": "postgresql://app:[pw0rd]/rest@db.internal:5432/logic"},
+     "env: bad value for LOGIC_DATABASE_URL: not a URL that can be parsed"),
+    ("[database]\nurl = 'postgresql://app:[pw0rd]/rest@db.internal/logic'\n", {},
+     "config: bad value for database.url: not a URL that can be parsed"),
 ])
 def test_errors_are_one_line_naming_the_key(tmp_path, text, env, message):
     with pytest.raises(SettingsError) as err:
