@@ -234,8 +234,11 @@ class DashboardHandler(BaseHandler):
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if database_lost(exc):
-            exc = PageError(503, "The database cannot be reached just now; retry in a moment.",
-                            headers={"Retry-After": "1"})
+            exc = (PageError(503, "The database cannot be reached just now; retry in a moment.",
+                             headers={"Retry-After": "1"})
+                   if self.request.method in ("GET", "HEAD") else
+                   PageError(503, "The database connection was lost: the change may or may not "
+                                  "have been made. Reload the page to see."))
         if isinstance(exc, PageError):
             status, message = exc.status, exc.message
             for name, value in exc.headers.items():

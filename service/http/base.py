@@ -154,7 +154,7 @@ class BaseHandler(RequestHandler):
         for name, value in self.sticky_headers.items():
             self.set_header(name, value)
         if database_lost(exc):
-            exc = DATABASE_BUSY
+            exc = DATABASE_BUSY if self.request.method in SAFE_METHODS else DATABASE_LOST_WRITE
             self.set_status(exc.status)
         if isinstance(exc, ServiceError):
             code, message = exc.code, exc.message
@@ -189,13 +189,26 @@ class BaseHandler(RequestHandler):
 
 
 def database_lost(exc: BaseException | None) -> bool:
-    """Whether `exc` is a query that failed because the database connection was lost."""
-    return isinstance(exc, (OperationalError, InterfaceError)) and connection_lost(exc)
+    """Whether `exc` is a query that failed because the database connection was
+    lost, or an error raised while handling one (a connection context closing
+    a connection that is gone raises its own on top: the chain is searched)."""
+    for _ in range(8):
+        if exc is None:
+            return False
+        if isinstance(exc, (OperationalError, InterfaceError)) and connection_lost(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 #: What a request that needed the database gets while it is unreachable.
 DATABASE_BUSY = BusyError("The database is unreachable; retry shortly.",
                           headers={"Retry-After": "1"})
+#: The same for a request that may write: the connection may have been lost
+#: after the database committed it, so no retry is suggested.
+DATABASE_LOST_WRITE = BusyError("The database connection was lost; the change may or may not "
+                                "have been made: read the resource before trying again.")
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 class NotFoundHandler(BaseHandler):

@@ -270,6 +270,12 @@ def test_requests_that_need_the_database_get_503_busy_and_a_line_per_interval_in
             api = srv.request("/api/v1/me", method="GET",
                               headers={"Authorization": f"Bearer lat_{'x' * 40}{n}"})
             assert (api.status, api.code, api.headers.get("retry-after")) == (503, "busy", "1")
+            # A request that may write gets no Retry-After: its connection may
+            # have been lost after the database committed it.
+            write = srv.request("/api/v1/tokens", method="POST", json_body={"name": "x"},
+                                headers={"Authorization": f"Bearer lat_{'z' * 40}{n}"})
+            assert (write.status, write.code) == (503, "busy")
+            assert "retry-after" not in write.headers and b"may or may not" in write.body
             login = srv.request(f"/login/{'y' * 40}{n}", method="GET")
             assert login.status == 503 and login.headers.get("retry-after") == "1"
             assert b"cannot be reached" in login.body
@@ -281,3 +287,21 @@ def test_requests_that_need_the_database_get_503_busy_and_a_line_per_interval_in
         assert len(lines) < 15, text
     finally:
         srv.stop()
+
+
+def test_a_lost_connection_under_another_error_is_still_an_outage() -> None:
+    """Outside review, session 24: a connection context closing a connection
+    that was gone raised its own error on top of the database's, and the
+    chat command's request was a 500 with the whole chain logged."""
+    from peewee import OperationalError
+
+    from service.http.base import database_lost
+    try:
+        try:
+            raise OperationalError("server closed the connection unexpectedly")
+        except OperationalError:
+            raise IndexError("pop from empty list")   # noqa: B904 - the chain is the point
+    except IndexError as err:
+        assert database_lost(err)
+    assert not database_lost(IndexError("pop from empty list"))
+    assert not database_lost(OperationalError("too many clients already"))
