@@ -30,3 +30,13 @@ def installation_id() -> str:
         Installation.insert(id=secrets.token_hex(8)).on_conflict_ignore().execute()
         row = Installation.select().order_by(Installation.id).first()
     return str(row.id)
+
+
+def renew_installation_id() -> str:
+    """Replace the id (a restored copy of another installation's database)."""
+    from models.db import database
+    new = secrets.token_hex(8)
+    with database.atomic():
+        Installation.delete().execute()
+        Installation.insert(id=new).execute()
+    return new

@@ -39,3 +39,15 @@ def db_version(state: State, as_json: bool) -> None:
     state.open_database(check_schema=False)
     runner = Runner(database.obj)
     emit({"current": runner.current_version(), "latest": runner.latest}, as_json)
+
+
+@db.command("new-installation-id")
+@json_option
+@pass_state
+def db_new_installation_id(state: State, as_json: bool) -> None:
+    """Give this database a new installation id (a restored copy run as a second
+    installation: its rate limits in a shared Redis then keep apart)."""
+    from models.installation import renew_installation_id
+    state.open_database()
+    emit({"installation": renew_installation_id()}, as_json,
+         lambda d: f"installation id is now {d['installation']} (restart the nodes that use it)")

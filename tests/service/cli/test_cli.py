@@ -150,3 +150,21 @@ def test_commands_refuse_a_partly_migrated_database(tmp_path):
                                                 "from": 2, "to": LATEST}
     assert logic("db", "version", "--json") == {"current": LATEST, "latest": LATEST}
     assert "secret regenerate" not in logic("--help") and "Commands:" in logic("--help")
+    # A copy of a database keeps its installation id (rate limits in a shared
+    # Redis named after it): the copy gets its own.
+    import shutil
+    copy = Logic(f"sqlite:///{tmp_path}/copy.db", tmp_path)
+    shutil.copy(tmp_path / "old.db", tmp_path / "copy.db")
+    db = connect(url)
+    from models.installation import installation_id
+    original = installation_id()
+    db.close()
+    renewed = copy("db", "new-installation-id", "--json")["installation"]
+    assert len(renewed) == 16 and renewed != original
+    db = connect(f"sqlite:///{tmp_path}/copy.db")
+    assert installation_id() == renewed
+    db.close()
+    db = connect(url)
+    assert installation_id() == original
+    db.close()
+    database.initialize(None)
