@@ -178,27 +178,33 @@ class BaseHandler(RequestHandler):
             return
         if isinstance(value, HTTPError) and value.status_code < 500:
             return
-        if database_lost(value):
+        lost = lost_connection_error(value)
+        if lost is not None:
             # An outage, not a fault of this request: one line per interval, the
             # error's kind only (its text names the server), no traceback.
             _outages(self.request_id, "busy", "the database is unreachable "
-                     f"({type(value).__name__}): requests that need it get 503 busy")
+                     f"({type(lost).__name__}): requests that need it get 503 busy")
             return
         log.error("%s uncaught exception on %s", self.request_id, self.request.path,
                   exc_info=(typ, value, tb))
 
 
-def database_lost(exc: BaseException | None) -> bool:
-    """Whether `exc` is a query that failed because the database connection was
-    lost, or an error raised while handling one (a connection context closing
-    a connection that is gone raises its own on top: the chain is searched)."""
+def lost_connection_error(exc: BaseException | None) -> BaseException | None:
+    """The query error in `exc` or its chain that says the database connection
+    was lost (a connection context closing a connection that is gone raises
+    its own error on top), or None."""
     for _ in range(8):
         if exc is None:
-            return False
+            return None
         if isinstance(exc, (OperationalError, InterfaceError)) and connection_lost(exc):
-            return True
+            return exc
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
+
+
+def database_lost(exc: BaseException | None) -> bool:
+    """Whether `exc` is, or was raised while handling, a lost database connection."""
+    return lost_connection_error(exc) is not None
 
 
 #: What a request that needed the database gets while it is unreachable.
