@@ -27,7 +27,7 @@ from models.change_feed import ChangeFeed
 from models.db import database
 from service.core.db_errors import connection_lost
 from service.core.lookup_query import (SKIPPED, Backlogged, LookupStalled, Query, answer_of,
-                                       close_held, retrieve, shut)
+                                       close_held, feed_noticed, retrieve, shut)
 from service.core.target_read import InvokeTarget, load_target
 from service.core.target_generation import generation
 from service.core.wal_index import WalIndex
@@ -390,7 +390,8 @@ class TargetCache:
         loop = asyncio.get_running_loop()
         noticing = self._noticing
         if noticing is None or noticing[0] is not loop or noticing[1].done():
-            noticing = self._noticing = (loop, asyncio.ensure_future(_feed_noticed(feed)))
+            waiting = asyncio.ensure_future(feed_noticed(feed, FEED_NOTICE_S))
+            noticing = self._noticing = (loop, waiting)
         await asyncio.shield(noticing[1])
 
     def close(self) -> None:
@@ -399,9 +400,3 @@ class TargetCache:
             self._executor.shutdown(wait=False)
         self._index = None
 
-
-async def _feed_noticed(feed: ChangeFeed) -> None:
-    """Until the feed no longer listens, `FEED_NOTICE_S` at most."""
-    deadline = time.monotonic() + FEED_NOTICE_S
-    while feed.healthy and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)

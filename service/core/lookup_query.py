@@ -98,3 +98,10 @@ def close_held(held: list[int]) -> None:
         os.close(held.pop())
     except IndexError:
         pass   # `shut` took it
+
+
+async def feed_noticed(feed: Any, bound_s: float) -> None:
+    """Until the change feed no longer listens, `bound_s` at most."""
+    deadline = time.monotonic() + bound_s
+    while feed.healthy and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)

@@ -45,6 +45,7 @@ from peewee import InterfaceError, OperationalError
 
 from service.http.journal import Journal
 from service.http.journal_facts import JournaledRequest
+from service.http.record_batches import expand, mark_of
 
 log = logging.getLogger("logic.records")
 
@@ -64,35 +65,6 @@ class Recordable(Protocol):
 
     def records(self, history: bool) -> list[Any]:
         """Its record items; the history record only if `history`."""
-
-
-def expand(entries: Sequence[Any]) -> list[Any]:
-    """Record items for a batch: history only for each endpoint's newest N entries.
-
-    Plain items (anything without `records`) pass through unchanged. The
-    newest entry of an endpoint carries its current plan's N.
-    """
-    left: dict[int, int] = {}
-    out: list[list[Any]] = []
-    for entry in reversed(entries):
-        convert = getattr(entry, "records", None)
-        if convert is None:
-            out.append([entry])
-            continue
-        try:
-            slot = entry.history_slot()
-            history = False
-            if slot is not None:
-                endpoint_id, keep = slot
-                n = left.setdefault(endpoint_id, keep)
-                if n > 0:
-                    left[endpoint_id] = n - 1
-                    history = True
-            out.append(convert(history))
-        except Exception:  # noqa: BLE001 - one bad entry must not cost the batch
-            log.error("a request could not be turned into records; skipped", exc_info=True)
-    out.reverse()
-    return [item for items in out for item in items]
 
 
 class RecordWriter:
@@ -327,7 +299,7 @@ class RecordWriter:
         for attempt in range(3):
             try:
                 items = expand(batch)
-                self._store(items, _mark_of(batch))
+                self._store(items, mark_of(batch))
             except (OperationalError, InterfaceError) as err:
                 self._unreachable(err, len(batch))
                 return True
@@ -355,7 +327,7 @@ class RecordWriter:
         holds only the entries not yet written, to be held and retried."""
         for i, entry in enumerate(batch):
             try:
-                self._store(expand([entry]), _mark_of([entry]))
+                self._store(expand([entry]), mark_of([entry]))
             except (OperationalError, InterfaceError) as err:
                 del batch[:i]
                 self._unreachable(err, len(batch))
@@ -395,11 +367,3 @@ class RecordWriter:
         self._down_since = None
         self._overflowing = False
 
-
-def _mark_of(batch: Sequence[Any]) -> Any:
-    """The journal mark of the last journaled entry of `batch` (None: none is)."""
-    for entry in reversed(batch):
-        mark = getattr(entry, "mark", None)
-        if mark is not None:
-            return mark
-    return None

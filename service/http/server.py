@@ -36,7 +36,8 @@ from service.http.listener import HTTP1Server, ServerLimits
 from service.http.invoke import PREFIX, InvokeEndpoint
 from service.http.ratelimit import RateLimits, _Windows
 from service.http.journal import Journal, read_segments, run_of
-from service.http.records import RecordWriter, expand
+from service.http.record_batches import expand
+from service.http.records import RecordWriter
 from service.settings import Settings
 
 log = logging.getLogger("logic.server")

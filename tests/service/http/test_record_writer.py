@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from peewee import InterfaceError, OperationalError
 
-from service.http.records import RecordWriter, expand
+from service.http.record_batches import expand
+from service.http.records import RecordWriter
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
