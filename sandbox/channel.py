@@ -69,7 +69,7 @@ class RequestState:
     __slots__ = ("future", "kind", "ref", "event", "limits", "id", "t0", "deadline", "worker",
                  "ships_source", "compiled", "asked_source", "guild", "queued", "deprioritised", "waited",
                  "seated", "excess", "where", "dig", "code_waited", "homeless", "cpu_at_ship",
-                 "held_s")
+                 "held_s", "sent_script")
 
     def __init__(self, future: "asyncio.Future[Any]", kind: str, ref: Any,
                  event: dict[str, Any], limits: "Limits", guild: str = "") -> None:
@@ -97,6 +97,11 @@ class RequestState:
         # A worker may ask for the source ("need") once per request: each ask
         # resets the deadline to a fresh compile budget (redteam finding R10).
         self.asked_source = False
+        #: The job's frame carried the script (source, and code when cached): a
+        #: "need" for it then is a lie, and one sent after the script ran (code
+        #: shipped: no "compiled" comes first) would have a taken-over worker
+        #: sent the source to compile and offer its own code for (review, session 25).
+        self.sent_script = False
         self.dig = b""  # SHA-256 of ref.source (sandbox.codecache.source_digest)
         self.code_waited = False  # waited once for the compile worker (sandbox.compiling)
         #: Time it held its run slot before its job went out (waiting for the
@@ -124,7 +129,7 @@ class WorkerHandle:
         self.sock = socket.socket(fileno=channel_fd)
         self.sock.setblocking(False)
         self.fd = channel_fd
-        self.reader = protocol.FrameReader(protocol.MAX_REPLY_BYTES)
+        self.reader = protocol.FrameReader(protocol.MAX_REPLY_BYTES, bounded=True)
         self.known: OrderedDict[tuple[str, int, bytes], None] = OrderedDict()
         self.cache_size = cache_size
         self.jobs = 0
@@ -165,6 +170,7 @@ class WorkerHandle:
         # The code cache's key names the guild (never another guild's code).
         entry = None if have or codes is None else codes.get((req.guild, *key))
         req.ships_source = not have and entry is None
+        req.sent_script = not have
         if req.ships_source:   # (once per version and worker: the compile's CPU is what follows)
             req.cpu_at_ship = self.cpu_seconds()
         frame = protocol.encode(

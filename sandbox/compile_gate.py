@@ -12,8 +12,9 @@ compiler, reads the source from stdin, then hardens itself as a worker does
 privileges, seccomp), arms a CPU timer (``ITIMER_PROF``: SIGPROF ends it when
 the budget is spent, even inside CPython's C compiler) and the memory guard,
 compiles, and writes the verdict as JSON to stdout. The verdict is remembered
-per source (an LRU keyed by its SHA-256): saving the same text again costs
-nothing and a source over budget is never compiled twice by this process.
+per guild and source (an LRU keyed by both, the source by its SHA-256):
+saving the same text again costs nothing and a source over budget is never
+compiled twice for a guild by this process.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ class Verdict:
         return not self.errors
 
 
-_verdicts: OrderedDict[str, Verdict] = OrderedDict()
+_verdicts: OrderedDict[tuple[str, bytes], Verdict] = OrderedDict()
 _lock = threading.Lock()
 log = logging.getLogger("sandbox.compile_gate")
 #: Layers a compile process said did not take effect, with the reason (each
@@ -97,18 +98,27 @@ def _note_inactive(reported: Any) -> None:
                         why[:200])
 
 
-def check_source(text: str) -> Verdict:
-    """Compile ``text`` in a sandboxed one-shot process, within budget."""
-    key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+def check_source(text: str, scope: str = "") -> Verdict:
+    """Compile ``text`` in a sandboxed one-shot process, within budget.
+
+    ``scope`` (the guild) keys the remembered verdicts: a save answered at
+    once because the same text was saved before would tell one guild what
+    another guild's script holds (review, session 25). A verdict that says
+    more about the host than the source (the wall-clock limit on a busy host,
+    a compile process that could not start or died) is not remembered."""
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    key = (scope, digest)
     with _lock:
         if key in _verdicts:
             _verdicts.move_to_end(key)
             return _verdicts[key]
-    verdict = Verdict(_run_child(text))
-    with _lock:
-        _verdicts[key] = verdict
-        if len(_verdicts) > VERDICT_CACHE:
-            _verdicts.popitem(last=False)
+    errors, lasting = _run_child(text)
+    verdict = Verdict(errors)
+    if lasting:
+        with _lock:
+            _verdicts[key] = verdict
+            if len(_verdicts) > VERDICT_CACHE:
+                _verdicts.popitem(last=False)
     return verdict
 
 
@@ -133,7 +143,8 @@ def _sandbox_ids() -> tuple[int, int]:
         return 65534, 65534
 
 
-def _run_child(text: str) -> tuple[CompileError, ...]:
+def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
+    """The compile process's verdict, and whether it is the source's (lasting)."""
     uid, gid = _sandbox_ids()
     payload = {"path": [p for p in sys.path if isinstance(p, str)],
                "cpu": limits.COMPILE_CPU_BUDGET_S, "mem": limits.COMPILE_MEMORY_BYTES,
@@ -143,25 +154,25 @@ def _run_child(text: str) -> tuple[CompileError, ...]:
                               input=text.encode("utf-8", "surrogatepass"), capture_output=True,
                               timeout=WALL_TIMEOUT_S, env={}, close_fds=True, check=False)
     except subprocess.TimeoutExpired:
-        return _too_long(text)
+        return _too_long(text), False
     except OSError as exc:
-        return _failed(f"compile process could not start: {exc.strerror}")
+        return _failed(f"compile process could not start: {exc.strerror}"), False
     if proc.returncode in (-signal.SIGPROF, -signal.SIGXCPU):
-        return _too_long(text)
+        return _too_long(text), True
     if proc.returncode != 0:
-        return _failed(f"compile process exited with {proc.returncode}")
+        return _failed(f"compile process exited with {proc.returncode}"), False
     try:
         out = json.loads(proc.stdout)
         errors = tuple(CompileError(int(e[0]), int(e[1]), str(e[2])) for e in out["errors"])
         over = bool(out["over"])
     except (ValueError, KeyError, TypeError, IndexError):
-        return _failed("compile process answered nonsense")
+        return _failed("compile process answered nonsense"), False
     _note_inactive(out.get("inactive"))
     if over:
         return (CompileError(1, 1, f"script needs more than "
                                    f"{limits.COMPILE_MEMORY_BYTES >> 20} MB of memory to "
-                                   "compile"),)
-    return errors
+                                   "compile"),), True
+    return errors, True
 
 
 # --- the child ---------------------------------------------------------------

@@ -100,7 +100,8 @@ class Inbox(Compiling, Supervisor):
             # a compromised worker answering "need" again and again (or after
             # "compiled") would reset its deadline to a new compile budget
             # each time and hold the request and the slot for ever (R10).
-            if req.kind != "job" or req.ships_source or req.asked_source or req.compiled:
+            if (req.kind != "job" or req.sent_script or req.ships_source or req.asked_source
+                    or req.compiled):
                 raise ProtocolError("worker asked again for a source it was sent")
             req.asked_source = True
             w.known.pop((req.ref.key, req.ref.version, req.dig), None)

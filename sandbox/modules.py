@@ -247,10 +247,46 @@ class _Template(string.Template):
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        _re_flags(cls.flags)
-        if "pattern" in cls.__dict__ and not isinstance(cls.__dict__["pattern"], re.Pattern):
-            cls.pattern = _exact(cls.__dict__["pattern"])
-        super().__init_subclass__(**kwargs)
+        # string.Template.__init_subclass__ is not run: it reads each attribute
+        # again, through descriptors a script's class can make answer every
+        # read differently (``flags = classmethod(property(f))`` passed a check
+        # here as 0 and reached ``re.compile`` as re.DEBUG: review, session 25).
+        # Each value is read once, from the class dictionaries, checked, and
+        # the pattern compiled from what was checked.
+        if type(cls) not in (ScriptType, type):   # one could answer reads of the class
+            raise TypeError("a Template subclass cannot have its own metaclass")
+        super(string.Template, cls).__init_subclass__(**kwargs)
+        flags = _re_flags(_class_value(cls, "flags"))
+        if "pattern" in cls.__dict__:
+            pattern = _template_text(cls.__dict__["pattern"], "pattern")
+        else:
+            delim = re.escape(_template_text(_class_value(cls, "delimiter"), "delimiter"))
+            ident = _template_text(_class_value(cls, "idpattern"), "idpattern")
+            brace = _class_value(cls, "braceidpattern")
+            brace = ident if brace is None else _template_text(brace, "braceidpattern")
+            pattern = fr"""
+            {delim}(?:
+              (?P<escaped>{delim})  |
+              (?P<named>{ident})    |
+              {{(?P<braced>{brace})}} |
+              (?P<invalid>)
+            )
+            """
+        cls.pattern = re.compile(pattern, flags | re.VERBOSE)
+
+
+def _class_value(cls: type, name: str) -> Any:
+    """``name`` as the first class of ``cls.__mro__`` holds it, no descriptor run."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    raise AttributeError(name)
+
+
+def _template_text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"Template {name} must be a string")
+    return str(_exact(value))
 
 
 _Template.__name__ = _Template.__qualname__ = "Template"

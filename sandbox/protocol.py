@@ -64,7 +64,19 @@ MAX_OUTPUT_CHARS = 16384 + 64
 MAX_ERROR_MESSAGE_CHARS = 1000 + 3
 MAX_TRACEBACK_CHARS = 20000 + 3
 
+#: What a worker's frame may decode to: every object counts (map keys and values,
+#: array elements); a reply with 64 headers is ~240 objects, 4 containers deep.
+#: Checked before decoding (``sandbox._frameshape``), so a worker taken over by
+#: its script cannot make the service build ~70 bytes of Python per byte sent.
+MAX_REPLY_ITEMS = 4096
+MAX_REPLY_DEPTH = 8
+
 _packer = msgpack.Packer(use_bin_type=True)
+
+try:
+    from sandbox._frameshape import items as _items
+except ImportError:  # the extension did not build: the same walk in Python, slower
+    from sandbox.frameshape import items as _items
 
 
 def encode(message: dict[str, Any], cap: int) -> bytes:
@@ -78,8 +90,12 @@ def encode(message: dict[str, Any], cap: int) -> bytes:
     return len(body).to_bytes(HEADER_BYTES, "big") + body
 
 
-def decode(body: bytes | memoryview) -> Any:
-    """Decode one frame body; raises :class:`ProtocolError` for anything but msgpack."""
+def decode(body: bytes | memoryview, bounded: bool = False) -> Any:
+    """Decode one frame body; raises :class:`ProtocolError` for anything but msgpack.
+    ``bounded``: a worker's frame, refused past ``MAX_REPLY_ITEMS`` objects or
+    ``MAX_REPLY_DEPTH`` levels before anything is decoded."""
+    if bounded and _items(body, MAX_REPLY_ITEMS, MAX_REPLY_DEPTH) < 0:
+        raise ProtocolError("frame holds too many objects, nests too deep or is not msgpack")
     try:
         # strict_map_key: only str/bytes keys; raw=False: str stays str.
         return msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
@@ -90,11 +106,12 @@ def decode(body: bytes | memoryview) -> Any:
 class FrameReader:
     """Incremental frame splitter for a non-blocking stream; one per channel."""
 
-    __slots__ = ("_buf", "_cap")
+    __slots__ = ("_buf", "_cap", "_bounded")
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, bounded: bool = False) -> None:
         self._buf = bytearray()
         self._cap = cap
+        self._bounded = bounded   # see ``decode``
 
     def feed(self, data: bytes) -> Iterator[Any]:
         """Yield every complete message in the buffer after adding ``data``."""
@@ -105,7 +122,7 @@ class FrameReader:
             if n > self._cap:
                 raise ProtocolError(f"frame of {n} bytes exceeds the {self._cap}-byte cap")
             if len(data) == HEADER_BYTES + n:
-                yield decode(memoryview(data)[HEADER_BYTES:])
+                yield decode(memoryview(data)[HEADER_BYTES:], self._bounded)
                 return
         buf += data
         while len(buf) >= HEADER_BYTES:
@@ -117,7 +134,7 @@ class FrameReader:
                 return
             body = bytes(buf[HEADER_BYTES:end])
             del buf[:end]
-            yield decode(body)
+            yield decode(body, self._bounded)
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
@@ -182,9 +199,12 @@ def check_job(msg: Any) -> dict[str, Any]:
     return msg
 
 
+_META_KEYS = frozenset({"events", "endpoint", "gen", "err"})
+
+
 def check_meta(meta: Any) -> bool:
     """The ``meta`` of compiled code: events, endpoint, generators, first compile error."""
-    if type(meta) is not dict or len(meta) != 4:
+    if type(meta) is not dict or meta.keys() != _META_KEYS:
         return False
     events, err = meta.get("events"), meta.get("err")
     return (type(events) is list and len(events) <= 64
@@ -222,10 +242,27 @@ def _line(value: Any) -> bool:
     return value is None or (_is_int(value) and 0 <= value <= MAX_LINE)
 
 
+#: The keys each worker message may have (no more: a frame padded with a key
+#: nothing reads was accepted, on every request). "res", its result and error
+#: are checked by counting (``check_reply``, ``check_result``, ``_check_error``).
+_MESSAGE_KEYS = {
+    "res": frozenset({"t", "id", "r", "peak", "over", "dur", "exit", "rss"}),
+    "code": frozenset({"t", "id", "code", "meta", "exit"}),
+    "need": frozenset({"t", "id"}),
+    "compiled": frozenset({"t", "id", "code", "meta"}),
+    "where": frozenset({"t", "id", "line", "tb"}),
+    "ready": frozenset({"t", "pid", "hard", "notes", "ms"}),
+    "xres": frozenset({"t", "id", "ok", "value"}),
+}
+
+
 def _check_error(error: Any) -> bool:
     if error is None:
         return True
-    return (type(error) is dict and error.get("kind") in ERROR_KINDS
+    # Four keys, two of them named ("kind" and "message" must hold strings):
+    # exactly kind, message, line, traceback (counted, not compared: the hot path).
+    return (type(error) is dict and len(error) == 4 and "line" in error and "traceback" in error
+            and type(error.get("kind")) is str and error["kind"] in ERROR_KINDS
             and type(error.get("message")) is str and _line(error.get("line"))
             and _opt(error.get("traceback"), str)
             and len(error["message"]) <= MAX_ERROR_MESSAGE_CHARS
@@ -241,7 +278,9 @@ def check_result(r: Any) -> bool:
     ``event.header_problem`` (no ``Set-Cookie``, framing, CR/LF, ...), and
     sizes stay within what the runtime can produce.
     """
-    if not (type(r) is dict and type(r.get("replied")) is bool
+    # Seven keys, "error" among them (the other six must hold values): exactly
+    # replied, status, headers, body, contentType, output, error.
+    if not (type(r) is dict and len(r) == 7 and "error" in r and type(r.get("replied")) is bool
             and _is_int(r.get("status")) and 100 <= r["status"] <= 599
             and _check_headers(r.get("headers")) and type(r.get("body")) is bytes
             and type(r.get("contentType")) is str and type(r.get("output")) is str
@@ -295,10 +334,14 @@ def check_reply(msg: Any) -> dict[str, Any]:
         raise ProtocolError("message is not a map")
     t = msg.get("t")
     if t == "res":
-        ok = (_is_int(msg.get("id")) and check_result(msg.get("r")) and _check_measures(msg)
+        # The seven keys below must hold values; "rss" may be left out: no other key.
+        ok = ((len(msg) == 7 or (len(msg) == 8 and "rss" in msg))
+              and _is_int(msg.get("id")) and check_result(msg.get("r")) and _check_measures(msg)
               and type(msg.get("over")) is bool and type(msg.get("exit")) is bool
               and (msg.get("rss") is None
                    or (_is_int(msg.get("rss")) and 0 <= msg["rss"] < 1 << 63)))
+    elif type(t) is not str or t not in _MESSAGE_KEYS or not msg.keys() <= _MESSAGE_KEYS[t]:
+        ok = False
     elif t == "code":
         ok = (_is_int(msg.get("id")) and _opt(msg.get("code"), bytes)
               and check_meta(msg.get("meta")) and type(msg.get("exit")) is bool

@@ -47,7 +47,7 @@ def new_script_id() -> str:
     return SCRIPT_ID_PREFIX + "".join(secrets.choice(_ID_ALPHABET) for _ in range(22))
 
 
-def _compiler() -> Callable[[str], Any] | None:
+def _compiler() -> Callable[..., Any] | None:
     # The sandbox is optional at this layer: when it is absent we fall back
     # to size/encoding checks.  find_spec keeps a real ImportError *inside*
     # the sandbox visible instead of silently skipping it.
@@ -60,7 +60,7 @@ def _compiler() -> Callable[[str], Any] | None:
     return getattr(module, "check_source", None)
 
 
-def validate_source(source: str | bytes) -> str:
+def validate_source(source: str | bytes, guild_id: str = "") -> str:
     """Return the source as text; raises `ValidationError` when it is too big
     or not UTF-8, `CompileError` (a `ValidationError`, with every error's
     line, column and message) when it does not compile, or not within the
@@ -88,7 +88,9 @@ def validate_source(source: str | bytes) -> str:
         # Compiled once, here, in a sandboxed one-shot process within a CPU
         # and memory budget: a source that does not compile in budget never
         # reaches a worker.
-        result = check_source(text)
+        # The guild keys the verdicts it remembers: another guild saving the
+        # same text is compiled for itself (no answer at once to tell it).
+        result = check_source(text, guild_id)
         if not result.ok:
             lines = [f"{e.line}:{e.column}: {e.message}" for e in result.errors]
             raise CompileError("script does not compile: " + "; ".join(lines),
@@ -144,7 +146,10 @@ def create_script(actor: Actor, guild_id: str, name: str, source: str | bytes, *
     `ConflictError` (`script_name_taken`), `QuotaError` (`script_quota`: the
     plan's live scripts per guild), `NotFoundError`, `PermissionDeniedError`."""
     name = _validate_name(name)
-    text = validate_source(source)
+    # Who may create is settled before the compile (a sandboxed process): a
+    # stranger to the guild costs the host nothing and learns nothing.
+    require_role(actor, get_guild(guild_id), EDITORS, "create scripts")
+    text = validate_source(source, guild_id)
     warnings = json.dumps(script_checks.warnings_of(text))
     with database.atomic():
         guild = get_guild(guild_id, lock=True)    # serialises the name check
@@ -185,7 +190,10 @@ def update_script(actor: Actor, guild_id: str, script_id: str, source: str | byt
     `ValidationError`, `VersionMismatchError`, `ConflictError`
     (`script_name_taken`), `NotFoundError`,
     `PermissionDeniedError`."""
-    text = validate_source(source) if source is not None else None
+    text = None
+    if source is not None:
+        guild_and_script(actor, guild_id, script_id, "edit scripts")   # before the compile
+        text = validate_source(source, guild_id)
     new_name = _validate_name(name) if name is not None else None
     with database.atomic():
         guild, script, _ = guild_and_script(actor, guild_id, script_id, "edit scripts")

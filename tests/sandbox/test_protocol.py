@@ -1,11 +1,20 @@
 """Frames between pool and workers: caps, splitting, validation."""
 from __future__ import annotations
 
+import random
+import tracemalloc
+from typing import Any
+
 import msgpack
 import pytest
 
-from sandbox import protocol
+from sandbox import frameshape, protocol
 from sandbox.errors import PoolBusyError, ProtocolError, SandboxError
+
+try:
+    from sandbox import _frameshape
+except ImportError:  # the extension did not build: its Python twin is tested alone
+    _frameshape = None  # type: ignore[assignment]
 
 RESULT = {"replied": True, "status": 200, "headers": [["X-A", "1"]], "body": b"{}",
           "contentType": "application/json", "output": "", "error": None}
@@ -67,10 +76,120 @@ def test_garbage_and_non_msgpack_are_protocol_errors() -> None:
                                           "line": -1, "traceback": None}}},
     {"t": "where", "id": 7, "line": 2 ** 40, "tb": ""},
     {**REPLY, "rss": 2 ** 64}, {**REPLY, "rss": -1}, {**REPLY, "dur": 1.7e308},
+    # Keys nothing reads (padding that made the service decode ~300 MB on every
+    # reply, security review session 25), a result missing one, a meta with a
+    # stranger in place of "err" (a KeyError in the service before).
+    {**REPLY, "pad": [{}] * 10}, {**REPLY, "r": {**RESULT, "pad": 1}},
+    {**REPLY, "r": {k: v for k, v in RESULT.items() if k != "error"}},
+    {**REPLY, "r": {**RESULT, "error": {"kind": "script_error", "message": "m", "line": None,
+                                          "traceback": None, "pad": 1}}},
+    {"t": "code", "id": 7, "code": None, "exit": False,
+     "meta": {"events": [], "endpoint": False, "gen": False, "pad": 1}},
+    {"t": "need", "id": 7, "pad": 1}, {"t": "where", "id": 7, "line": 1, "tb": "", "x": 1},
+    # Unhashable where a name is looked up: a TypeError in the service before.
+    {"t": ["res"]}, {**REPLY, "r": {**RESULT, "error": {"kind": ["script_error"], "message": "m",
+                                                         "line": None, "traceback": None}}},
 ])
 def test_malformed_worker_messages_are_refused(bad: object) -> None:
     with pytest.raises(ProtocolError):
         protocol.check_reply(bad)
+
+
+def _random_object(rng: random.Random, depth: int = 0) -> object:
+    kind = rng.randrange(9 if depth < 4 else 6)
+    if kind == 0:
+        return rng.choice([None, True, False])
+    if kind == 1:
+        return rng.choice([0, 1, 127, 128, -1, -32, -33, 255, 256, 65535, 65536, 2 ** 32,
+                           2 ** 63, -2 ** 63, 2 ** 64 - 1])
+    if kind == 2:
+        return rng.random() * 1e6
+    if kind == 3:
+        return "é" * rng.choice([0, 1, 31, 32, 255, 256, 70000])
+    if kind in (4, 5):
+        return b"x" * rng.choice([0, 1, 255, 256, 65536])
+    if kind in (6, 7):
+        return [_random_object(rng, depth + 1) for _ in range(rng.choice([0, 1, 15, 16, 40]))]
+    return {f"k{i}": _random_object(rng, depth + 1) for i in range(rng.choice([0, 1, 15, 16, 20]))}
+
+
+def _count(obj: object) -> int:
+    if isinstance(obj, list):
+        return 1 + sum(_count(x) for x in obj)
+    if isinstance(obj, dict):
+        return 1 + sum(1 + _count(v) for v in obj.values())
+    return 1
+
+
+def _depth(obj: object) -> int:
+    if isinstance(obj, list):
+        return 1 + max((_depth(x) for x in obj), default=0)
+    if isinstance(obj, dict):
+        return 1 + max((_depth(x) for x in obj.values()), default=0)
+    return 0
+
+
+WALKERS = [pytest.param(frameshape.items, id="python")]
+if _frameshape is not None:
+    WALKERS.append(pytest.param(_frameshape.items, id="c"))
+
+
+@pytest.mark.parametrize("items", WALKERS)
+def test_a_frames_objects_are_counted_before_it_is_decoded(items: Any) -> None:
+    rng = random.Random(25)
+    for _ in range(300):
+        obj = _random_object(rng)
+        body = msgpack.packb(obj, use_bin_type=True)
+        n, depth = _count(obj), _depth(obj)
+        assert items(body, 1 << 20, 64) == n
+        assert items(body, n, depth) == n
+        if n > 1:
+            assert items(body, n - 1, 64) == -1
+        if depth:
+            assert items(body, 1 << 20, depth - 1) == -1
+        # Truncated or followed by more bytes: not one msgpack object.
+        assert items(body[:-1], 1 << 20, 64) == -1
+        assert items(body + b"\xc0", 1 << 20, 64) == -1
+    for bad in (b"", b"\xc1", b"\xd4\x01\x00", b"\xc7\x01\x01x", b"\xdd\xff\xff\xff\xff"):
+        assert items(bad, 1 << 20, 64) == -1
+
+
+@pytest.mark.skipif(_frameshape is None, reason="sandbox._frameshape did not build")
+def test_the_c_walk_and_its_python_twin_agree_on_damaged_frames() -> None:
+    rng = random.Random(2025)
+    for _ in range(300):
+        body = bytearray(msgpack.packb(_random_object(rng), use_bin_type=True))
+        for _ in range(rng.randrange(1, 4)):
+            body[rng.randrange(len(body))] = rng.randrange(256)
+        for limits in ((1 << 20, 64), (50, 3)):
+            assert _frameshape.items(bytes(body), *limits) == frameshape.items(bytes(body), *limits)
+
+
+def test_a_frame_of_tiny_objects_is_refused_without_decoding_it() -> None:
+    # One byte of msgpack (an empty map) is ~70 bytes of Python: a worker taken
+    # over by its script made the service allocate ~300 MB per 4 MiB frame
+    # (security review, session 25).
+    n = protocol.MAX_REPLY_BYTES - 64
+    body = b"\x82\xa1t\xa3res\xa3pad\xdd" + n.to_bytes(4, "big") + b"\x80" * n
+    frame = len(body).to_bytes(4, "big") + body
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError, match="too many objects"):
+            list(protocol.FrameReader(protocol.MAX_REPLY_BYTES, bounded=True).feed(frame))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * len(frame) + (1 << 20)
+    # What a worker legitimately sends passes: 64 headers, a 1 MiB body, the
+    # longest output and traceback.
+    big = {**REPLY, "r": {**RESULT, "headers": [[f"X-H{i}", "v" * 100] for i in range(64)],
+                          "body": b"b" * (1 << 20), "output": "o" * protocol.MAX_OUTPUT_CHARS,
+                          "error": {"kind": "script_error", "message": "m" * 1000, "line": 3,
+                                    "traceback": "t" * protocol.MAX_TRACEBACK_CHARS}},
+           "rss": 1}
+    frame = protocol.encode(big, protocol.MAX_REPLY_BYTES)
+    (msg,) = list(protocol.FrameReader(protocol.MAX_REPLY_BYTES, bounded=True).feed(frame))
+    assert protocol.check_reply(msg) == big
 
 
 def test_line_numbers_a_script_can_have_pass() -> None:

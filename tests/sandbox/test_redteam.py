@@ -20,6 +20,7 @@ import re
 import sys
 import textwrap
 import time
+import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
@@ -402,14 +403,41 @@ def test_r3_template_subclass_cannot_use_debug_or_locale_flags(
     assert "LITERAL" not in captured.out + captured.err  # re.DEBUG's dump
 
 
+@pytest.mark.parametrize("attribute", [
+    "flags = classmethod(property(lambda cls: reads.append(1) or (0 if len(reads) == 1 else 128)))",
+    "pattern = classmethod(property(lambda cls: reads.append(1) or Sub(r'\\$(?P<named>x)')))",
+    "delimiter = classmethod(property(lambda cls: reads.append(1) or '$'))",
+], ids=["flags", "pattern", "delimiter"])
+def test_r3_a_template_attribute_is_read_once_and_checked_as_read(
+        attribute: str, capfd: pytest.CaptureFixture[str]) -> None:
+    # The check read flags as 0 and string.Template's own __init_subclass__
+    # read them again as re.DEBUG (review, session 25): values are now taken
+    # from the class dictionaries, no descriptor runs, and only plain strings
+    # and flags pass.
+    out, _ = _run("import re, string\nreads = []\nclass Sub(str):\n    pass\n"
+                  "class T(string.Template):\n    %s\n"
+                  "on endpoint(event):\n    event.reply(len(reads))\n" % attribute)
+    assert error_kind(out) == "script_error" and "TypeError" in out["error"]["message"]
+    captured = capfd.readouterr()
+    assert "LITERAL" not in captured.out + captured.err  # re.DEBUG's dump
+
+
 def test_r3_template_still_works_for_scripts() -> None:
     out, _ = _run(block('''
         class Dollar(string.Template):
             delimiter = "%"
+        class Braced(Dollar):
+            braceidpattern = "[a-z]+[0-9]"
+            flags = re.IGNORECASE
+        class Whole(string.Template):
+            delimiter = "@"
+            pattern = r"@(?:(?P<escaped>@)|(?P<named>[a-z]+)|{(?P<braced>[a-z]+)}|(?P<invalid>))"
         t = string.Template("$who likes $what")
         event.reply([t.substitute(who="ada", what="maths"), Dollar("%x!").substitute(x=1),
-                     isinstance(t, string.Template), isinstance(Dollar("x"), string.Template)])''', "import string\n"))
-    assert out["body"] == b'["ada likes maths","1!",true,true]'
+                     isinstance(t, string.Template), isinstance(Dollar("x"), string.Template),
+                     Braced("%{AB1} %Y").substitute(AB1=2, Y=3), Whole("@a @@").substitute(a=4)])''',
+        "import re, string\n"))
+    assert out["body"] == b'["ada likes maths","1!",true,true,"2 3","4 @"]'
 
 
 # ---------------------------------------------------------------------------
@@ -803,6 +831,39 @@ result = "sent"
             await asyncio.sleep(0.01)
         out = await pool.run(ref(block("event.reply(1)")), pool_event(), Limits(1000, 4096))
         assert out.body == b"1" and not any(n.lower() == "set-cookie" for n, _ in out.headers)
+
+    run_with_pool(scenario, size=1, _unsafe_test_hooks=True)
+
+
+def test_r4_a_frame_of_tiny_objects_costs_the_service_no_memory() -> None:
+    # One byte of msgpack (an empty map) decodes to ~70 bytes of Python: a
+    # worker taken over by its script made the service allocate ~300 MB and
+    # stall its event loop for up to a second with one 4 MiB frame, and
+    # padding a valid reply with a key nothing reads did it on every request
+    # without the worker ever being replaced (security review, session 25).
+    code = '''
+import os
+n = 4 * 1024 * 1024 - 20
+body = b"\\x83\\xa1t\\xa3res\\xa2id\\x00\\xa3pad\\xdd" + n.to_bytes(4, "big") + b"\\x80" * n
+view = memoryview(len(body).to_bytes(4, "big") + body)
+while view:
+    view = view[os.write(3, view):]
+result = 1
+'''
+
+    async def scenario(pool: Pool) -> None:
+        forger = pool.worker_pids[0]
+        tracemalloc.start()
+        try:
+            await asyncio.wait_for(pool._test_exec(code), 30)   # answered as a crash
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 32 << 20, f"the service allocated {peak >> 20} MiB for one frame"
+        out = await pool.run(ref(block("event.reply('fine')")), pool_event(),
+                             Limits(1000, 4096), "another-guild")
+        assert out.body == b'"fine"' and forger not in pool.worker_pids
+        assert pool.counters["crashes"] >= 1
 
     run_with_pool(scenario, size=1, _unsafe_test_hooks=True)
 

@@ -187,6 +187,35 @@ def test_a_worker_reporting_growth_past_its_own_bound_is_replaced() -> None:
         assert pool.memory_estimate() <= WORKER_BYTES
 
 
+def test_need_for_a_job_that_carried_its_script_is_a_protocol_error() -> None:
+    """A job sent with the cached code (or the source) needs nothing: the worker
+    runs it without a "compiled" first, so a "need" after it may come from a
+    worker the script took over. Answered, the source would go out again (once
+    the code cache had dropped the entry) and that worker, with no job done yet,
+    could offer its own code for the guild's later workers (review, session 25)."""
+    import marshal
+
+    from sandbox.codecache import source_digest
+
+    with _driven_pool() as (pool, loop, w):
+        req, codes = w.req, pool._codes
+        assert codes is not None
+        req.dig = source_digest(req.ref.key, req.ref.version, req.ref.source)
+        codes.put((req.guild, req.ref.key, req.ref.version, req.dig),
+                  marshal.dumps(compile("1", "s", "exec")), ("endpoint",), True, False, None)
+        w.job_frame(req, codes)
+        assert req.sent_script and not req.ships_source
+        with pytest.raises(ProtocolError):
+            pool._on_message(w, {"t": "need", "id": 7})
+    with _driven_pool() as (pool, loop, w):   # the frame went without it: asked once
+        req = w.req
+        w.known[(req.ref.key, req.ref.version, req.dig)] = None
+        w.job_frame(req, pool._codes)
+        assert not req.sent_script
+        pool._on_message(w, {"t": "need", "id": 7})
+        assert req.asked_source and req.sent_script
+
+
 def test_need_after_compiled_is_a_protocol_error() -> None:
     """After "compiled" the script may have run: a "need" then would re-ship the
     source (a second compile budget, a second chance to offer code)."""

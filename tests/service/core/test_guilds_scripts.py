@@ -108,7 +108,7 @@ def test_compile_errors_list_line_and_column(db, monkeypatch):
         ok = False
         errors = (Err(2, 5, "name 'open' is not allowed"), Err(7, 1, "two on endpoint blocks"))
 
-    monkeypatch.setattr(scripts_module, "_compiler", lambda: (lambda source: Result()))
+    monkeypatch.setattr(scripts_module, "_compiler", lambda: (lambda source, guild: Result()))
     gid = make_guild()
     with pytest.raises(core.ValidationError) as err:
         core.create_script(OWNER, gid, "bad", SOURCE)

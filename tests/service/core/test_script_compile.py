@@ -10,7 +10,7 @@ import pytest
 from models import Script
 from sandbox import compile_gate, limits
 from service import core
-from tests.factories import OWNER, SOURCE, make_guild
+from tests.factories import OWNER, SOURCE, STRANGER, make_guild
 
 LAMBDA_BOMB = "f = lambda: 0\n" * 10000 + SOURCE  # 140 KB; CPython alone takes ~3 s, 20,000: 10-20 s
 
@@ -56,6 +56,59 @@ def test_a_source_over_the_cpu_budget_is_refused_and_remembered(
             "script does not compile: 1:1: script takes too long to compile: more than 0.01 s "
             "of CPU time (")
     assert len(children) == 1  # compiled once; the second save got the remembered verdict
+
+
+def _counting_children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    monkeypatch.setattr(compile_gate, "_verdicts", type(compile_gate._verdicts)())
+    children: list[str] = []
+    real = compile_gate._run_child
+
+    def counted(text: str) -> Any:
+        children.append(text)
+        return real(text)
+
+    monkeypatch.setattr(compile_gate, "_run_child", counted)
+    return children
+
+
+def test_verdicts_are_remembered_per_guild(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A save answered at once because another guild had saved the same text
+    # told whether it had (0.03 ms against ~75 ms; review, session 25).
+    children = _counting_children(monkeypatch)
+    source = "secret_code = 4711\n" + SOURCE
+    first, second = make_guild(), make_guild()
+    core.create_script(OWNER, first, "a", source)
+    core.create_script(OWNER, first, "b", source)
+    assert len(children) == 1                    # the guild's own second save: remembered
+    core.create_script(OWNER, second, "a", source)
+    assert len(children) == 2                    # another guild's: compiled for it
+
+
+def test_a_stranger_is_refused_before_anything_is_compiled(
+        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    children = _counting_children(monkeypatch)
+    gid = make_guild()
+    script_id = core.create_script(OWNER, gid, "mine", SOURCE)["logicScriptId"]
+    del children[:]
+    for attempt in (lambda: core.create_script(STRANGER, gid, "theirs", "x = 1\n" + SOURCE),
+                    lambda: core.update_script(STRANGER, gid, script_id, "y = 1\n" + SOURCE)):
+        with pytest.raises((core.PermissionDeniedError, core.NotFoundError)):
+            attempt()
+    assert children == []
+
+
+def test_a_compile_process_the_host_failed_is_not_remembered(
+        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The wall-clock limit says more about a busy host than about the source:
+    # the next save compiles it again.
+    children = _counting_children(monkeypatch)
+    monkeypatch.setattr(compile_gate, "WALL_TIMEOUT_S", 0.001)
+    gid = make_guild()
+    with pytest.raises(core.ValidationError):
+        core.create_script(OWNER, gid, "late", SOURCE)
+    monkeypatch.setattr(compile_gate, "WALL_TIMEOUT_S", 30.0)
+    assert core.create_script(OWNER, gid, "late", SOURCE)["name"] == "late"
+    assert len(children) == 2
 
 
 def test_an_ordinary_large_script_compiles_within_the_budget(db: Any) -> None:

@@ -1,0 +1,3 @@
+"""Type stub for the C extension ``sandbox/_frameshape.c``."""
+
+def items(buf: bytes | bytearray | memoryview, max_items: int, max_depth: int) -> int: ...
