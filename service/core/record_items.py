@@ -87,6 +87,17 @@ def redact_headers(headers: dict[str, Any] | Iterable[tuple[str, Any]]) -> dict[
             for k, v in pairs if str(k).lower() not in SECRET_HEADERS}
 
 
+def joined_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Answer headers as history keeps them: lower-case names, a name sent
+    twice kept once with its values joined by ", " (RFC 9110 5.3), as for the
+    request's headers (the last value alone was kept before: review, session 25)."""
+    out: dict[str, str] = {}
+    for name, value in pairs:
+        key = name.lower()
+        out[key] = f"{out[key]}, {value}" if key in out else value
+    return out
+
+
 def clean_text(text: str) -> str:
     """Text both databases accept: PostgreSQL refuses NUL in text columns and
     neither driver can encode lone surrogates; one bad row would otherwise

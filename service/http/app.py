@@ -9,11 +9,13 @@ from __future__ import annotations
 import functools
 import logging
 
+from tornado.httputil import HTTPHeaders
 from tornado.web import Application, RequestHandler
 
 from service import api, dashboard
 from service.chat import handler as chat
 from service.http import health, metrics_handler
+from service.dashboard.base import COOKIE
 from service.http.base import NotFoundHandler
 from service.http.context import AppContext
 from service.http.metrics import Metrics
@@ -21,6 +23,33 @@ from service.http.redaction import loggable_path
 
 
 access_log = logging.getLogger("logic.access")
+
+#: The body the front keeps of a request to the application (every path but
+#: ``/endpoints/``) that brings no credentials (no ``Authorization`` header, no
+#: dashboard session cookie): past it the body is read and dropped, and the
+#: handler refuses the request for what it lacks (401 for the admin API, as
+#: without a body). Such a body was held whole, up to the largest plan's body
+#: size, before the handler could refuse it (review, session 25: 200
+#: connections of one address took a server from 63 to 267 MiB). The chat
+#: path is refused past it at once (413, before the signature check).
+#: Requests with credentials keep the front's backstop; each handler applies
+#: its own cap after authentication (the admin API's ``body_cap``).
+ANONYMOUS_BODY_CAP = 64 * 1024
+
+
+class ServiceApplication(Application):
+    """The application, with the body limit the front applies when a head arrives."""
+
+    chat_path = ""
+
+    def body_limit(self, path: str, headers: HTTPHeaders) -> tuple[int, bool] | None:
+        """``(bytes, refuse)``: past ``bytes`` the body is refused (413) or, when
+        not ``refuse``, read and dropped; None: the front's backstop alone."""
+        if path.split("?", 1)[0] == self.chat_path:
+            return ANONYMOUS_BODY_CAP, True
+        if "Authorization" in headers or COOKIE in headers.get("Cookie", ""):
+            return None
+        return ANONYMOUS_BODY_CAP, False
 
 
 def log_request(handler: RequestHandler, metrics: Metrics | None = None) -> None:
@@ -45,7 +74,7 @@ def log_request(handler: RequestHandler, metrics: Metrics | None = None) -> None
                        1000.0 * request.request_time())
 
 
-def make_app(context: AppContext) -> Application:
+def make_app(context: AppContext) -> ServiceApplication:
     """The service's Tornado application; every handler gets `context`."""
     handlers = [
         (pattern, handler, {"context": context})
@@ -55,7 +84,7 @@ def make_app(context: AppContext) -> Application:
     handlers += chat.routes(context)  # the interactions endpoint, when a public key is set
     handlers += api.routes(context)  # /api/v1 (service.api)
     handlers += dashboard.routes(context)
-    return Application(
+    app = ServiceApplication(
         handlers,
         default_handler_class=NotFoundHandler,
         default_handler_args={"context": context},
@@ -63,3 +92,5 @@ def make_app(context: AppContext) -> Application:
         compress_response=False,
         log_function=functools.partial(log_request, metrics=context.metrics),
     )
+    app.chat_path = context.settings.chat.path if context.settings.chat.public_key else ""
+    return app

@@ -30,7 +30,7 @@ class Exchange:
                  "expect_continue", "declared", "received", "request_done", "answered",
                  "answer_started", "chunked_out", "remaining_out", "close_after", "head",
                  "close_callback", "max_body", "body_timeout", "manual_body", "continued",
-                 "eof_callback")
+                 "eof_callback", "body_kept")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -58,6 +58,9 @@ class Exchange:
         self.head = False
         self.close_callback: Callable[[], None] | None = None
         self.max_body = conn.limits.max_body_bytes
+        #: Body bytes handed to the handler; past them the rest is read and
+        #: dropped (a request without credentials: service.http.app).
+        self.body_kept = self.max_body
         self.body_timeout = conn.limits.body_timeout
         self.manual_body = False  # an Upgrade request's body, read without llhttp
         self.continued = False  # "100 Continue" was sent

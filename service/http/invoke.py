@@ -46,6 +46,7 @@ from service.http.event import client_ip, ip_allowed
 from service.core.invoke_target import InvokeTarget, NeedsQuery, TargetsUnavailable
 from service.http.ratelimit import LimitsUnavailable, Stamp
 from service.http.invoke_answer import RequestAnswers
+from service.http.parsing import content_length
 from service.http.script_run import ScriptRun
 
 if TYPE_CHECKING:
@@ -342,7 +343,7 @@ class InvokeRequest(ScriptRun, RequestAnswers, httputil.HTTPMessageDelegate):
     def _too_long(self, cap: int) -> bool:
         declared = self.headers.get("content-length")
         return declared is not None and (not (declared.isascii() and declared.isdigit())
-                                         or int(declared) > cap)
+                                         or content_length(declared) > cap)
 
     # --- body: check 8 --------------------------------------------------------------
     def data_received(self, chunk: bytes) -> None:
@@ -369,6 +370,15 @@ class InvokeRequest(ScriptRun, RequestAnswers, httputil.HTTPMessageDelegate):
     def finish(self) -> None:
         if not self.answered:
             self._guarded(self._submit)
+
+    def on_connection_close(self) -> None:
+        # The client went away before its request was complete (its body never
+        # came whole): no script ran, so an authenticated request gives its
+        # quota slot back, as a 503 busy does; it took slots with nothing in
+        # history to explain the 429s that followed (review, session 25).
+        if not self.answered:
+            self._give_back_quota()
+        super().on_connection_close()
 
 
 def _limits_down() -> BusyError:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from service.core.record_items import joined_headers
 from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
 from service.core.secrets import SECRET_PREFIX
 from service.http.auth import presented_secret
@@ -224,7 +225,7 @@ class JournaledRequest:
                 endpoint_id=endpoint_id, request_id=request_id, time=when, method=method,
                 query=by_name.mapping(query), headers=by_name.mapping(headers), body=body,
                 ip=ip, user_agent=user_agent, status=status,
-                response_headers=by_name.mapping(dict(response_headers)),
+                response_headers=by_name.mapping(joined_headers(response_headers)),
                 response_body=response_body, duration_ms=duration_ms, output=output,
                 error=error, keep=keep, script_version=script_version,
             ))

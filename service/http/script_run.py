@@ -101,22 +101,28 @@ class ScriptRun:
 
     def _busy(self) -> BusyError:
         """503 busy: no script ran, so the request gives its quota slot back."""
+        self._give_back_quota()
+        return BusyError(headers={"Retry-After": "1"})
+
+    def _give_back_quota(self) -> None:
+        """No script ran for this authenticated request: its quota slot is free
+        again (and the rate-limit headers say so)."""
         target = self.target
-        if target is not None and self.accepted:
+        if target is not None and self.accepted and self.quota_stamp is not None:
+            stamp, self.quota_stamp = self.quota_stamp, None   # given back once
             limits = self.context.limits
             per_minute = target.plan.requests_per_minute
             if limits.remote:
                 # Redis: given back in the background; the headers count the slot as free.
                 self.context.background(limits.arefund_endpoint(target.endpoint_id, per_minute,
-                                                                  self.quota_stamp))
+                                                                  stamp))
                 self.rate_headers = [(k, str(min(per_minute, int(v) + 1))
                                       if k == "RateLimit-Remaining" else v)
                                      for k, v in self.rate_headers]
             else:
-                limits.refund_endpoint(target.endpoint_id, per_minute, self.quota_stamp)
+                limits.refund_endpoint(target.endpoint_id, per_minute, stamp)
                 self.rate_headers = list(limits.peek_endpoint(
                     target.endpoint_id, per_minute).headers().items())
-        return BusyError(headers={"Retry-After": "1"})
 
     def _on_outcome(self, future: asyncio.Future[Outcome]) -> None:
         self._guarded(lambda: self._reply(self._outcome_of(future)))

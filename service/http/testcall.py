@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, ScriptRef
 from service.core import secrets
+from service.core.record_items import joined_headers
 from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
 from service.http.redaction import redact_all, shaped_redactors
 from service.http.base import error_body
@@ -185,7 +186,8 @@ class _Run:
             method=request.method, query=clean(query), headers=clean(request.headers),
             body=clean(request.body), ip=self.ip,
             user_agent=clean(request.headers.get("user-agent", "")), status=result.status,
-            response_headers=clean(dict(result.headers)), response_body=clean(result.body),
+            response_headers=clean(joined_headers(result.headers)),
+            response_body=clean(result.body),
             duration_ms=result.duration_ms, output=clean(result.output), error=clean(error),
             keep=target.plan.history, test=True, script_version=target.script_version))
         if outcome is not None and outcome.error_kind and target.plan.error_logs:

@@ -72,6 +72,25 @@ def test_bad_header_value_is_400_without_traceback_or_value_in_log(server: Serve
     assert added.count("\n") <= 2  # one rate-limited line, not one per request
 
 
+def test_a_content_length_with_many_leading_zeros_is_a_length(server: Server,
+                                                               make_endpoint) -> None:
+    # 1*DIGIT: leading zeros are allowed. Past 4,300 digits Python's int()
+    # refused the value: 400 and an ERROR with a traceback per request, no
+    # secret needed (review, session 25).
+    ep = make_endpoint(source=ECHO_EVENT)
+    before = len(server.log)
+    zeros = "0" * 5000
+    for _ in range(20):
+        status, _, _ = raw(server, f"POST /anything HTTP/1.1\r\nHost: t\r\nContent-Length: "
+                                   f"{zeros}1\r\nConnection: close\r\n\r\nx".encode())
+        assert status == 404
+    status, _, rest = raw(server, post(ep.path, ep.secret, b'{"a": 1}').replace(
+        b"Content-Length: 8", f"Content-Length: {zeros}8".encode()))
+    assert status == 200 and json.loads(rest)["body"] == {"a": 1}
+    added = server.log[before:]
+    assert "ERROR" not in added and "Traceback" not in added
+
+
 # --- 4. proxy-control and origin-wide headers from scripts --------------------------------
 
 @pytest.mark.parametrize("name", [
@@ -492,3 +511,20 @@ def test_a_utf16_secret_a_script_prints_or_raises_with_is_redacted_too(
     assert kept and all(part not in decoded(text) for text in kept)
     for text in (record["output"], error["message"]):
         assert "[redacted]" in text and part not in decoded(text), text
+
+
+def test_a_request_whose_body_never_came_gives_its_quota_slot_back(server: Server,
+                                                                     make_endpoint) -> None:
+    # Review, session 25: a caller that sent the head with the secret and left
+    # before its body took a quota slot with nothing in history; enough of
+    # them answered the next valid request 429. No script ran: the slot is
+    # given back, as for a 503 busy.
+    ep = make_endpoint(source=ECHO_EVENT, plan="plus")       # 30 requests a minute
+    first = server.request(ep.path, json_body={}, secret=ep.secret)
+    remaining = int(first.headers["ratelimit-remaining"])
+    for _ in range(35):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(post(ep.path, ep.secret, b'{"a": 1}')[:-4])   # all but the body's end
+            time.sleep(0.02)
+    assert wait_until(lambda: int(server.request(
+        ep.path, json_body={}, secret=ep.secret).headers["ratelimit-remaining"]) >= remaining - 3)

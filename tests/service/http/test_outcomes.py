@@ -267,14 +267,18 @@ def test_no_secret_reaches_any_table_or_the_log(server: Server, make_endpoint, h
 def test_history_keeps_the_headers_as_sent_and_date_is_the_servers(server: Server, make_endpoint,
                                                                    read_history) -> None:
     ep = make_endpoint(source="on endpoint(event):\n    event.header('Date', 'yesterday')\n"
-                              "    event.header('X-Mine', 'a')\n    event.reply({'ok': True})\n")
+                              "    event.header('X-Mine', 'a')\n    event.header('x-mine', 'b')\n"
+                              "    event.reply({'ok': True})\n")
     resp = server.request(ep.path, json_body={}, secret=ep.secret)
     assert resp.status == 200
     dates = [v for k, v in resp.raw_headers if k.lower() == "date"]
     assert len(dates) == 1 and dates[0] != "yesterday"  # the server's clock, once
     assert wait_until(lambda: read_history(ep))
     sent = read_history(ep)[0]["responseHeaders"]
-    assert sent["x-mine"] == "a"
+    # Sent twice, kept twice (only the last value was kept: review, session 25).
+    assert [v for k, v in resp.raw_headers if k.lower() == "x-mine"] == ["a", "b"]
+    assert sent["x-mine"] == "a, b"
+    assert "server" not in {k.lower() for k, _ in resp.raw_headers}
     assert sent["content-length"] == str(len(resp.body))
     assert sent["date"] == dates[0]
     assert sent["x-request-id"] == resp.headers["x-request-id"]
