@@ -12,6 +12,13 @@ edit: twice is the same as once), three attempts in all, after the wait
 its `Retry-After` names (at most 5 s) or 1 s; the command never runs again.
 The platform's answer is never read, so it is not kept either.
 
+At most `MAX_IN_FLIGHT` edits are on the wire at once; the others wait for
+a place before their attempt starts, so a burst of deferred commands (they
+come in bursts: a database that stalled and recovered) costs waiting, never
+an attempt: the HTTP client's own queue counted its waiting against the
+10 s timeout and lost replies (with a secret just made) that the platform
+never saw (review, session 25).
+
 The interaction token in the path authorises the call (valid 15 minutes;
 no bot token is needed).  It is a credential: it never reaches a log line.
 `FollowUps` is the interface; `WebhookFollowUps` the one implementation.
@@ -37,6 +44,8 @@ ATTEMPTS = 3
 #: Seconds between attempts when the platform names no wait; the most it may name.
 RETRY_WAIT_S = 1.0
 MAX_RETRY_WAIT_S = 5.0
+#: Edits on the wire at once (outbound connections to the platform).
+MAX_IN_FLIGHT = 32
 
 
 class FollowUps(Protocol):
@@ -51,6 +60,9 @@ class WebhookFollowUps:
     def __init__(self, api_url: str, user_agent: str = "LogicEndpoints (chat command, 1)") -> None:
         self._api_url = api_url.rstrip("/")
         self._user_agent = user_agent
+        #: The places on the wire and the client, of the loop they belong to.
+        self._wire: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore, AsyncHTTPClient] | None \
+            = None
 
     def url(self, application_id: str, token: str) -> str:
         return (f"{self._api_url}/webhooks/{quote(application_id, safe='')}/"
@@ -82,10 +94,22 @@ class WebhookFollowUps:
                               request_timeout=FOLLOW_UP_TIMEOUT_S, follow_redirects=False,
                               # Its answer is never read: not kept either.
                               streaming_callback=_discard)
+        loop = asyncio.get_running_loop()
+        if self._wire is None or self._wire[0] is not loop:
+            # A client of our own: as many places as the semaphore, so no fetch
+            # ever waits in the client's queue (where waiting counts as time).
+            self._wire = (loop, asyncio.Semaphore(MAX_IN_FLIGHT),
+                          AsyncHTTPClient(force_instance=True, max_clients=MAX_IN_FLIGHT))
+        _, places, client = self._wire
         try:
-            await AsyncHTTPClient().fetch(request)
+            async with places:
+                await client.fetch(request)
         except HTTPClientError as err:
-            log.warning("chat follow-up refused by the platform: HTTP %d", err.code)
+            if err.code == 599:
+                log.warning("chat follow-up: the platform did not answer within %g s",
+                            FOLLOW_UP_TIMEOUT_S)
+            else:
+                log.warning("chat follow-up refused by the platform: HTTP %d", err.code)
             if err.code == 429 or err.code >= 500:   # 599: no answer in time
                 return _retry_after(err.response.headers if err.response else None)
             return -1.0

@@ -28,6 +28,9 @@ AUTOCOMPLETE_RESULT = 8
 
 # Message flags.
 EPHEMERAL = 64
+#: No link previews: a script name shaped like a URL posted in the channel
+#: under the application's name got a preview card (review, session 25).
+SUPPRESS_EMBEDS = 4
 
 # Option types.
 SUB_COMMAND = 1
@@ -130,9 +133,8 @@ def message_data(content: str, ephemeral: bool) -> dict[str, Any]:
     (a script name such as "@everyone" must not ping anyone)."""
     if len(content) > MAX_CONTENT:
         content = content[: MAX_CONTENT - 1] + "…"
-    data: dict[str, Any] = {"content": content, "allowed_mentions": {"parse": []}}
-    if ephemeral:
-        data["flags"] = EPHEMERAL
+    data: dict[str, Any] = {"content": content, "allowed_mentions": {"parse": []},
+                            "flags": EPHEMERAL if ephemeral else SUPPRESS_EMBEDS}
     return data
 
 

@@ -116,6 +116,8 @@ class PlatformAPI:
         self.script: list[tuple[int, dict[str, str]]] = []
         #: Bytes of padding in each answer (a platform answering far too much).
         self.answer_bytes = 0
+        #: Seconds each answer takes (a platform slow to take edits).
+        self.delay = 0.0
         self.received: list[Received] = []
         self.arrived = threading.Event()
         outer = self
@@ -125,6 +127,7 @@ class PlatformAPI:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"null")
                 outer.received.append(Received("PATCH", self.path, body))
+                time.sleep(outer.delay)
                 answer = json.dumps({"id": "1", "content": body.get("content", "")}).encode()
                 status, extra = outer.script.pop(0) if outer.script else (outer.status, {})
                 self.send_response(status)
@@ -141,7 +144,10 @@ class PlatformAPI:
             def log_message(self, *args: Any) -> None:  # keep test output clean
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Listener(ThreadingHTTPServer):
+            request_queue_size = 128   # a burst of edits is not refused at connect
+
+        self.httpd = Listener(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
