@@ -237,6 +237,27 @@ def main(argv: list[str] | None = None) -> None:
         _fail(str(err), EXIT_USAGE)
     except Exception as err:
         found = _core_error(err)
-        if found is None:
-            raise
-        _fail(found.message, _exit_code(found))
+        if found is not None:
+            _fail(found.message, _exit_code(found))
+        said = _database_error(err)
+        if said is not None:
+            _fail(f"the database refused the command: {said}", EXIT_ERROR)
+        if isinstance(err, OSError) and err.filename is None:
+            # Writing our own output failed (a full disk, a closed pipe): what
+            # the command changed may be in effect though nothing was shown.
+            _fail(f"could not write the output ({err.strerror or type(err).__name__}); the "
+                  "command may have completed: check with a read command", EXIT_ERROR)
+        raise
+
+
+def _database_error(err: BaseException) -> str | None:
+    """The first line of a database error's own message (SQLite's "database is
+    locked", a PostgreSQL server's reason), at most 200 characters; None when
+    `err` is not one. Only a line: a driver's later lines may quote the query."""
+    if "peewee" not in sys.modules:
+        return None
+    import peewee
+    if not isinstance(err, peewee.DatabaseError):
+        return None
+    text = str(err).strip().split("\n", 1)[0] or type(err).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -71,7 +71,9 @@ def validate_guild_id(guild_id: str) -> str:
 def validate_user_id(user_id: str) -> str:
     """Raises `ValidationError` unless the ID is 1-64 of A-Z a-z 0-9 _ . -."""
     if not isinstance(user_id, str) or not _USER_ID.fullmatch(user_id):
-        raise ValidationError(f"user id {user_id!r} must be 1-64 letters, digits, '_', '.' or '-'",
+        shown = user_id if not isinstance(user_id, str) or len(user_id) <= 64 \
+            else user_id[:61] + "..."
+        raise ValidationError(f"user id {shown!r} must be 1-64 letters, digits, '_', '.' or '-'",
                               code="invalid_user_id")
     return user_id
 

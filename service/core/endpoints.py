@@ -48,14 +48,21 @@ def normalise_cidrs(cidrs: Sequence[str]) -> list[str]:
     nets: set[IPNetwork] = set()
     for raw in cidrs:
         text = str(raw).strip()
+        shown = repr(text if len(text) <= 64 else text[:61] + "...")
+        if "%" in text:
+            # An IPv6 zone ("fe80::1%eth0") names an interface of the host
+            # that reads it, not an address: it matches nothing more, and
+            # Python takes any text after the "%" (review, session 25).
+            raise ValidationError(f"invalid CIDR {shown}: zone ids (%...) are not allowed",
+                                  code="invalid_cidr")
         try:
             nets.add(ipaddress.ip_network(text, strict=True))
         except ValueError:
             try:
                 loose = ipaddress.ip_network(text, strict=False)
             except ValueError:
-                raise ValidationError(f"invalid CIDR {text!r}", code="invalid_cidr") from None
-            raise ValidationError(f"invalid CIDR {text!r}: host bits set (did you mean {loose}?)",
+                raise ValidationError(f"invalid CIDR {shown}", code="invalid_cidr") from None
+            raise ValidationError(f"invalid CIDR {shown}: host bits set (did you mean {loose}?)",
                                   code="invalid_cidr") from None
     ordered = sorted(nets, key=lambda n: (n.version, n.network_address, n.prefixlen))
     return [str(n) for n in ordered]

@@ -185,7 +185,8 @@ def add_manager(actor: Actor, guild_id: str, user_id: str, *,
 def remove_manager(actor: Actor, guild_id: str, user_id: str, *,
                    plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
     """Remove a manager (owner or operator).  Raises `NotFoundError`
-    (not a manager), `PermissionDeniedError`."""
+    (not a manager), `ValidationError`, `PermissionDeniedError`."""
+    validate_user_id(user_id)   # as for add: an id that is none is never echoed back
     with database.atomic():
         guild = get_guild(guild_id)
         require_role(actor, guild, (Role.OWNER, Role.OPERATOR), "remove managers")

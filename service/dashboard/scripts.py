@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from service import core
+from service.core import pages
 from service.core.access import Actor
 from service.core.charts import request_series
 from service.core.errors import CoreError, QuotaError, ValidationError
@@ -22,6 +23,8 @@ from service.settings import Settings
 #: Longest body shown on the page; the rest is cut with a note (history keeps
 #: at most the plan's cap anyway).
 SHOW_BYTES = 64 * 1024
+#: History records on one page (older ones a link away).
+HISTORY_PAGE = 25
 _COMPILE_ERROR = re.compile(r"(\d+):(\d+): (.*?)(?=; \d+:\d+: |$)", re.S)
 
 
@@ -51,14 +54,24 @@ def shown_body(text: str | None, encoding: str = "text", truncated: bool = False
     return {"text": text, "note": "; ".join(note)}
 
 
-def load_script_page(actor: Actor, guild_id: str, script_id: str,
-                     settings: Settings) -> dict[str, Any]:
-    """Everything the script page shows, in one trip to the thread pool."""
+def load_script_page(actor: Actor, guild_id: str, script_id: str, settings: Settings,
+                     history_cursor: str | None = None) -> dict[str, Any]:
+    """Everything the script page shows, in one trip to the thread pool.
+
+    History comes a page at a time (``HISTORY_PAGE`` records, ``history_cursor``
+    for older ones): a pro endpoint's 200 records at the stored caps made a
+    20 MB page (review, session 25). A cursor that is none shows the newest."""
     plans, base_url = settings.plans, settings.server.base_url
     guild = core.show_guild(actor, guild_id, plans=plans)
     script = core.show_script(actor, guild_id, script_id)
     endpoint = core.show_endpoint(actor, guild_id, script_id, plans=plans, base_url=base_url)
-    records = core.history(actor, guild_id, script_id, plans=plans)["records"]
+    try:
+        page = pages.history_page(actor, guild_id, script_id, limit=HISTORY_PAGE,
+                                  cursor=history_cursor, plans=plans)
+    except ValidationError:
+        history_cursor = None
+        page = pages.history_page(actor, guild_id, script_id, limit=HISTORY_PAGE, plans=plans)
+    records = page["items"]
     try:
         errors: list[dict[str, Any]] | None = core.error_log(
             actor, guild_id, script_id, plans=plans)["errors"]
@@ -72,6 +85,7 @@ def load_script_page(actor: Actor, guild_id: str, script_id: str,
     plan = plans.get(guild["plan"])
     return {
         "guild": guild, "script": script, "endpoint": endpoint, "records": records,
+        "older_history": page["nextCursor"], "history_paged": history_cursor is not None,
         "errors": errors, "stats": stats, "plan": plan,
         "whitelist_plans": sorted(n for n, p in plans.items() if p.ip_whitelist),
         "chart_minutes": series and bar_chart(series["perMinute"],
@@ -96,7 +110,7 @@ class ScriptHandler(DashboardHandler):
     async def show(self, guild_id: str, script_id: str, *, tab: str = "endpoints",
                    status: int = 200, **extra: Any) -> None:
         data = await self.core(load_script_page, self.actor, guild_id, script_id,
-                               self.dashboard.settings)
+                               self.dashboard.settings, self.get_query_argument("history", None))
         values: dict[str, Any] = {"notice": None, "error": None, "field_error": {},
                                   "compile": None, "draft": None, "console": None,
                                   "draft_cidrs": None}

@@ -168,3 +168,25 @@ def test_commands_refuse_a_partly_migrated_database(tmp_path):
     assert installation_id() == original
     db.close()
     database.initialize(None)
+
+
+def test_a_database_error_or_a_failed_write_is_one_line(tmp_path):
+    # Review, session 25: "database is locked", or output to a full disk, gave
+    # a 57-line traceback; after `secret regenerate` nothing said the secret
+    # had changed though it was never shown.
+    import sqlite3
+    logic = Logic(f"sqlite:///{tmp_path}/l.db", tmp_path)
+    logic("db", "upgrade")
+    logic("guild", "create", "1", "--owner", "10")
+    raw = sqlite3.connect(tmp_path / "l.db")
+    raw.execute("DROP TABLE guild_manager")     # what a damaged database answers
+    raw.commit()
+    raw.close()
+    line = logic("guild", "add-manager", "1", "20", "--as", "10", code=1)
+    assert line == "logic: error: the database refused the command: no such table: guild_manager"
+    proc = subprocess.run(f"{LOGIC} --database-url sqlite:///{tmp_path}/l.db db version "
+                          "--json > /dev/full", shell=True, cwd=tmp_path, env=logic.env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        "logic: error: could not write the output (No space left on device); the command may "
+        "have completed: check with a read command"]

@@ -149,6 +149,21 @@ def test_invalid_cidr_is_refused(db, bad):
     assert core.show_endpoint(OWNER, gid, sid)["whitelist"] == []
 
 
+@pytest.mark.parametrize("zone", ["fe80::1%eth0", "fe80::1%two words/128", "::%" + "z" * 2000,
+                                  "fe80::1%`**bold**`/128", "fe80::1%a\nb"])
+def test_an_ipv6_zone_is_refused_and_never_echoed_whole(db, zone):
+    # Review, session 25: Python takes any text after "%" as a zone id; it
+    # matched nothing more, was stored and shown in chat replies, audit and
+    # pages, and the dashboard could not save the list back.
+    gid = make_guild("pro")
+    sid = make_script(gid)
+    with pytest.raises(core.ValidationError) as err:
+        core.set_whitelist(OWNER, gid, sid, ["fe80::/64", zone])
+    assert err.value.code == "invalid_cidr" and "zone ids" in err.value.message
+    assert len(err.value.message) < 200
+    assert core.show_endpoint(OWNER, gid, sid)["whitelist"] == []
+
+
 def test_load_target(db):
     gid = make_guild("plus")
     sid = make_script(gid)

@@ -45,6 +45,11 @@ def test_managers_owner_and_operator_rights(db):
     core.remove_manager(OWNER, gid, "201")
     with pytest.raises(core.NotFoundError):
         core.remove_manager(OWNER, gid, "201")
+    # An id that is none: refused as for add, never echoed back (review, session 25).
+    for bad in ("\u202e" * 3000, "a b", ""):
+        with pytest.raises(core.ValidationError) as bad_id:
+            core.remove_manager(OWNER, gid, bad)
+        assert bad_id.value.code == "invalid_user_id" and len(bad_id.value.message) < 500
     with pytest.raises(core.NotFoundError) as err:
         core.show_guild(STRANGER, gid)
     assert err.value.code == "guild_not_found"

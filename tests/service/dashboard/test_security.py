@@ -250,6 +250,36 @@ def test_a_huge_body_renders_cut_and_fast(site: Site, client: Client) -> None:
     assert len(text) < 400_000
 
 
+def test_history_comes_a_page_at_a_time(site: Site, client: Client) -> None:
+    # Review, session 25: every kept record was rendered in full, 200 of them
+    # at the stored caps made a 20 MB page on each view.
+    import re
+    source = "on endpoint(event):\n    event.reply(event.rawBody)\n"
+    gid = site.guild()
+    sid = site.script(gid, source)
+    secret = site.enable_with_secret(gid, sid)
+    for i in range(60):
+        body = f"request-{i:03d} " + "y" * 60_000
+        assert site.server.request(f"/endpoints/{gid}/{sid}", secret=secret, body=body,
+                                   headers={"Content-Type": "text/plain"}).status == 200
+    client.login(site.link(OWNER))
+    page = f"/dashboard/{gid}/scripts/{sid}"
+    assert wait_until(lambda: b"request-059" in client.get(page).body, timeout=15)
+    seen: list[str] = []
+    text = client.get(page).body.decode()
+    for _ in range(5):
+        shown = re.findall(r"request-(\d{3}) y", text)
+        assert 0 < len(set(shown)) <= 25 and len(text) < 4_000_000
+        seen += sorted(set(shown), reverse=True)
+        older = re.search(r'href="\?history=([^"#]+)#history">Older requests', text)
+        if older is None:
+            break
+        text = client.get(f"{page}?history={older.group(1)}").body.decode()
+    assert seen == [f"{i:03d}" for i in range(59, -1, -1)]   # newest first, each once
+    # A cursor that is none shows the newest page.
+    assert "request-059" in client.get(f"{page}?history=%00nonsense").body.decode()
+
+
 def test_logout_ends_the_session_and_the_operator_can_end_them_all(site: Site) -> None:
     import subprocess
 
