@@ -4,6 +4,8 @@ Both extensions are optional: when one cannot be compiled the install still
 succeeds. Without ``sandbox._memguard`` the pool falls back to tracemalloc
 (reported at start-up and in ``pool.hardening``); without ``sandbox._frameshape``
 the pool measures workers' frames with the same walk in Python (slower); without
+``sandbox._typepatch`` ``collections.deque.index`` stays CPython's (see
+``sandbox/cpython_fixes.py``); without
 ``service.http._scan`` the records journal looks for the presented secret
 with the same checks in Python (slower on the request path).
 """
@@ -26,6 +28,12 @@ setup(
         Extension(
             "sandbox._frameshape",
             sources=["sandbox/_frameshape.c"],
+            extra_compile_args=["-O2", "-std=gnu11"],
+            optional=True,
+        ),
+        Extension(
+            "sandbox._typepatch",
+            sources=["sandbox/_typepatch.c"],
             extra_compile_args=["-O2", "-std=gnu11"],
             optional=True,
         ),

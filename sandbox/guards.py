@@ -65,7 +65,44 @@ class ScriptType(type):
         for base in bases:
             if isinstance(base, type) and issubclass(base, _UNSAFE_SCRIPT_BASES):
                 raise TypeError(f"classes cannot derive from {base.__name__!s} here")
+        for method in _COMPARISONS.keys() & namespace.keys():
+            namespace[method] = _decided(method, namespace[method])
         return super().__new__(mcs, name, bases, namespace, **kwargs)
+
+
+#: The comparisons a script class may define, and their operators.
+_COMPARISONS = {"__eq__": "==", "__ne__": "!=", "__lt__": "<", "__le__": "<=",
+                "__gt__": ">", "__ge__": ">="}
+
+
+def _decided(method: str, defined: Any) -> Any:
+    """A script class's comparison that never answers ``NotImplemented``.
+
+    On ``NotImplemented`` CPython calls the other operand's reflected method
+    with this one's operand: C code of CPython 3.11 that compares objects it
+    holds no reference to (``list`` comparison's last item, ``deque.index``,
+    ``itertools.groupby``) then hands that call an object the first method
+    freed (it cleared the container), and a review turned that into reading
+    the worker's memory and running unrestricted code (session 25). So a
+    script's comparison decides: ``NotImplemented`` from ``==``/``!=`` means
+    identity, as CPython's own fallback; from an ordering, the TypeError
+    CPython would raise. Only a comparison between two objects that would
+    each have deferred to the other answers differently."""
+    operator = _COMPARISONS[method]
+
+    def compare(self: Any, other: Any) -> Any:
+        result = defined(self, other)
+        if result is NotImplemented:
+            if method == "__eq__":
+                return self is other
+            if method == "__ne__":
+                return self is not other
+            raise TypeError(f"'{operator}' not supported between instances of "
+                            f"{type(self).__name__!r} and {type(other).__name__!r}")
+        return result
+
+    compare.__name__ = compare.__qualname__ = method
+    return compare
 
 
 # Builtin classes with writable C slots that their own C methods use without

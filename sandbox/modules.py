@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from sandbox import resets
+from sandbox import cpython_fixes, resets
 from sandbox.guards import ScriptType
 
 # time.strptime and datetime.strptime import _strptime on first use; import
@@ -199,6 +199,9 @@ _FUNCTOOLS = {
 _MATH = {name: getattr(math, name) for name in dir(math) if not name.startswith("_")}
 
 _ITERTOOLS = {name: getattr(itertools, name) for name in dir(itertools) if not name.startswith("_")}
+# CPython 3.11's groupby compares keys it holds no reference to: a key whose
+# __eq__ advances the groupby made it use freed memory (sandbox/cpython_fixes.py).
+_ITERTOOLS["groupby"] = cpython_fixes.groupby
 
 _JSON = _public(json, ["dumps", "loads", "JSONDecodeError"])
 
@@ -296,6 +299,7 @@ _STRING = {**_public(string, ["ascii_letters", "ascii_lowercase", "ascii_upperca
                               "whitespace", "capwords"]),
            "Template": _Template}
 
+# deque.index is replaced where sandbox._typepatch built (sandbox/cpython_fixes.py).
 _COLLECTIONS = _public(collections, ["Counter", "OrderedDict", "defaultdict", "deque",
                                      "namedtuple", "ChainMap"])
 

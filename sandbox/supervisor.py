@@ -20,6 +20,7 @@ import msgpack  # type: ignore[import-untyped]
 
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import SandboxError
+from sandbox.cpython_fixes import DEQUE_INDEX_REPLACED
 from sandbox.guards import UNICODE_ERRORS_CHECKED
 from sandbox.hardening import EXIT_NO_SECCOMP
 from sandbox.limits import MEMGUARD_AVAILABLE, RESTART_COST_S
@@ -347,6 +348,9 @@ class Supervisor(Ticking):
         if not MEMGUARD_AVAILABLE:
             log.warning("sandbox: _memguard extension missing; memory is measured with "
                         "tracemalloc after each run and enforced only by RLIMIT_AS")
+        if not DEQUE_INDEX_REPLACED:
+            log.warning("sandbox: _typepatch extension missing; collections.deque.index "
+                        "stays CPython's (scripts' comparisons still never defer)")
         if not UNICODE_ERRORS_CHECKED:
             log.warning("sandbox: _unicode_errors extension missing; scripts cannot name "
                         "UnicodeDecodeError or UnicodeEncodeError (UnicodeError catches both)")

@@ -1,0 +1,112 @@
+"""Replacements for C code of CPython 3.11 that a script can make use freed memory.
+
+A script may define ``__eq__`` (and the other comparisons), and C code that
+compares an object it holds no reference to runs that method while the
+object can be freed: a use after free inside the worker. A review (session
+25) turned the first below into reading the worker's memory and running
+unrestricted code in it (the worker's own walls held: no file, no socket,
+user ``nobody``), and crashed workers with the second:
+
+* ``collections.deque.index`` compared each item borrowed; an item whose
+  ``__eq__`` clears the deque is freed mid-comparison (CPython gh-115243,
+  fixed in 3.11.9 and 3.12.3). Replaced in the type itself, for every deque
+  and subclass, by ``_deque_index`` (``sandbox/_typepatch.c``): it walks the
+  deque with its iterator, which holds each item and refuses a deque changed
+  meanwhile, as the C code promised (``DEQUE_INDEX_REPLACED``: whether the
+  extension built).
+* ``itertools.groupby`` compared its current and target keys borrowed; a key
+  whose ``__eq__`` advances the groupby freed one of them. Scripts get
+  ``groupby`` below instead: the pure-Python equivalent from the
+  ``itertools`` documentation, whose re-entry is an error ("generator
+  already executing"), never freed memory.
+
+Both behave as the originals for every script that does not change what it
+is iterating.
+
+Both bugs (and list comparison's, CPython gh-120298, never fixed in 3.11)
+need a comparison that answers ``NotImplemented``, so that CPython calls the
+other operand's reflected method with the freed object: a script's
+comparisons never do (``sandbox.guards.ScriptType``), which closes that
+class of bug as a whole; these replacements are a second layer for the two
+routes the review proved.
+"""
+from __future__ import annotations
+
+import collections
+import operator
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+
+def _deque_index(self: collections.deque[Any], value: Any, start: Any = 0,
+                 stop: Any = sys.maxsize) -> int:
+    """D.index(value, [start, [stop]]) -> integer -- return first index of value.
+    Raises ValueError if the value is not present."""
+    n = len(self)
+    start, stop = operator.index(start), operator.index(stop)
+    if start < 0:
+        start = max(start + n, 0)
+    if stop < 0:
+        stop = max(stop + n, 0)
+    i = 0
+    for item in self:     # the iterator holds each item; a changed deque is a RuntimeError
+        if i >= stop:
+            break
+        if i >= start and (item is value or item == value):
+            return i
+        i += 1
+    raise ValueError(f"{value!r} is not in deque")
+
+
+def _replace_deque_index() -> bool:
+    try:
+        from sandbox import _typepatch
+    except ImportError:
+        return False
+    if collections.deque.__dict__.get("index") is not _deque_index:
+        _typepatch.set_attribute(collections.deque, "index", _deque_index)
+    return collections.deque.__dict__.get("index") is _deque_index
+
+
+#: Whether ``deque.index`` is ours in this process (sandbox._typepatch built).
+DEQUE_INDEX_REPLACED: bool = _replace_deque_index()
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def groupby(iterable: Iterable[Any], key: Callable[[Any], Any] | None = None
+            ) -> Iterator[tuple[Any, Iterator[Any]]]:
+    """Make an iterator that returns consecutive keys and groups from the iterable
+    (``itertools.groupby``, as the ``itertools`` documentation writes it in Python)."""
+    keyfunc: Callable[[Any], Any] = _same if key is None else key
+    iterator = iter(iterable)
+    exhausted = False
+    curr_value: Any = None
+    curr_key: Any = None
+
+    def _grouper(target_key: Any) -> Iterator[Any]:
+        nonlocal curr_value, curr_key, exhausted
+        yield curr_value
+        for curr_value in iterator:
+            curr_key = keyfunc(curr_value)
+            if curr_key != target_key:
+                return
+            yield curr_value
+        exhausted = True
+
+    try:
+        curr_value = next(iterator)
+    except StopIteration:
+        return
+    curr_key = keyfunc(curr_value)
+
+    while not exhausted:
+        target_key = curr_key
+        curr_group = _grouper(target_key)
+        yield curr_key, curr_group
+        if curr_key == target_key:
+            for _ in curr_group:
+                pass
