@@ -68,6 +68,8 @@ MAX_TRACEBACK_CHARS = 20000 + 3
 #: array elements); a reply with 64 headers is ~240 objects, 4 containers deep.
 #: Checked before decoding (``sandbox._frameshape``), so a worker taken over by
 #: its script cannot make the service build ~70 bytes of Python per byte sent.
+#: A frame of at most MAX_REPLY_ITEMS bytes is not walked: every object takes a
+#: byte at least, so it cannot hold more (the common reply: no cost at all).
 MAX_REPLY_ITEMS = 4096
 MAX_REPLY_DEPTH = 8
 
@@ -94,7 +96,8 @@ def decode(body: bytes | memoryview, bounded: bool = False) -> Any:
     """Decode one frame body; raises :class:`ProtocolError` for anything but msgpack.
     ``bounded``: a worker's frame, refused past ``MAX_REPLY_ITEMS`` objects or
     ``MAX_REPLY_DEPTH`` levels before anything is decoded."""
-    if bounded and _items(body, MAX_REPLY_ITEMS, MAX_REPLY_DEPTH) < 0:
+    if bounded and len(body) > MAX_REPLY_ITEMS and _items(body, MAX_REPLY_ITEMS,
+                                                          MAX_REPLY_DEPTH) < 0:
         raise ProtocolError("frame holds too many objects, nests too deep or is not msgpack")
     try:
         # strict_map_key: only str/bytes keys; raw=False: str stays str.

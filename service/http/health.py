@@ -50,6 +50,7 @@ class ReadyHandler(BaseHandler):
         database: dict[str, Any] = {"state": "up" if reachable else "down"}
         if ctx.change_feed is not None:
             database["changeFeed"] = "listening" if ctx.change_feed.healthy else "lost"
+        await ctx.limits.probe_storage()   # bounded by ratelimit.storage_timeout_ms
         limits = ctx.limits.storage_state()
         workers = ctx.pool.live_workers
         records = ctx.records

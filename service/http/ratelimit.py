@@ -353,6 +353,12 @@ class RateLimits:
         except LimitsUnavailable:
             pass
 
+    async def probe_storage(self) -> None:
+        """Ask the shared storage whether it answers (memory://: nothing to ask),
+        so `storage_state` is now's, not the last request's."""
+        if self._remote is not None:
+            await self._remote.ping()
+
     def storage_state(self) -> dict[str, Any]:
         """For /readyz: which storage, and whether it answers."""
         remote = self._remote

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 log = logging.getLogger("logic.ratelimit")
@@ -105,14 +106,25 @@ class RedisWindows:
         self.outages = 0
 
     async def _run(self, key: str, limit: int, hit: bool) -> Any:
+        return await self._attempt(lambda: self._script(
+            keys=[_key(self._namespace, key, limit)], args=[limit, self._window_s, 1 if hit else 0]))
+
+    async def ping(self) -> None:
+        """Ask Redis whether it answers (for /readyz), as any call would: a node
+        that started while Redis was down said it was ready until a request
+        first tried it (review, session 25). During an outage at most once per
+        `retry_s`, like the requests' own probe."""
+        await self._attempt(self._client.ping)
+
+    async def _attempt(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """`call()`'s reply, or None while Redis is down (its failure noted)."""
         started = time.monotonic()
         if self.down_since is not None:
             if started < self._retry_at:
                 return None
             self._retry_at = started + self._retry_s  # this call probes; the others do not wait
         try:
-            reply = await self._script(keys=[_key(self._namespace, key, limit)],
-                                       args=[limit, self._window_s, 1 if hit else 0])
+            reply = await call()
         except Exception as err:  # noqa: BLE001 - refused, reset, timed out, or a broken pool
             self._failed(err)
             return None

@@ -116,9 +116,12 @@ class ScriptRun:
                 # Redis: given back in the background; the headers count the slot as free.
                 self.context.background(limits.arefund_endpoint(target.endpoint_id, per_minute,
                                                                   stamp))
-                self.rate_headers = [(k, str(min(per_minute, int(v) + 1))
-                                      if k == "RateLimit-Remaining" else v)
-                                     for k, v in self.rate_headers]
+                headers = dict(self.rate_headers)
+                remaining = min(per_minute, int(headers.get("RateLimit-Remaining", "0")) + 1)
+                headers["RateLimit-Remaining"] = str(remaining)
+                if remaining == per_minute:
+                    headers["RateLimit-Reset"] = "0"   # the slot given back was the only one
+                self.rate_headers = list(headers.items())
             else:
                 limits.refund_endpoint(target.endpoint_id, per_minute, stamp)
                 self.rate_headers = list(limits.peek_endpoint(

@@ -32,32 +32,6 @@ def test_a_compile_bomb_is_refused_at_save_with_a_compile_error(db: Any) -> None
     assert Script.select().count() == 0
 
 
-def test_a_source_over_the_cpu_budget_is_refused_and_remembered(
-        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Within every static bound, but over a (lowered) CPU budget: the child
-    # is ended by SIGPROF wherever it is, and the verdict is kept per source.
-    monkeypatch.setattr(limits, "COMPILE_CPU_BUDGET_S", 0.01)
-    monkeypatch.setattr(compile_gate, "_verdicts", type(compile_gate._verdicts)())
-    children: list[str] = []
-    real = compile_gate._run_child
-
-    def counted(text: str) -> Any:
-        children.append(text)
-        return real(text)
-
-    monkeypatch.setattr(compile_gate, "_run_child", counted)
-    source = _ordinary_functions(1500)
-    gid = make_guild()
-    for _ in range(2):
-        with pytest.raises(core.ValidationError) as err:
-            core.create_script(OWNER, gid, "slow", source)
-        assert err.value.code == "compile_error"
-        assert err.value.message.startswith(
-            "script does not compile: 1:1: script takes too long to compile: more than 0.01 s "
-            "of CPU time (")
-    assert len(children) == 1  # compiled once; the second save got the remembered verdict
-
-
 def _counting_children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(compile_gate, "_verdicts", type(compile_gate._verdicts)())
     children: list[str] = []
@@ -69,6 +43,24 @@ def _counting_children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(compile_gate, "_run_child", counted)
     return children
+
+
+def test_a_source_over_the_cpu_budget_is_refused_and_remembered(
+        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Within every static bound, but over a (lowered) CPU budget: the child
+    # is ended by SIGPROF wherever it is, and the verdict is kept per source.
+    monkeypatch.setattr(limits, "COMPILE_CPU_BUDGET_S", 0.01)
+    children = _counting_children(monkeypatch)
+    source = _ordinary_functions(1500)
+    gid = make_guild()
+    for _ in range(2):
+        with pytest.raises(core.ValidationError) as err:
+            core.create_script(OWNER, gid, "slow", source)
+        assert err.value.code == "compile_error"
+        assert err.value.message.startswith(
+            "script does not compile: 1:1: script takes too long to compile: more than 0.01 s "
+            "of CPU time (")
+    assert len(children) == 1  # compiled once; the second save got the remembered verdict
 
 
 def test_verdicts_are_remembered_per_guild(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,18 +24,25 @@ def _connect(server: Server, ip: str = "127.0.0.1") -> socket.socket:
     return sock
 
 
-def _refused(sock: socket.socket) -> dict[str, object] | None:
-    """The 503 a refused connection gets (None if the server says nothing in 0.5 s)."""
-    sock.settimeout(0.5)
+def _read(sock: socket.socket, timeout: float, head_only: bool = False) -> bytes:
+    """What the server sends until it closes (or, `head_only`, until an answer's
+    head is in), or until `timeout` passes without a byte."""
+    sock.settimeout(timeout)
     data = b""
     try:
-        while True:
+        while not (head_only and b"\r\n\r\n" in data):
             chunk = sock.recv(65536)
             if not chunk:
                 break
             data += chunk
     except (TimeoutError, ConnectionResetError):
         pass
+    return data
+
+
+def _refused(sock: socket.socket) -> dict[str, object] | None:
+    """The 503 a refused connection gets (None if the server says nothing in 0.5 s)."""
+    data = _read(sock, 0.5)
     if not data:
         return None
     head, _, body = data.partition(b"\r\n\r\n")
@@ -222,17 +229,7 @@ def test_at_the_descriptor_limit_the_pool_still_respawns_workers(make_server,
 
 
 def _answer(sock: socket.socket) -> bytes:
-    sock.settimeout(5)
-    data = b""
-    try:
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    except (TimeoutError, ConnectionResetError):
-        pass
-    return data
+    return _read(sock, 5, head_only=True)
 
 
 @pytest.mark.parametrize("path", ["/api/v1/guilds", "/dashboard/1/scripts/logic_x/source",

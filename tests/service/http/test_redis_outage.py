@@ -170,6 +170,19 @@ def test_fail_open_admits_under_the_nodes_own_windows_and_recovers(
     assert srv.request("/readyz", method="GET").json["dependencies"]["ratelimit"]["state"] == "up"
 
 
+def test_ready_says_a_redis_down_at_start_is_down_before_any_request(
+        make_server: Callable[..., Server], redis_server: PrivateRedis) -> None:
+    """Review, session 25: a node started while Redis was down (fail closed)
+    answered /readyz 200 "up" until a request first tried Redis, so a load
+    balancer sent it traffic it could only refuse. /readyz asks Redis itself."""
+    redis_server.stop()
+    srv = make_server(extra=_config(redis_server, "closed", 500))
+    ready = srv.request("/readyz", method="GET")
+    assert ready.status == 503 and ready.json["dependencies"]["ratelimit"]["state"] == "down"
+    redis_server.start()
+    assert poll(lambda: srv.request("/readyz", method="GET").status == 200, 30)
+
+
 def test_fail_closed_refuses_with_busy_until_redis_is_back(
         make_server: Callable[..., Server], make_endpoint: Callable[..., Any],
         redis_server: PrivateRedis) -> None:

@@ -155,6 +155,35 @@ def test_busy_answer_gives_the_quota_slot_back(
     assert scheduling() == {"queued": 1, "busy": 1, "deprioritised": 0}
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("storage", ["memory", "redis"])
+def test_a_busy_answer_whose_slot_was_the_only_one_says_nothing_is_counted(
+        only_sqlite: None, make_server: Callable[..., Server], http_env: Env,
+        bind: Callable[[], None], storage: str) -> None:
+    # Review, session 25: with Redis the 503 said Remaining = the limit (its
+    # slot given back) but kept the Reset of a counted request; the headers
+    # say 0 when nothing is counted.
+    extra = ""
+    if storage == "redis":
+        from tests.service.http.test_ratelimit import _redis_url
+        extra = f'[ratelimit]\nstorage = "{_redis_url()}"\n'
+    server = make_server(workers=1, queue_timeout_ms=200, extra=extra)
+    slow = "import time\non endpoint(event):\n    t = time.monotonic()\n" \
+           "    while time.monotonic() - t < 0.6:\n        pass\n    event.reply(1)\n"
+    holder, other = _guild_with(http_env, bind, slow, 2, "plus")
+
+    async def run() -> tuple[int, float, dict[str, str]]:
+        first = asyncio.ensure_future(_post(server.port, holder))
+        await asyncio.sleep(0.2)
+        busy = await _post(server.port, other)
+        await first
+        return busy
+
+    status, _, headers = asyncio.run(run())
+    assert status == 503
+    assert (headers["ratelimit-remaining"], headers["ratelimit-reset"]) == ("30", "0")
+
+
 def test_client_leaving_while_queued_takes_its_request_out(
         only_sqlite: None, make_server: Callable[..., Server], http_env: Env,
         bind: Callable[[], None],
