@@ -266,7 +266,8 @@ class _Template(string.Template):
             delim = re.escape(_template_text(_class_value(cls, "delimiter"), "delimiter"))
             ident = _template_text(_class_value(cls, "idpattern"), "idpattern")
             brace = _class_value(cls, "braceidpattern")
-            brace = ident if brace is None else _template_text(brace, "braceidpattern")
+            # As string.Template: an empty (or no) braced pattern is the plain one.
+            brace = ident if brace is None else _template_text(brace, "braceidpattern") or ident
             pattern = fr"""
             {delim}(?:
               (?P<escaped>{delim})  |

@@ -245,18 +245,25 @@ def _line(value: Any) -> bool:
     return value is None or (_is_int(value) and 0 <= value <= MAX_LINE)
 
 
-#: The keys each worker message may have (no more: a frame padded with a key
-#: nothing reads was accepted, on every request). "res", its result and error
-#: are checked by counting (``check_reply``, ``check_result``, ``_check_error``).
-_MESSAGE_KEYS = {
-    "res": frozenset({"t", "id", "r", "peak", "over", "dur", "exit", "rss"}),
-    "code": frozenset({"t", "id", "code", "meta", "exit"}),
-    "need": frozenset({"t", "id"}),
-    "compiled": frozenset({"t", "id", "code", "meta"}),
-    "where": frozenset({"t", "id", "line", "tb"}),
-    "ready": frozenset({"t", "pid", "hard", "notes", "ms"}),
-    "xres": frozenset({"t", "id", "ok", "value"}),
+#: The keys each worker message must have, and those it may add: no more (a
+#: frame padded with a key nothing reads was accepted, on every request) and no
+#: fewer (a message without one raised KeyError in the service instead of a
+#: protocol error). "res", its result and error are checked by counting
+#: (``check_reply``, ``check_result``, ``_check_error``).
+_MESSAGE_KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "code": (frozenset({"t", "id", "code", "meta", "exit"}), frozenset()),
+    "need": (frozenset({"t", "id"}), frozenset()),
+    "compiled": (frozenset({"t", "id"}), frozenset({"code", "meta"})),
+    "where": (frozenset({"t", "id", "line", "tb"}), frozenset()),
+    "ready": (frozenset({"t", "pid", "hard", "notes"}), frozenset({"ms"})),
+    "xres": (frozenset({"t", "id", "ok"}), frozenset({"value"})),
 }
+
+
+def _keys_fit(msg: dict[str, Any], t: str) -> bool:
+    required, optional = _MESSAGE_KEYS[t]
+    keys = msg.keys()
+    return keys >= required and keys <= required | optional
 
 
 def _check_error(error: Any) -> bool:
@@ -343,7 +350,7 @@ def check_reply(msg: Any) -> dict[str, Any]:
               and type(msg.get("over")) is bool and type(msg.get("exit")) is bool
               and (msg.get("rss") is None
                    or (_is_int(msg.get("rss")) and 0 <= msg["rss"] < 1 << 63)))
-    elif type(t) is not str or t not in _MESSAGE_KEYS or not msg.keys() <= _MESSAGE_KEYS[t]:
+    elif type(t) is not str or t not in _MESSAGE_KEYS or not _keys_fit(msg, t):
         ok = False
     elif t == "code":
         ok = (_is_int(msg.get("id")) and _opt(msg.get("code"), bytes)

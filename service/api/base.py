@@ -12,6 +12,13 @@ Every request, in this order, before any database work of its own:
    every authenticated answer) -> 429 `rate_limited`;
 5. the body within the route's cap -> 413 `payload_too_large`.
 
+The body is read only after these (``@stream_request_body``: the connection
+reads nothing of it while `prepare` runs): a caller without a valid token
+never has the service hold its body, whatever header it sends (a body was
+held up to the largest plan's size before the token was known: review,
+session 25). A declared length over the cap is refused before a byte is read;
+a streamed body past it is dropped and answered 413.
+
 Service-layer calls are synchronous database work: `call()` runs them in a
 bounded thread pool (`ApiState.executor`), never on the event loop, so a slow
 statistics query cannot delay an invocation; when too many calls wait, new
@@ -29,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from pydantic import BaseModel
+from tornado.web import stream_request_body
 from pydantic import ValidationError as PydanticError
 
 from models.db import database
@@ -42,6 +50,7 @@ from service.http.ratelimit import AUTH_FAILURES_PER_MINUTE, LimitsUnavailable, 
 from service.http.errors import (AuthThrottledError, BusyError, PayloadTooLargeError,
                                  RateLimitedError, ServiceError, UnauthorizedError)
 from service.http.event import client_ip
+from service.http.parsing import content_length
 from service.http.fair import FairCalls
 
 if TYPE_CHECKING:
@@ -121,6 +130,7 @@ def core_error(err: CoreError) -> ApiError:
     return ApiError(err.status, err.code, err.message, extra)
 
 
+@stream_request_body
 class APIHandler(BaseHandler):
     """Base of every `/api/v1` handler (see the module docstring)."""
 
@@ -133,6 +143,15 @@ class APIHandler(BaseHandler):
         super().initialize(context)
         self.api = api
         self.sticky_headers = {}
+        self._parts: list[bytes] = []
+        self._received = 0
+        self._accepting = False   # set once the caller is known (end of `prepare`)
+
+    def data_received(self, chunk: bytes) -> None:
+        """A piece of the body: kept only for an authenticated caller, up to the cap."""
+        self._received += len(chunk)
+        if self._accepting and self._received <= self.body_cap:
+            self._parts.append(chunk)
 
     @property
     def plans(self) -> Any:
@@ -204,8 +223,10 @@ class APIHandler(BaseHandler):
         if not decision.allowed:
             raise RateLimitedError("Too many admin API calls for this token; retry later.",
                                    headers={"Retry-After": str(decision.reset_seconds)})
-        if len(self.request.body or b"") > self.body_cap:
+        declared = self.request.headers.get("Content-Length")
+        if declared is not None and content_length(declared) > self.body_cap:
             raise PayloadTooLargeError(f"The request body is larger than {self.body_cap} bytes.")
+        self._accepting = True
 
     def _remembered(self, token: str) -> TokenIdentity | None:
         """The token's identity if the cache holds it (no database work)."""
@@ -235,9 +256,12 @@ class APIHandler(BaseHandler):
 
     # ---------------------------------------------------------------- input
     def body(self, model: type[M]) -> M:
-        """The JSON body validated by `model`; raises 400 `invalid_body` / `invalid_input`."""
+        """The JSON body validated by `model`; raises 413 `payload_too_large` (a
+        streamed body past the cap), 400 `invalid_body` / `invalid_input`."""
+        if self._received > self.body_cap:
+            raise PayloadTooLargeError(f"The request body is larger than {self.body_cap} bytes.")
         try:
-            data = json.loads(self.request.body or b"null")
+            data = json.loads(b"".join(self._parts) or b"null")
         except (ValueError, RecursionError):
             raise ApiError(400, "invalid_body", "The request body is not valid JSON.") from None
         if not isinstance(data, dict):

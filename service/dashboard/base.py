@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlparse
 
+from tornado.httputil import parse_cookie
 from tornado.ioloop import IOLoop
 from tornado.web import HTTPError, create_signed_value, decode_signed_value
 
@@ -67,6 +68,27 @@ DASHBOARD_THREADS = 2
 #: Calls running or waiting, per user and in all (calls before a session is
 #: known, resuming it or logging in, are not counted: they have no user yet).
 PER_TENANT, MAX_PENDING = 16, 256
+
+
+def session_token(raw: str | None, settings: Settings) -> str:
+    """The session token a session cookie's value carries, "" unless this
+    service signed it (and it is not older than a session may be)."""
+    if not raw:
+        return ""
+    max_days = settings.dashboard.session_max_hours / 24
+    # Version 2 only: Tornado logs a version-1 cookie whose signature fails,
+    # whole, at WARNING (a header value in the log, per request).
+    value = decode_signed_value(settings.server.cookie_secret, COOKIE, raw,
+                                max_age_days=max_days, min_version=2)
+    return value.decode("ascii", "replace") if value else ""
+
+
+def signed_session_in(cookie_header: str, settings: Settings) -> bool:
+    """Whether a request's `Cookie` header holds a session cookie this service
+    signed (service.http.app: how much of a body the front keeps)."""
+    if COOKIE not in cookie_header:
+        return False
+    return bool(session_token(parse_cookie(cookie_header).get(COOKIE), settings))
 
 
 @dataclass
@@ -140,15 +162,7 @@ class DashboardHandler(BaseHandler):
 
     # ------------------------------------------------------------ sessions
     def cookie_token(self) -> str:
-        raw = self.get_cookie(COOKIE)
-        if not raw:
-            return ""
-        max_days = self.dashboard.settings.dashboard.session_max_hours / 24
-        # Version 2 only: Tornado logs a version-1 cookie whose signature fails,
-        # whole, at WARNING (a header value in the log, per request).
-        value = decode_signed_value(self.dashboard.settings.server.cookie_secret, COOKIE, raw,
-                                    max_age_days=max_days, min_version=2)
-        return value.decode("ascii", "replace") if value else ""
+        return session_token(self.get_cookie(COOKIE), self.dashboard.settings)
 
     def set_session_cookie(self, token: str) -> None:
         signed = create_signed_value(self.dashboard.settings.server.cookie_secret, COOKIE, token)

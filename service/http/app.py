@@ -15,25 +15,28 @@ from tornado.web import Application, RequestHandler
 from service import api, dashboard
 from service.chat import handler as chat
 from service.http import health, metrics_handler
-from service.dashboard.base import COOKIE
+from service.dashboard.base import signed_session_in
 from service.http.base import NotFoundHandler
 from service.http.context import AppContext
 from service.http.metrics import Metrics
 from service.http.redaction import loggable_path
+from service.settings import Settings
 
 
 access_log = logging.getLogger("logic.access")
 
 #: The body the front keeps of a request to the application (every path but
-#: ``/endpoints/``) that brings no credentials (no ``Authorization`` header, no
-#: dashboard session cookie): past it the body is read and dropped, and the
-#: handler refuses the request for what it lacks (401 for the admin API, as
-#: without a body). Such a body was held whole, up to the largest plan's body
-#: size, before the handler could refuse it (review, session 25: 200
-#: connections of one address took a server from 63 to 267 MiB). The chat
-#: path is refused past it at once (413, before the signature check).
-#: Requests with credentials keep the front's backstop; each handler applies
-#: its own cap after authentication (the admin API's ``body_cap``).
+#: ``/endpoints/``) that cannot be authenticated before its body: past it the
+#: body is read and dropped, and the handler refuses the request for what it
+#: lacks. Such a body was held whole, up to the largest plan's body size,
+#: before the handler could refuse it (review, session 25: 200 connections of
+#: one address took a server from 63 to 267 MiB, and a first fix that trusted
+#: any ``Authorization`` header or cookie was undone by sending one). The chat
+#: path is refused past it at once (413, before the signature check). Two
+#: kinds of request keep the front's backstop: the admin API's with an
+#: ``Authorization`` header (it reads no byte of a body before the token is
+#: known: ``service.api.base``), and the dashboard's with a session cookie this
+#: service signed.
 ANONYMOUS_BODY_CAP = 64 * 1024
 
 
@@ -41,13 +44,18 @@ class ServiceApplication(Application):
     """The application, with the body limit the front applies when a head arrives."""
 
     chat_path = ""
+    service_settings: Settings
 
     def body_limit(self, path: str, headers: HTTPHeaders) -> tuple[int, bool] | None:
         """``(bytes, refuse)``: past ``bytes`` the body is refused (413) or, when
         not ``refuse``, read and dropped; None: the front's backstop alone."""
-        if path.split("?", 1)[0] == self.chat_path:
+        route = path.split("?", 1)[0]
+        if route == self.chat_path:
             return ANONYMOUS_BODY_CAP, True
-        if "Authorization" in headers or COOKIE in headers.get("Cookie", ""):
+        if route.startswith("/api/") and "Authorization" in headers:
+            return None
+        if (route.startswith("/dashboard/")
+                and signed_session_in(headers.get("Cookie", ""), self.service_settings)):
             return None
         return ANONYMOUS_BODY_CAP, False
 
@@ -93,4 +101,5 @@ def make_app(context: AppContext) -> ServiceApplication:
         log_function=functools.partial(log_request, metrics=context.metrics),
     )
     app.chat_path = context.settings.chat.path if context.settings.chat.public_key else ""
+    app.service_settings = context.settings
     return app

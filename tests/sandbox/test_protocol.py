@@ -86,6 +86,11 @@ def test_garbage_and_non_msgpack_are_protocol_errors() -> None:
     {"t": "code", "id": 7, "code": None, "exit": False,
      "meta": {"events": [], "endpoint": False, "gen": False, "pad": 1}},
     {"t": "need", "id": 7, "pad": 1}, {"t": "where", "id": 7, "line": 1, "tb": "", "x": 1},
+    # A key left out: a KeyError in the service before (second review, session 25).
+    {"t": "code", "id": 7, "exit": False,
+     "meta": {"events": [], "endpoint": False, "gen": False, "err": None}},
+    {"t": "where", "id": 7, "tb": ""}, {"t": "ready", "pid": 1, "hard": {}},
+    {"t": "need"}, {"t": "xres", "id": 7},
     # Unhashable where a name is looked up: a TypeError in the service before.
     {"t": ["res"]}, {**REPLY, "r": {**RESULT, "error": {"kind": ["script_error"], "message": "m",
                                                          "line": None, "traceback": None}}},
@@ -190,6 +195,30 @@ def test_a_frame_of_tiny_objects_is_refused_without_decoding_it() -> None:
     frame = protocol.encode(big, protocol.MAX_REPLY_BYTES)
     (msg,) = list(protocol.FrameReader(protocol.MAX_REPLY_BYTES, bounded=True).feed(frame))
     assert protocol.check_reply(msg) == big
+
+
+def test_a_worker_message_is_either_accepted_or_a_protocol_error() -> None:
+    # Whatever a taken-over worker sends, the check answers with ProtocolError,
+    # never another exception (which left the worker in place: see above).
+    rng = random.Random(7)
+    shapes = [REPLY, {"t": "code", "id": 7, "code": b"c", "exit": False,
+                      "meta": {"events": ["endpoint"], "endpoint": True, "gen": False,
+                               "err": None}},
+              {"t": "where", "id": 7, "line": 1, "tb": ""}, {"t": "need", "id": 7},
+              {"t": "compiled", "id": 7}, {"t": "ready", "pid": 1, "hard": {}, "notes": []},
+              {"t": "xres", "id": 7, "ok": True}]
+    for _ in range(3000):
+        msg: Any = dict(rng.choice(shapes))
+        for _ in range(rng.randrange(1, 3)):
+            key = rng.choice([*msg, "pad"])
+            if rng.random() < 0.3:
+                msg.pop(key, None)
+            else:
+                msg[key] = _random_object(rng, 2)
+        try:
+            protocol.check_reply(msg)
+        except ProtocolError:
+            pass
 
 
 def test_line_numbers_a_script_can_have_pass() -> None:

@@ -429,15 +429,18 @@ def test_r3_template_still_works_for_scripts() -> None:
         class Braced(Dollar):
             braceidpattern = "[a-z]+[0-9]"
             flags = re.IGNORECASE
+        class EmptyBrace(string.Template):
+            braceidpattern = ""
         class Whole(string.Template):
             delimiter = "@"
             pattern = r"@(?:(?P<escaped>@)|(?P<named>[a-z]+)|{(?P<braced>[a-z]+)}|(?P<invalid>))"
         t = string.Template("$who likes $what")
         event.reply([t.substitute(who="ada", what="maths"), Dollar("%x!").substitute(x=1),
                      isinstance(t, string.Template), isinstance(Dollar("x"), string.Template),
-                     Braced("%{AB1} %Y").substitute(AB1=2, Y=3), Whole("@a @@").substitute(a=4)])''',
+                     Braced("%{AB1} %Y").substitute(AB1=2, Y=3), Whole("@a @@").substitute(a=4),
+                     EmptyBrace("${ab} $cd").safe_substitute(ab=5, cd=6)])''',
         "import re, string\n"))
-    assert out["body"] == b'["ada likes maths","1!",true,true,"2 3","4 @"]'
+    assert out["body"] == b'["ada likes maths","1!",true,true,"2 3","4 @","5 6"]'
 
 
 # ---------------------------------------------------------------------------

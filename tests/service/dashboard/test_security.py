@@ -276,8 +276,13 @@ def test_history_comes_a_page_at_a_time(site: Site, client: Client) -> None:
             break
         text = client.get(f"{page}?history={older.group(1)}").body.decode()
     assert seen == [f"{i:03d}" for i in range(59, -1, -1)]   # newest first, each once
-    # A cursor that is none shows the newest page.
+    # A cursor that is none shows the newest page; one past what is kept says
+    # so, with the way back (it showed "No requests yet" before).
     assert "request-059" in client.get(f"{page}?history=%00nonsense").body.decode()
+    from service.core.pages import encode_cursor
+    past = client.get(f"{page}?history={encode_cursor(1)}").body.decode()
+    assert "No older requests are kept" in past and "No requests yet" not in past
+    assert ">Newest requests</a>" in past
 
 
 def test_logout_ends_the_session_and_the_operator_can_end_them_all(site: Site) -> None:
