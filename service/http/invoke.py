@@ -89,6 +89,10 @@ def _answered(step: Callable[..., Coroutine[Any, Any, None]]
     async def answered(self: InvokeRequest, *args: Any) -> None:
         try:
             await step(self, *args)
+            if self.answered:
+                # The client left while this step waited (a secret's check, a
+                # Redis call): the slot its rate limit took meanwhile is free.
+                self._give_back_quota()
         except Exception as exc:  # noqa: BLE001 - one request's bug must not reach the connection
             self._failed(exc)
     return answered

@@ -235,7 +235,7 @@ def _answer(sock: socket.socket) -> bytes:
 @pytest.mark.parametrize("forged", ["", "Authorization: Bearer lat_x\r\n",
                                     "Cookie: a=logic_session; logic_session=2|1:0|10:1|forged\r\n"],
                          ids=["nothing", "authorization", "cookie"])
-@pytest.mark.parametrize("path", ["/api/v1/guilds", "/dashboard/1/scripts/logic_x/source",
+@pytest.mark.parametrize("path", ["/api/v1/guilds", "/api/x", "/dashboard/1/scripts/logic_x/source",
                                   "/nowhere"])
 def test_a_body_without_credentials_is_not_held(server: Server, path: str, forged: str) -> None:
     # Review, session 25: the application's routes held a body up to the
