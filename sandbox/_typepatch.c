@@ -35,9 +35,143 @@ set_attribute(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/*
+ * Slots of `list` and `bytearray` that run a script's code while they hold a
+ * pointer into an object the script can free meanwhile (a review, session 25;
+ * none needs a comparison answering NotImplemented):
+ *
+ * - `a[::2] = generator`: list_ass_subscript works out the slice from the
+ *   list's size, then consumes the value, whose code may shrink the list,
+ *   then writes at the indexes worked out before: past the new end (a heap
+ *   write). The value is made a list first, before any index is computed.
+ * - `[[x]] < [[y]]`: list_richcompare compares the last differing items
+ *   without holding them (CPython gh-120298): a script's __eq__ that empties
+ *   the outer list frees the inner one being compared. The replacement is
+ *   3.11's function with that fix (each item held while it is compared).
+ * - `bytearray % args`: the format is read from the bytearray's own buffer
+ *   while `%a`/`%r` and mapping lookups run script code that can clear it.
+ *   The replacement formats from a copy.
+ *
+ * `install()` puts the three in place once per process (before any script
+ * runs; types made later inherit them) and returns how many it installed.
+ */
+static objobjargproc list_ass_original;
+
+static int
+list_ass_subscript_checked(PyObject *self, PyObject *key, PyObject *value)
+{
+    /* A list or tuple runs nothing; what cannot be iterated gets the original's
+       own error (its conversion runs no code either). */
+    if (value == NULL || !PySlice_Check(key) || PyList_CheckExact(value)
+            || PyTuple_CheckExact(value)
+            || (Py_TYPE(value)->tp_iter == NULL && !PySequence_Check(value))) {
+        return list_ass_original(self, key, value);
+    }
+    PyObject *items = PySequence_List(value);   /* the script's code runs here, first */
+    if (items == NULL) {
+        return -1;
+    }
+    int result = list_ass_original(self, key, items);
+    Py_DECREF(items);
+    return result;
+}
+
+static PyObject *
+list_richcompare_held(PyObject *v, PyObject *w, int op)
+{
+    if (!PyList_Check(v) || !PyList_Check(w)) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    if (PyList_GET_SIZE(v) != PyList_GET_SIZE(w) && (op == Py_EQ || op == Py_NE)) {
+        if (op == Py_EQ) {
+            Py_RETURN_FALSE;
+        }
+        Py_RETURN_TRUE;
+    }
+    Py_ssize_t i;
+    for (i = 0; i < PyList_GET_SIZE(v) && i < PyList_GET_SIZE(w); i++) {
+        PyObject *vitem = PyList_GET_ITEM(v, i);
+        PyObject *witem = PyList_GET_ITEM(w, i);
+        if (vitem == witem) {
+            continue;
+        }
+        Py_INCREF(vitem);
+        Py_INCREF(witem);
+        int k = PyObject_RichCompareBool(vitem, witem, Py_EQ);
+        Py_DECREF(vitem);
+        Py_DECREF(witem);
+        if (k < 0) {
+            return NULL;
+        }
+        if (!k) {
+            break;
+        }
+    }
+    if (i >= PyList_GET_SIZE(v) || i >= PyList_GET_SIZE(w)) {
+        Py_RETURN_RICHCOMPARE(PyList_GET_SIZE(v), PyList_GET_SIZE(w), op);
+    }
+    if (op == Py_EQ) {
+        Py_RETURN_FALSE;
+    }
+    if (op == Py_NE) {
+        Py_RETURN_TRUE;
+    }
+    PyObject *vitem = PyList_GET_ITEM(v, i);
+    PyObject *witem = PyList_GET_ITEM(w, i);
+    Py_INCREF(vitem);
+    Py_INCREF(witem);
+    PyObject *result = PyObject_RichCompare(vitem, witem, op);
+    Py_DECREF(vitem);
+    Py_DECREF(witem);
+    return result;
+}
+
+static PyObject *
+bytearray_mod_copied(PyObject *v, PyObject *w)
+{
+    if (!PyByteArray_Check(v)) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *format = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(v),
+                                                 PyByteArray_GET_SIZE(v));
+    if (format == NULL) {
+        return NULL;
+    }
+    PyObject *result = _PyBytes_FormatEx(PyBytes_AS_STRING(format), PyBytes_GET_SIZE(format),
+                                         w, 1);
+    Py_DECREF(format);
+    return result;
+}
+
+static PyObject *
+install(PyObject *module, PyObject *unused)
+{
+    int installed = 0;
+    PyMappingMethods *mapping = PyList_Type.tp_as_mapping;
+    if (mapping != NULL && mapping->mp_ass_subscript != NULL) {
+        if (mapping->mp_ass_subscript != list_ass_subscript_checked) {
+            list_ass_original = mapping->mp_ass_subscript;
+            mapping->mp_ass_subscript = list_ass_subscript_checked;
+        }
+        installed++;
+    }
+    PyList_Type.tp_richcompare = list_richcompare_held;
+    installed++;
+    PyNumberMethods *number = PyByteArray_Type.tp_as_number;
+    if (number != NULL && number->nb_remainder != NULL) {
+        number->nb_remainder = bytearray_mod_copied;
+        installed++;
+    }
+    PyType_Modified(&PyList_Type);
+    PyType_Modified(&PyByteArray_Type);
+    return PyLong_FromLong(installed);
+}
+
 static PyMethodDef methods[] = {
     {"set_attribute", set_attribute, METH_VARARGS,
      "set_attribute(type, name, value): store value under name in the type's dictionary"},
+    {"install", install, METH_NOARGS,
+     "install() -> the number of list and bytearray slots replaced (3)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -23,7 +23,16 @@ user ``nobody``), and crashed workers with the second:
 Both behave as the originals for every script that does not change what it
 is iterating.
 
-Both bugs (and list comparison's, CPython gh-120298, never fixed in 3.11)
+Three more, found by the next review, need no ``NotImplemented`` and are
+replaced in C (``sandbox/_typepatch.c``, ``SLOTS_REPLACED``): a list's
+extended-slice assignment from a generator that shrinks the list wrote past
+its new end; list comparison's last item was compared unheld (CPython
+gh-120298, never fixed in 3.11), so an inner list emptied from a script's
+``__eq__`` was read freed; ``bytearray % args`` read its format from a
+buffer a script's ``__repr__`` could clear (another object's bytes and a
+heap address came back in a reply).
+
+The first two bugs (and list comparison's)
 need a comparison that answers ``NotImplemented``, so that CPython calls the
 other operand's reflected method with the freed object: a script's
 comparisons never do (``sandbox.guards.ScriptType``), which closes that
@@ -71,6 +80,20 @@ def _replace_deque_index() -> bool:
 
 #: Whether ``deque.index`` is ours in this process (sandbox._typepatch built).
 DEQUE_INDEX_REPLACED: bool = _replace_deque_index()
+
+
+def _replace_slots() -> bool:
+    """``list``'s slice assignment and comparison, ``bytearray``'s ``%``: see
+    ``sandbox/_typepatch.c`` (``install``)."""
+    try:
+        from sandbox import _typepatch
+    except ImportError:
+        return False
+    return _typepatch.install() == 3
+
+
+#: Whether the list and bytearray slots are replaced in this process.
+SLOTS_REPLACED: bool = _replace_slots()
 
 
 def _same(value: Any) -> Any:

@@ -20,7 +20,7 @@ import msgpack  # type: ignore[import-untyped]
 
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import SandboxError
-from sandbox.cpython_fixes import DEQUE_INDEX_REPLACED
+from sandbox.cpython_fixes import DEQUE_INDEX_REPLACED, SLOTS_REPLACED
 from sandbox.guards import UNICODE_ERRORS_CHECKED
 from sandbox.hardening import EXIT_NO_SECCOMP
 from sandbox.limits import MEMGUARD_AVAILABLE, RESTART_COST_S
@@ -348,9 +348,10 @@ class Supervisor(Ticking):
         if not MEMGUARD_AVAILABLE:
             log.warning("sandbox: _memguard extension missing; memory is measured with "
                         "tracemalloc after each run and enforced only by RLIMIT_AS")
-        if not DEQUE_INDEX_REPLACED:
-            log.warning("sandbox: _typepatch extension missing; collections.deque.index "
-                        "stays CPython's (scripts' comparisons still never defer)")
+        if not (DEQUE_INDEX_REPLACED and SLOTS_REPLACED):
+            log.warning("sandbox: _typepatch extension missing; deque.index, list slice "
+                        "assignment and comparison, and bytearray %% stay CPython's, whose "
+                        "use of freed memory scripts can reach")
         if not UNICODE_ERRORS_CHECKED:
             log.warning("sandbox: _unicode_errors extension missing; scripts cannot name "
                         "UnicodeDecodeError or UnicodeEncodeError (UnicodeError catches both)")

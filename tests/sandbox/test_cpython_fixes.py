@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import operator
 
 import pytest
 
@@ -67,6 +68,78 @@ on endpoint(event):
     lst.append(Evil())
     event.reply(lst < [Probe()])
 '''
+
+
+SLICE_ASSIGNMENT = '''a = []
+def g():
+    del a[10:]
+    for i in range(50):
+        yield i
+on endpoint(event):
+    a.extend(range(100))
+    a[::2] = g()
+    event.reply(len(a))
+'''
+
+NESTED_LISTS = '''outer = []
+keep = []
+st = {"n": 0}
+class A:
+    def __eq__(self, o):
+        st["n"] = st["n"] + 1
+        if st["n"] == 1:
+            outer.clear()
+            i = 0
+            while i < 8:
+                keep.append(b"A" * 8100)
+                i += 1
+        return True
+on endpoint(event):
+    outer.append([A() for i in range(1000)])
+    event.reply(outer < [[A() for i in range(999)]])
+'''
+
+BYTEARRAY_FORMAT = '''import collections
+ba = bytearray()
+keep = []
+class C(collections.Counter):
+    def most_common(self, n=None):
+        ba.clear()
+        i = 0
+        while i < 4:
+            keep.append(bytearray(b"SECRET-" * 27 + b"!!!!"))
+            i += 1
+        return [("x", 1)]
+on endpoint(event):
+    ba.extend(b"%a|" + b"." * 190)
+    r = ba % (C(x=1),)
+    event.reply(bytes(r).decode("latin-1"))
+'''
+
+
+@pytest.mark.parametrize("source, kind, expected", [
+    # The generator runs before the slice is worked out: 50 items for a slice of 5.
+    (SLICE_ASSIGNMENT, "script_error", "attempt to assign sequence of size 50"),
+    # The inner list is held while it is compared: an answer, read from live memory.
+    (NESTED_LISTS, None, b"false"),
+    # The format is read from a copy: the clear changes nothing of the result.
+    (BYTEARRAY_FORMAT, None, b'"C({\'x\': 1})|' + b"." * 190 + b'"'),
+], ids=["list-slice-assignment", "nested-list-comparison", "bytearray-format"])
+def test_code_run_inside_a_list_or_bytearray_slot_cannot_free_what_it_reads(
+        source: str, kind: str | None, expected: object) -> None:
+    # Review, session 25: a heap write past a shrunk list, an inner list read
+    # after it was freed, another object's bytes and a heap address in a
+    # reply. Each was a crash or a leak in a real worker before.
+    async def scenario(pool: Pool) -> None:
+        out = await pool.run(ref(source), event(), Limits(2000, 8192), "attacker")
+        assert out.error_kind == kind, (out.error_kind, out.error_message)
+        if kind is None:
+            assert out.body == expected
+        else:
+            assert isinstance(expected, str) and expected in (out.error_message or "")
+        assert pool.counters["crashes"] == 0
+
+    run_with_pool(scenario, size=1)
 
 
 @pytest.mark.parametrize("source, message", [
@@ -159,3 +232,40 @@ def test_the_replacements_answer_as_the_originals() -> None:
         assert ours == theirs
     groups = cpython_fixes.groupby("aabbc")      # a group left unread is skipped, as there
     assert [k for k, _ in groups] == ["a", "b", "c"]
+
+
+def test_the_replaced_slots_answer_as_the_originals() -> None:
+    import random
+    assert cpython_fixes.SLOTS_REPLACED
+    rng = random.Random(25)
+    values = [0, 1, 2, "a", "b", 1.5, None]
+    for _ in range(2000):
+        a = [rng.choice(values[:4]) for _ in range(rng.randrange(5))]
+        b = [rng.choice(values[:4]) for _ in range(rng.randrange(5))]
+        for op in (operator.eq, operator.ne, operator.lt, operator.le, operator.gt,
+                   operator.ge):
+            try:
+                ours: object = op(a, b)               # the replaced list comparison
+            except TypeError:
+                ours = TypeError
+            try:
+                theirs: object = op(tuple(a), tuple(b))   # CPython's own, for tuples
+            except TypeError:
+                theirs = TypeError
+            assert ours == theirs, (a, b, op)
+        data = list(range(10))
+        key = slice(rng.randrange(-3, 4) or None, rng.randrange(-3, 11) or None,
+                    rng.choice([None, 1, 2, -1, -2]))
+        n = len(data[key])
+        for make in (list, tuple, iter, lambda xs: (x for x in xs)):
+            got, want = list(data), list(data)
+            try:
+                got[key] = make(range(100, 100 + n))
+            except ValueError:
+                got = ["ValueError"]
+            want[key] = list(range(100, 100 + n))
+            assert got == want, (key, make)
+    with pytest.raises(TypeError):
+        data[::2] = 5
+    assert bytearray(b"%s-%d-%a") % (b"x", 3, "é") == bytearray(b"x-3-'\\xe9'")
+    assert bytearray(b"%(k)s") % {b"k": b"v"} == bytearray(b"v")
