@@ -52,10 +52,17 @@ set_attribute(PyObject *module, PyObject *args)
  *   while `%a`/`%r` and mapping lookups run script code that can clear it.
  *   The replacement formats from a copy.
  *
- * `install()` puts the three in place once per process (before any script
- * runs; types made later inherit them) and returns how many it installed.
+ * `install()` puts the three in place once per process, before any script
+ * runs, and returns how many it installed. A slot alone is not enough: the
+ * type's `__lt__`, `__setitem__`, `__mod__`... wrappers keep the function
+ * they were made from, and a subclass takes its slots from them, so a
+ * script's `class L(list)` got the old code back (a further review): the
+ * wrappers are pointed at the replacements too, and subclasses that exist
+ * already get their slots replaced.
  */
 static objobjargproc list_ass_original;
+static richcmpfunc list_richcompare_original;
+static binaryfunc bytearray_mod_original;
 
 static int
 list_ass_subscript_checked(PyObject *self, PyObject *key, PyObject *value)
@@ -143,28 +150,101 @@ bytearray_mod_copied(PyObject *v, PyObject *w)
     return result;
 }
 
+/* Point the wrappers named in `names` of `type` that call `old` at `new`. */
+static int
+repoint_wrappers(PyTypeObject *type, const char *const *names, void *old, void *new)
+{
+    for (; *names != NULL; names++) {
+        PyObject *descr = PyDict_GetItemString(type->tp_dict, *names);   /* borrowed */
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyWrapperDescr_Type)) {
+            PyErr_Format(PyExc_RuntimeError, "%s.%s is not a slot wrapper", type->tp_name,
+                         *names);
+            return -1;
+        }
+        PyWrapperDescrObject *wrapper = (PyWrapperDescrObject *)descr;
+        if (wrapper->d_wrapped == old) {
+            wrapper->d_wrapped = new;
+        }
+        else if (wrapper->d_wrapped != new) {
+            PyErr_Format(PyExc_RuntimeError, "%s.%s wraps an unknown function", type->tp_name,
+                         *names);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Subclasses made before the replacement (none of a script's): their slots
+   too, all the way down. */
+static int
+replace_in_subclasses(PyTypeObject *type)
+{
+    PyObject *subclasses = PyObject_CallMethod((PyObject *)type, "__subclasses__", NULL);
+    if (subclasses == NULL) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(subclasses); i++) {
+        PyTypeObject *sub = (PyTypeObject *)PyList_GET_ITEM(subclasses, i);
+        if (sub->tp_as_mapping != NULL
+                && sub->tp_as_mapping->mp_ass_subscript == list_ass_original) {
+            sub->tp_as_mapping->mp_ass_subscript = list_ass_subscript_checked;
+        }
+        if (sub->tp_richcompare == list_richcompare_original) {
+            sub->tp_richcompare = list_richcompare_held;
+        }
+        if (sub->tp_as_number != NULL && bytearray_mod_original != NULL
+                && sub->tp_as_number->nb_remainder == bytearray_mod_original) {
+            sub->tp_as_number->nb_remainder = bytearray_mod_copied;
+        }
+        PyType_Modified(sub);
+        if (replace_in_subclasses(sub) < 0) {
+            Py_DECREF(subclasses);
+            return -1;
+        }
+    }
+    Py_DECREF(subclasses);
+    return 0;
+}
+
+static const char *const LIST_COMPARISONS[] = {"__lt__", "__le__", "__eq__", "__ne__", "__gt__",
+                                               "__ge__", NULL};
+static const char *const LIST_ASSIGNMENTS[] = {"__setitem__", "__delitem__", NULL};
+static const char *const BYTEARRAY_MOD[] = {"__mod__", "__rmod__", NULL};
+
 static PyObject *
 install(PyObject *module, PyObject *unused)
 {
-    int installed = 0;
-    PyMappingMethods *mapping = PyList_Type.tp_as_mapping;
-    if (mapping != NULL && mapping->mp_ass_subscript != NULL) {
-        if (mapping->mp_ass_subscript != list_ass_subscript_checked) {
-            list_ass_original = mapping->mp_ass_subscript;
-            mapping->mp_ass_subscript = list_ass_subscript_checked;
+    if (PyList_Type.tp_richcompare != list_richcompare_held) {
+        PyMappingMethods *mapping = PyList_Type.tp_as_mapping;
+        PyNumberMethods *number = PyByteArray_Type.tp_as_number;
+        if (mapping == NULL || mapping->mp_ass_subscript == NULL || number == NULL
+                || number->nb_remainder == NULL || PyList_Type.tp_richcompare == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "list or bytearray lacks an expected slot");
+            return NULL;
         }
-        installed++;
-    }
-    PyList_Type.tp_richcompare = list_richcompare_held;
-    installed++;
-    PyNumberMethods *number = PyByteArray_Type.tp_as_number;
-    if (number != NULL && number->nb_remainder != NULL) {
+        list_ass_original = mapping->mp_ass_subscript;
+        list_richcompare_original = PyList_Type.tp_richcompare;
+        bytearray_mod_original = number->nb_remainder;
+        if (repoint_wrappers(&PyList_Type, LIST_COMPARISONS, (void *)list_richcompare_original,
+                             (void *)list_richcompare_held) < 0
+                || repoint_wrappers(&PyList_Type, LIST_ASSIGNMENTS, (void *)list_ass_original,
+                                    (void *)list_ass_subscript_checked) < 0
+                || repoint_wrappers(&PyByteArray_Type, BYTEARRAY_MOD,
+                                    (void *)bytearray_mod_original,
+                                    (void *)bytearray_mod_copied) < 0) {
+            return NULL;
+        }
+        mapping->mp_ass_subscript = list_ass_subscript_checked;
+        PyList_Type.tp_richcompare = list_richcompare_held;
         number->nb_remainder = bytearray_mod_copied;
-        installed++;
+        PyType_Modified(&PyList_Type);
+        PyType_Modified(&PyByteArray_Type);
+        if (replace_in_subclasses(&PyList_Type) < 0
+                || replace_in_subclasses(&PyByteArray_Type) < 0) {
+            return NULL;
+        }
     }
-    PyType_Modified(&PyList_Type);
-    PyType_Modified(&PyByteArray_Type);
-    return PyLong_FromLong(installed);
+    return PyLong_FromLong(3);
 }
 
 static PyMethodDef methods[] = {

@@ -42,6 +42,7 @@ routes the review proved.
 from __future__ import annotations
 
 import collections
+import itertools
 import operator
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -94,6 +95,31 @@ def _replace_slots() -> bool:
 
 #: Whether the list and bytearray slots are replaced in this process.
 SLOTS_REPLACED: bool = _replace_slots()
+
+
+def zip_longest(*iterables: Iterable[Any], fillvalue: Any = None) -> Iterator[tuple[Any, ...]]:
+    """``itertools.zip_longest`` as the ``itertools`` documentation writes it in
+    Python: CPython 3.11's C version, re-entered from an iterator it was
+    advancing (a ``map`` whose function calls ``next`` on the zip), released
+    that iterator twice (a further review, session 25). Here re-entry is
+    "generator already executing"."""
+    iterators: list[Iterator[Any]] = [iter(it) for it in iterables]
+    active = len(iterators)
+    if not active:
+        return
+    while True:
+        values = []
+        for i, it in enumerate(iterators):
+            try:
+                value = next(it)
+            except StopIteration:
+                active -= 1
+                if not active:
+                    return
+                iterators[i] = itertools.repeat(fillvalue)
+                value = fillvalue
+            values.append(value)
+        yield tuple(values)
 
 
 def _same(value: Any) -> Any:

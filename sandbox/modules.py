@@ -202,6 +202,7 @@ _ITERTOOLS = {name: getattr(itertools, name) for name in dir(itertools) if not n
 # CPython 3.11's groupby compares keys it holds no reference to: a key whose
 # __eq__ advances the groupby made it use freed memory (sandbox/cpython_fixes.py).
 _ITERTOOLS["groupby"] = cpython_fixes.groupby
+_ITERTOOLS["zip_longest"] = cpython_fixes.zip_longest   # the same, re-entered from a map
 
 _JSON = _public(json, ["dumps", "loads", "JSONDecodeError"])
 
