@@ -51,6 +51,11 @@ set_attribute(PyObject *module, PyObject *args)
  * - `bytearray % args`: the format is read from the bytearray's own buffer
  *   while `%a`/`%r` and mapping lookups run script code that can clear it.
  *   The replacement formats from a copy.
+ * - `od1 == od2` (OrderedDicts): after dict's own comparison, the keys are
+ *   compared in order from the two dicts' linked lists, unheld, with only a
+ *   "changed?" check that passes when the script empties both (CPython
+ *   gh-119004): freed keys and nodes were read. The replacement compares
+ *   the keys from two lists it holds, as OrderedDict's Python version does.
  *
  * `install()` puts the three in place once per process, before any script
  * runs, and returns how many it installed. A slot alone is not enough: the
@@ -63,6 +68,7 @@ set_attribute(PyObject *module, PyObject *args)
 static objobjargproc list_ass_original;
 static richcmpfunc list_richcompare_original;
 static binaryfunc bytearray_mod_original;
+static richcmpfunc odict_richcompare_original;
 
 static int
 list_ass_subscript_checked(PyObject *self, PyObject *key, PyObject *value)
@@ -150,6 +156,46 @@ bytearray_mod_copied(PyObject *v, PyObject *w)
     return result;
 }
 
+static PyObject *
+odict_richcompare_held(PyObject *v, PyObject *w, int op)
+{
+    if (!PyODict_Check(v) || !PyDict_Check(w) || (op != Py_EQ && op != Py_NE)) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *result = PyDict_Type.tp_richcompare(v, w, Py_EQ);
+    if (result == NULL || result == Py_NotImplemented) {
+        return result;
+    }
+    if (result == Py_True && PyODict_Check(w)) {
+        /* The same keys and values: now their order, from held copies. */
+        Py_DECREF(result);
+        PyObject *keys_v = PySequence_List(v);
+        if (keys_v == NULL) {
+            return NULL;
+        }
+        PyObject *keys_w = PySequence_List(w);
+        if (keys_w == NULL) {
+            Py_DECREF(keys_v);
+            return NULL;
+        }
+        result = list_richcompare_held(keys_v, keys_w, Py_EQ);
+        Py_DECREF(keys_v);
+        Py_DECREF(keys_w);
+        if (result == NULL) {
+            return NULL;
+        }
+    }
+    if (op == Py_EQ) {
+        return result;
+    }
+    int equal = PyObject_IsTrue(result);
+    Py_DECREF(result);
+    if (equal < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(!equal);
+}
+
 /* Point the wrappers named in `names` of `type` that call `old` at `new`. */
 static int
 repoint_wrappers(PyTypeObject *type, const char *const *names, void *old, void *new)
@@ -196,6 +242,10 @@ replace_in_subclasses(PyTypeObject *type)
                 && sub->tp_as_number->nb_remainder == bytearray_mod_original) {
             sub->tp_as_number->nb_remainder = bytearray_mod_copied;
         }
+        if (odict_richcompare_original != NULL
+                && sub->tp_richcompare == odict_richcompare_original) {
+            sub->tp_richcompare = odict_richcompare_held;
+        }
         PyType_Modified(sub);
         if (replace_in_subclasses(sub) < 0) {
             Py_DECREF(subclasses);
@@ -206,6 +256,7 @@ replace_in_subclasses(PyTypeObject *type)
     return 0;
 }
 
+/* The six comparison wrappers (OrderedDict's too). */
 static const char *const LIST_COMPARISONS[] = {"__lt__", "__le__", "__eq__", "__ne__", "__gt__",
                                                "__ge__", NULL};
 static const char *const LIST_ASSIGNMENTS[] = {"__setitem__", "__delitem__", NULL};
@@ -234,24 +285,38 @@ install(PyObject *module, PyObject *unused)
                                     (void *)bytearray_mod_copied) < 0) {
             return NULL;
         }
+        odict_richcompare_original = PyODict_Type.tp_richcompare;
+        if (odict_richcompare_original == NULL
+                || repoint_wrappers(&PyODict_Type, LIST_COMPARISONS,
+                                    (void *)odict_richcompare_original,
+                                    (void *)odict_richcompare_held) < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_RuntimeError, "OrderedDict lacks a comparison");
+            }
+            return NULL;
+        }
         mapping->mp_ass_subscript = list_ass_subscript_checked;
         PyList_Type.tp_richcompare = list_richcompare_held;
         number->nb_remainder = bytearray_mod_copied;
+        PyODict_Type.tp_richcompare = odict_richcompare_held;
         PyType_Modified(&PyList_Type);
         PyType_Modified(&PyByteArray_Type);
+        PyType_Modified(&PyODict_Type);
         if (replace_in_subclasses(&PyList_Type) < 0
-                || replace_in_subclasses(&PyByteArray_Type) < 0) {
+                || replace_in_subclasses(&PyByteArray_Type) < 0
+                || replace_in_subclasses(&PyODict_Type) < 0) {
             return NULL;
         }
     }
-    return PyLong_FromLong(3);
+    return PyLong_FromLong(4);
 }
 
 static PyMethodDef methods[] = {
     {"set_attribute", set_attribute, METH_VARARGS,
      "set_attribute(type, name, value): store value under name in the type's dictionary"},
     {"install", install, METH_NOARGS,
-     "install() -> the number of list and bytearray slots replaced (3)"},
+     "install() -> the number of slots replaced (4: list slice assignment and comparison, "
+     "bytearray %, OrderedDict comparison)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -30,7 +30,8 @@ its new end; list comparison's last item was compared unheld (CPython
 gh-120298, never fixed in 3.11), so an inner list emptied from a script's
 ``__eq__`` was read freed; ``bytearray % args`` read its format from a
 buffer a script's ``__repr__`` could clear (another object's bytes and a
-heap address came back in a reply).
+heap address came back in a reply); and ``OrderedDict`` equality compared
+keys unheld from two dicts a script could empty meanwhile (CPython gh-119004).
 
 The first two bugs (and list comparison's)
 need a comparison that answers ``NotImplemented``, so that CPython calls the
@@ -90,7 +91,7 @@ def _replace_slots() -> bool:
         from sandbox import _typepatch
     except ImportError:
         return False
-    return _typepatch.install() == 3
+    return _typepatch.install() == 4
 
 
 #: Whether the list and bytearray slots are replaced in this process.

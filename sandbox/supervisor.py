@@ -350,8 +350,8 @@ class Supervisor(Ticking):
                         "tracemalloc after each run and enforced only by RLIMIT_AS")
         if not (DEQUE_INDEX_REPLACED and SLOTS_REPLACED):
             log.warning("sandbox: _typepatch extension missing; deque.index, list slice "
-                        "assignment and comparison, and bytearray %% stay CPython's, whose "
-                        "use of freed memory scripts can reach")
+                        "assignment and comparison, bytearray %% and OrderedDict equality "
+                        "stay CPython's, whose use of freed memory scripts can reach")
         if not UNICODE_ERRORS_CHECKED:
             log.warning("sandbox: _unicode_errors extension missing; scripts cannot name "
                         "UnicodeDecodeError or UnicodeEncodeError (UnicodeError catches both)")

@@ -129,12 +129,42 @@ on endpoint(event):
 '''
 
 
+ORDERED_DICTS = '''import datetime
+import collections
+st = {"n": 0, "at": 10}
+od1 = collections.OrderedDict()
+od2 = collections.OrderedDict()
+class TZ(datetime.tzinfo):
+    def utcoffset(self, dt):
+        st["n"] = st["n"] + 1
+        if st["n"] == st["at"]:
+            od1.clear()
+            od2.clear()
+            junk = [bytes(range(40)) for i in range(2000)]
+        return datetime.timedelta(0)
+class TZ2(datetime.tzinfo):
+    def utcoffset(self, dt):
+        return datetime.timedelta(0)
+on endpoint(event):
+    tz = TZ()
+    tz2 = TZ2()
+    for i in range(4):
+        od1[datetime.datetime(2020, 1, 1, 0, 0, i, tzinfo=tz)] = i
+    for i in range(4):
+        od2[datetime.datetime(2020, 1, 1, 0, 0, i, tzinfo=tz2)] = i
+    st["n"] = 0
+    event.reply(str(od1 == od2))
+'''
+
+
 def _subclassed(source: str) -> str:
     """The same script on a subclass of its own: a subclass took its slots from
     the types' wrappers, which still called the old code (a further review)."""
     return ("class L(list):\n    pass\nclass B(bytearray):\n    pass\n"
             + source.replace("a = []", "a = L()").replace("outer = []", "outer = L()")
-            .replace("ba = bytearray()", "ba = B()"))
+            .replace("ba = bytearray()", "ba = B()")
+            .replace("od1 = collections.OrderedDict()", "class O(collections.OrderedDict):\n"
+                     "    pass\nod1 = O()"))
 
 
 @pytest.mark.parametrize("source, kind, expected", [
@@ -147,9 +177,12 @@ def _subclassed(source: str) -> str:
     (_subclassed(SLICE_ASSIGNMENT), "script_error", "attempt to assign sequence of size 50"),
     (_subclassed(NESTED_LISTS), None, b"false"),
     (_subclassed(BYTEARRAY_FORMAT), None, b'"C({\'x\': 1})|' + b"." * 190 + b'"'),
+    # OrderedDict ==: the keys are compared from held copies (CPython gh-119004).
+    (ORDERED_DICTS, None, b'"True"'),
+    (_subclassed(ORDERED_DICTS), None, b'"True"'),
 ], ids=["list-slice-assignment", "nested-list-comparison", "bytearray-format",
         "subclass-slice-assignment", "subclass-nested-list-comparison",
-        "subclass-bytearray-format"])
+        "subclass-bytearray-format", "ordereddict-equality", "subclass-ordereddict-equality"])
 def test_code_run_inside_a_list_or_bytearray_slot_cannot_free_what_it_reads(
         source: str, kind: str | None, expected: object) -> None:
     # Review, session 25: a heap write past a shrunk list, an inner list read
@@ -299,4 +332,9 @@ def test_the_replaced_slots_answer_as_the_originals() -> None:
     with pytest.raises(TypeError):
         data[::2] = 5
     assert bytearray(b"%s-%d-%a") % (b"x", 3, "é") == bytearray(b"x-3-'\\xe9'")
+    od = collections.OrderedDict
+    for a, b in [(od(a=1, b=2), od(b=2, a=1)), (od(a=1), od(a=1)), (od(a=1), od(a=2)),
+                 (od(a=1, b=2), {"b": 2, "a": 1}), (od(), od()), (od(a=1), od(a=1, b=2))]:
+        expected = dict(a) == dict(b) and (not isinstance(b, od) or list(a) == list(b))
+        assert (a == b, a != b, b == a) == (expected, not expected, expected), (a, b)
     assert bytearray(b"%(k)s") % {b"k": b"v"} == bytearray(b"v")
