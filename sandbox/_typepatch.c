@@ -1,5 +1,6 @@
 /*
- * _typepatch: put a value into a built-in type's dictionary.
+ * _typepatch: replace C code of built-in types that a script can make use
+ * freed memory (sandbox/cpython_fixes.py installs it, once per process).
  *
  * `set_attribute(type, name, value)` does what `type.name = value` may not
  * do for a type defined in C (immutable from Python): it stores `value`
@@ -36,7 +37,7 @@ set_attribute(PyObject *module, PyObject *args)
 }
 
 /*
- * Slots of `list` and `bytearray` that run a script's code while they hold a
+ * Slots of `list`, `bytearray` and `OrderedDict` that run a script's code while they hold a
  * pointer into an object the script can free meanwhile (a review, session 25;
  * none needs a comparison answering NotImplemented):
  *
@@ -57,7 +58,7 @@ set_attribute(PyObject *module, PyObject *args)
  *   gh-119004): freed keys and nodes were read. The replacement compares
  *   the keys from two lists it holds, as OrderedDict's Python version does.
  *
- * `install()` puts the three in place once per process, before any script
+ * `install()` puts the four in place once per process, before any script
  * runs, and returns how many it installed. A slot alone is not enough: the
  * type's `__lt__`, `__setitem__`, `__mod__`... wrappers keep the function
  * they were made from, and a subclass takes its slots from them, so a
