@@ -27,7 +27,6 @@ import json
 import math
 import os
 import random
-import re
 import statistics
 import string
 import sys
@@ -39,6 +38,7 @@ from typing import Any, NoReturn
 
 from sandbox import cpython_fixes, resets
 from sandbox.guards import ScriptType
+from sandbox.restricted_re import RE_MEMBERS, Template, exact
 
 # time.strptime and datetime.strptime import _strptime on first use; import
 # it now so no import runs inside an invocation (under its memory cap and the
@@ -101,86 +101,6 @@ def _public(module: types.ModuleType, names: list[str]) -> dict[str, Any]:
     return {name: getattr(module, name) for name in names}
 
 
-# --- re: flags are filtered so re.DEBUG (which prints to the real stdout)
-# can never be passed, not even as a bare integer.
-_RE_ALLOWED_FLAGS = int(re.ASCII | re.IGNORECASE | re.MULTILINE | re.DOTALL | re.VERBOSE | re.UNICODE)
-
-
-def _re_flags(flags: Any) -> int:
-    if type(flags) is not int and not isinstance(flags, re.RegexFlag):
-        raise TypeError("flags must be an integer combination of re flags")
-    value = int(flags)
-    if value & ~_RE_ALLOWED_FLAGS:
-        raise ValueError("unsupported re flag (re.DEBUG and re.LOCALE are not available)")
-    return value
-
-
-def _exact(value: Any) -> Any:
-    """An exact ``str``/``bytes`` copy of a subclass instance; anything else as is.
-
-    ``re`` keeps patterns (and ``_strptime`` formats) as keys of process-wide
-    caches; a script's ``str`` subclass instance can carry attributes (a
-    suspended generator), which would then outlive the invocation and run
-    its ``finally`` block when evicted, in another guild's invocation
-    (redteam finding R1). The runtime detects any such leftover; this keeps
-    the common routes from producing one.
-    """
-    tp = type(value)
-    if tp is not str and isinstance(value, str):
-        return str.__str__(value)
-    if tp is not bytes and isinstance(value, bytes):
-        return bytes(memoryview(value))
-    return value
-
-
-def _re_compile(pattern: Any, flags: Any = 0) -> re.Pattern[Any]:
-    return re.compile(_exact(pattern), _re_flags(flags))
-
-
-def _re_search(pattern: Any, string: Any, flags: Any = 0) -> Any:
-    return re.search(_exact(pattern), string, _re_flags(flags))
-
-
-def _re_match(pattern: Any, string: Any, flags: Any = 0) -> Any:
-    return re.match(_exact(pattern), string, _re_flags(flags))
-
-
-def _re_fullmatch(pattern: Any, string: Any, flags: Any = 0) -> Any:
-    return re.fullmatch(_exact(pattern), string, _re_flags(flags))
-
-
-def _re_split(pattern: Any, string: Any, maxsplit: int = 0, flags: Any = 0) -> list[Any]:
-    return re.split(_exact(pattern), string, maxsplit, _re_flags(flags))
-
-
-def _re_findall(pattern: Any, string: Any, flags: Any = 0) -> list[Any]:
-    return re.findall(_exact(pattern), string, _re_flags(flags))
-
-
-def _re_finditer(pattern: Any, string: Any, flags: Any = 0) -> Any:
-    return re.finditer(_exact(pattern), string, _re_flags(flags))
-
-
-def _re_sub(pattern: Any, repl: Any, string: Any, count: int = 0, flags: Any = 0) -> Any:
-    return re.sub(_exact(pattern), _exact(repl), string, count, _re_flags(flags))
-
-
-def _re_subn(pattern: Any, repl: Any, string: Any, count: int = 0, flags: Any = 0) -> Any:
-    return re.subn(_exact(pattern), _exact(repl), string, count, _re_flags(flags))
-
-
-_RE = {
-    "compile": _re_compile, "search": _re_search, "match": _re_match,
-    "fullmatch": _re_fullmatch, "split": _re_split, "findall": _re_findall,
-    "finditer": _re_finditer, "sub": _re_sub, "subn": _re_subn,
-    "escape": re.escape, "error": re.error,
-    "A": re.A, "ASCII": re.ASCII, "I": re.I, "IGNORECASE": re.IGNORECASE,
-    "M": re.M, "MULTILINE": re.MULTILINE, "S": re.S, "DOTALL": re.DOTALL,
-    "X": re.X, "VERBOSE": re.VERBOSE, "U": re.U, "UNICODE": re.UNICODE,
-    "NOFLAG": re.NOFLAG,
-}
-
-
 # --- functools: update_wrapper/wraps are generic getattr/setattr primitives
 # (their `assigned` tuple names arbitrary attributes), so they are left out;
 # total_ordering writes dunders onto its argument, so only script classes.
@@ -211,7 +131,7 @@ _DATETIME = _public(datetime, ["date", "datetime", "time", "timedelta", "timezon
 
 def _time_strptime(string: Any, format: Any = "%a %b %d %H:%M:%S %Y") -> time.struct_time:
     # _strptime caches compiled formats keyed by the format object (R1).
-    return time.strptime(_exact(string), _exact(format))
+    return time.strptime(exact(string), exact(format))
 
 
 # time.sleep would hold a worker for nothing; tzset and the clock setters
@@ -239,67 +159,10 @@ _BASE64 = _public(base64, ["b64encode", "b64decode", "standard_b64encode", "stan
                            "b85encode", "b85decode", "a85encode", "a85decode",
                            "encodebytes", "decodebytes"])
 
-# string.Formatter is the str.format engine (CVE-2023-41039): left out.
-class _Template(string.Template):
-    """``string.Template`` whose subclasses cannot pick unsafe ``re`` flags.
-
-    ``Template.__init_subclass__`` compiles the subclass's pattern with
-    ``cls.flags`` through the real ``re.compile``: ``flags = 128`` was
-    ``re.DEBUG`` (printing to the worker's stdout) past our ``re`` wrappers,
-    and a ``str`` subclass ``pattern`` landed in ``re``'s cache (redteam
-    findings R1, R3). Instances and ``isinstance`` work as with the original.
-    """
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        # string.Template.__init_subclass__ is not run: it reads each attribute
-        # again, through descriptors a script's class can make answer every
-        # read differently (``flags = classmethod(property(f))`` passed a check
-        # here as 0 and reached ``re.compile`` as re.DEBUG: review, session 25).
-        # Each value is read once, from the class dictionaries, checked, and
-        # the pattern compiled from what was checked.
-        if type(cls) not in (ScriptType, type):   # one could answer reads of the class
-            raise TypeError("a Template subclass cannot have its own metaclass")
-        super(string.Template, cls).__init_subclass__(**kwargs)
-        flags = _re_flags(_class_value(cls, "flags"))
-        if "pattern" in cls.__dict__:
-            pattern = _template_text(cls.__dict__["pattern"], "pattern")
-        else:
-            delim = re.escape(_template_text(_class_value(cls, "delimiter"), "delimiter"))
-            ident = _template_text(_class_value(cls, "idpattern"), "idpattern")
-            brace = _class_value(cls, "braceidpattern")
-            # As string.Template: an empty (or no) braced pattern is the plain one.
-            brace = ident if brace is None else _template_text(brace, "braceidpattern") or ident
-            pattern = fr"""
-            {delim}(?:
-              (?P<escaped>{delim})  |
-              (?P<named>{ident})    |
-              {{(?P<braced>{brace})}} |
-              (?P<invalid>)
-            )
-            """
-        cls.pattern = re.compile(pattern, flags | re.VERBOSE)
-
-
-def _class_value(cls: type, name: str) -> Any:
-    """``name`` as the first class of ``cls.__mro__`` holds it, no descriptor run."""
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    raise AttributeError(name)
-
-
-def _template_text(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"Template {name} must be a string")
-    return str(_exact(value))
-
-
-_Template.__name__ = _Template.__qualname__ = "Template"
-
 _STRING = {**_public(string, ["ascii_letters", "ascii_lowercase", "ascii_uppercase", "digits",
                               "hexdigits", "octdigits", "punctuation", "printable",
                               "whitespace", "capwords"]),
-           "Template": _Template}
+           "Template": Template}
 
 # deque.index is replaced where sandbox._typepatch built (sandbox/cpython_fixes.py).
 _COLLECTIONS = _public(collections, ["Counter", "OrderedDict", "defaultdict", "deque",
@@ -340,7 +203,7 @@ _RANDOM_METHODS: tuple[str, ...] = (
 
 STATIC_NAMESPACES: types.MappingProxyType[str, ModuleNamespace] = types.MappingProxyType({
     label: ModuleNamespace(label, members) for label, members in {
-        "json": _JSON, "math": _MATH, "re": _RE, "datetime": _DATETIME, "time": _TIME,
+        "json": _JSON, "math": _MATH, "re": RE_MEMBERS, "datetime": _DATETIME, "time": _TIME,
         "hashlib": _HASHLIB, "hmac": _HMAC, "base64": _BASE64, "string": _STRING,
         "itertools": _ITERTOOLS, "functools": _FUNCTOOLS, "collections": _COLLECTIONS,
         "statistics": _STATISTICS, "decimal": _DECIMAL, "uuid": _UUID,

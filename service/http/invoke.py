@@ -44,7 +44,8 @@ from service.http.errors import (
 )
 from service.http.event import client_ip, ip_allowed
 from service.core.invoke_target import InvokeTarget, NeedsQuery, TargetsUnavailable
-from service.http.ratelimit import LimitsUnavailable, Stamp
+from service.http.memory_windows import Stamp
+from service.http.ratelimit import LimitsUnavailable
 from service.http.invoke_answer import RequestAnswers
 from service.http.parsing import content_length
 from service.http.script_run import ScriptRun

@@ -33,24 +33,19 @@ import asyncio
 import ipaddress
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
+
+from service.http.memory_windows import WINDOW_S, MemoryWindows, Stamp
 
 if TYPE_CHECKING:
     from service.http.redis_windows import RedisWindows
 
 #: DESIGN section 4: more than this many wrong secrets from one IP in 60 s are throttled.
 AUTH_FAILURES_PER_MINUTE = 20
-WINDOW_S = 60.0
 #: `ratelimit.on_storage_error` values.
 ON_STORAGE_ERROR = ("open", "closed")
-
-
-#: What identifies one counted hit in its window: its time (memory, the shared
-#: table) or its entry as stored (Redis); None: no hit was counted.
-Stamp = Union[float, str, None]
 
 
 class LimitsUnavailable(Exception):
@@ -75,63 +70,6 @@ class Decision:
             "RateLimit-Remaining": str(self.remaining),
             "RateLimit-Reset": str(self.reset_seconds),
         }
-
-
-class _Windows:
-    """Moving windows: one deque of hit times per key (memory:// storage)."""
-
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
-        self._hits: dict[str, deque[float]] = {}
-        self._ops = 0
-
-    def _window(self, key: str, now: float) -> deque[float] | None:
-        q = self._hits.get(key)
-        if q is not None:
-            edge = now - WINDOW_S
-            while q and q[0] <= edge:
-                q.popleft()
-        return q
-
-    def hit(self, key: str, limit: int) -> tuple[bool, int, float, Stamp]:
-        """Count a hit if a slot is free: (allowed, hits in window, oldest hit
-        time, the hit's own stamp or None)."""
-        now = self._clock()
-        self._ops += 1
-        if self._ops % 10_000 == 0:
-            self._sweep(now)
-        q = self._window(key, now)
-        if q is None:
-            q = self._hits[key] = deque()
-        allowed = len(q) < limit
-        if allowed:
-            q.append(now)
-        return allowed, len(q), q[0] if q else now, now if allowed else None
-
-    def peek(self, key: str, limit: int) -> tuple[int, float]:
-        now = self._clock()
-        q = self._window(key, now)
-        return (len(q), q[0]) if q else (0, now)
-
-    def refund(self, key: str, limit: int, stamp: Stamp) -> None:
-        """Take back the hit of ``key`` that `hit` stamped ``stamp`` (nothing if
-        it already left the window). Its own, not the newest: a later request's
-        hit taken back instead would leave the window early and this one late,
-        admitting more than the limit in some 60 s."""
-        q = self._hits.get(key)
-        if not q or not isinstance(stamp, float):
-            return
-        for i in range(len(q) - 1, -1, -1):   # refunds follow their hit closely: from the newest
-            if q[i] == stamp:
-                del q[i]
-                return
-            if q[i] < stamp:
-                return
-
-    def _sweep(self, now: float) -> None:
-        """Forget keys with no hit in the window, so memory follows active keys only."""
-        for key in [k for k, q in self._hits.items() if not q or q[-1] <= now - WINDOW_S]:
-            del self._hits[key]
 
 
 class _Gate:
@@ -162,7 +100,7 @@ class RateLimits:
     def __init__(self, storage_uri: str = "memory://",
                  clock: Callable[[], float] = time.time, ipv6_prefix: int = 64, *,
                  on_storage_error: str = "open", storage_timeout_s: float = 1.0,
-                 windows: _Windows | None = None, installation: str = "") -> None:
+                 windows: MemoryWindows | None = None, installation: str = "") -> None:
         """`windows`: memory windows to use instead of this process's own (the
         front processes' shared ones, `service.http.shared_windows`);
         `installation`: the id Redis keys are named after."""
@@ -172,7 +110,7 @@ class RateLimits:
         self._ipv6_prefix = ipv6_prefix
         # memory://: the windows; a shared storage: the fallback while it is down
         # (shared by the node's front processes either way).
-        self._windows = windows if windows is not None else _Windows(clock)
+        self._windows = windows if windows is not None else MemoryWindows(clock)
         self._remote: RedisWindows | None = None
         self._open = on_storage_error == "open"
         if not storage_uri.startswith("memory://"):

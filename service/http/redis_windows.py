@@ -171,7 +171,7 @@ class RedisWindows:
 
     async def refund(self, key: str, limit: int, entry: str) -> None:
         """Take back the hit `hit` stored as `entry` (not the newest: see
-        `ratelimit._Windows.refund`; nothing while Redis is down)."""
+        `memory_windows.MemoryWindows.refund`; nothing while Redis is down)."""
         if self.down_since is not None:
             return
         try:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from service.core.invoke_target import InvokeTarget
     from service.http.context import AppContext
     from service.http.exchange import Exchange
-    from service.http.ratelimit import Stamp
+    from service.http.memory_windows import Stamp
 
 _T = TypeVar("_T")
 

@@ -34,7 +34,8 @@ from service.http.base import render_connection_error
 from service.http.context import AppContext
 from service.http.listener import HTTP1Server, ServerLimits
 from service.http.invoke import PREFIX, InvokeEndpoint
-from service.http.ratelimit import RateLimits, _Windows
+from service.http.memory_windows import MemoryWindows
+from service.http.ratelimit import RateLimits
 from service.http.journal import Journal, read_segments, run_of
 from service.http.record_batches import expand
 from service.http.records import RecordWriter
@@ -104,7 +105,7 @@ def open_front(settings: Settings, journal_dir: str | None, *,
 
 def run_front(settings: Settings, database: Database, sockets: list[socket.socket],
               journal: Journal | None, drain_seconds: float, *,
-              windows: _Windows | None = None, on_ready: Callable[[], None] | None = None) -> None:
+              windows: MemoryWindows | None = None, on_ready: Callable[[], None] | None = None) -> None:
     """Start the sandbox pool, then serve on `sockets` until SIGTERM/SIGINT (one front)."""
     if os.geteuid() != 0:
         # Without root the workers keep the service's uid: make the service's
@@ -127,7 +128,7 @@ def run_front(settings: Settings, database: Database, sockets: list[socket.socke
 
 async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socket.socket],
                drain_seconds: float, journal: Journal | None = None, *,
-               windows: _Windows | None = None,
+               windows: MemoryWindows | None = None,
                on_ready: Callable[[], None] | None = None) -> None:
     from models.installation import installation_id
     from service.core import journal_marks

@@ -41,7 +41,7 @@ import mmap
 import time
 from collections.abc import Callable
 
-from service.http.ratelimit import WINDOW_S, Stamp, _Windows
+from service.http.memory_windows import WINDOW_S, MemoryWindows, Stamp
 
 #: Slots examined for a key before it falls back to the front's own memory.
 PROBE = 16
@@ -76,8 +76,8 @@ class _RobustMutex:
         self._unlock(self._ptr)
 
 
-class SharedWindows(_Windows):
-    """Moving windows in a shared mapping; the `_Windows` interface, usable in any front."""
+class SharedWindows(MemoryWindows):
+    """Moving windows in a shared mapping; the `MemoryWindows` interface, usable in any front."""
 
     def __init__(self, slots: int = 16384, ring: int = 64,
                  clock: Callable[[], float] = time.time, fronts: int = 1) -> None:
@@ -167,7 +167,7 @@ class SharedWindows(_Windows):
         divides among the fronts)."""
         return limit if count >= share else min(limit, count * self._fronts)
 
-    # ------------------------------------------------- the _Windows interface
+    # ------------------------------------------- the MemoryWindows interface
 
     def hit(self, key: str, limit: int) -> tuple[bool, int, float, Stamp]:
         """Count a hit if a slot is free: (allowed, hits in window, oldest hit
