@@ -34,12 +34,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandbox import landlock, limits
-from sandbox.compiler import CompileError
+from sandbox.compiler import MAX_ERRORS, MAX_MESSAGE_CHARS, CompileError
 
 #: Wall-clock limit of the whole child: start-up, imports and the CPU budget,
 #: generous because the host may be busy; the CPU budget is the real limit.
 WALL_TIMEOUT_S = 30.0
 VERDICT_CACHE = 256
+#: The compile process's answer is at most `MAX_ERRORS` short errors (the
+#: compiler bounds them); anything longer is not believed, nor kept.
+MAX_ANSWER_BYTES = 64 * 1024
 
 _BOOTSTRAP = (
     "import json, sys\n"
@@ -161,9 +164,12 @@ def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
         return _too_long(text), True
     if proc.returncode != 0:
         return _failed(f"compile process exited with {proc.returncode}"), False
+    if len(proc.stdout) > MAX_ANSWER_BYTES:
+        return _failed("compile process answered too much"), False
     try:
         out = json.loads(proc.stdout)
-        errors = tuple(CompileError(int(e[0]), int(e[1]), str(e[2])) for e in out["errors"])
+        errors = tuple(CompileError(int(e[0]), int(e[1]), str(e[2])[:MAX_MESSAGE_CHARS])
+                       for e in out["errors"][:MAX_ERRORS + 1])
         over = bool(out["over"])
     except (ValueError, KeyError, TypeError, IndexError):
         return _failed("compile process answered nonsense"), False

@@ -32,6 +32,11 @@ MAX_SOURCE_BYTES = 262144  # 256 KB, DESIGN section 5 / issue 2
 #: 250 KB script of ordinary functions has ~70,000. See also sandbox.policy.
 MAX_TOKENS = 100_000
 ENDPOINT_EVENT = "endpoint"
+#: Errors reported for one source, and characters of one message: a source
+#: of 45,000 refused names gave 45,000 errors (2.6 MB kept per remembered
+#: save-time verdict, 8 MB per answer; review, session 26).
+MAX_ERRORS = 20
+MAX_MESSAGE_CHARS = 300
 
 # PEP 263 coding declaration, as tokenize matches it.
 _COOKIE_RE = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.ASCII)
@@ -94,7 +99,21 @@ class _Header:
 
 
 def _fail(*errors: CompileError) -> CompileResult:
-    return CompileResult(None, tuple(sorted(errors, key=lambda e: (e.line, e.column))))
+    return CompileResult(None, bounded(sorted(errors, key=lambda e: (e.line, e.column))))
+
+
+def bounded(errors: list[CompileError]) -> tuple[CompileError, ...]:
+    """The first `MAX_ERRORS` errors, each message cut to `MAX_MESSAGE_CHARS`,
+    and one more that says how many were left out."""
+    kept = [e if len(e.message) <= MAX_MESSAGE_CHARS
+            else CompileError(e.line, e.column, e.message[:MAX_MESSAGE_CHARS - 1] + "…")
+            for e in errors[:MAX_ERRORS]]
+    if len(errors) > MAX_ERRORS:
+        rest = errors[MAX_ERRORS]
+        kept.append(CompileError(rest.line, rest.column,
+                                 f"... and {len(errors) - MAX_ERRORS} more errors from here on "
+                                 "(fix the ones above first)"))
+    return tuple(kept)
 
 
 def _position(text: str, index: int) -> tuple[int, int]:

@@ -30,9 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from pydantic import BaseModel
@@ -52,6 +49,7 @@ from service.http.errors import (AuthThrottledError, BusyError, PayloadTooLargeE
 from service.http.event import client_ip
 from service.http.parsing import content_length
 from service.http.fair import FairCalls
+from service.http.priority import background_executor
 
 if TYPE_CHECKING:
     from service.http.context import AppContext
@@ -90,8 +88,7 @@ class ApiState:
         self.context = context
         # Below the event loop's priority, like the secret hashing threads: a
         # busy admin client takes only CPU the invoke path does not want.
-        self.executor = ThreadPoolExecutor(max_workers=API_THREADS, thread_name_prefix="logic-api",
-                                           initializer=background_priority)
+        self.executor = background_executor(API_THREADS, "logic-api")
         self.tokens = TokenCache()
         self.tokens.feed = context.change_feed      # PostgreSQL: hears revocations
         url = context.settings.database.url
@@ -114,14 +111,6 @@ class ApiState:
         loop = asyncio.get_running_loop()
         return await self.calls.run(tenant, lambda: loop.run_in_executor(
             self.executor, lambda: fn(*args, **kwargs)))
-
-
-def background_priority() -> None:
-    """Run this thread below the event loop's priority (Linux: per-thread nice)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):  # not Linux, or not permitted: best effort
-        pass
 
 
 def core_error(err: CoreError) -> ApiError:

@@ -24,7 +24,7 @@ from models.clock import utcnow
 from service.core import audit
 from service.core.access import Actor, validate_user_id
 from service.core.errors import PermissionDeniedError
-from service.core.tokens import consume_login_token, spend_login_links
+from service.core.tokens import consume_login_token, login_link_user, spend_login_links
 
 #: Writes of `last_seen_at` happen at most this often per session (a write per
 #: page view is wasted work); the idle timeout is precise to this step.
@@ -67,6 +67,13 @@ def login(link_token: str, *, absolute: timedelta,
         row = DashboardSession.create(token_hash=_digest(token), user_id=user_id, created_at=now,
                                       last_seen_at=now, expires_at=now + absolute)
     return token, Session(row.id, user_id, now, row.expires_at)
+
+
+def link_user(link_token: str) -> str:
+    """Whose session a login link would start, without using it (the dashboard
+    asks before a link replaces a live session of another user).  Raises
+    `NotFoundError` (`invalid_login_token`) for an unknown, used or expired link."""
+    return login_link_user(link_token)
 
 
 def resume(token: str, *, idle: timedelta, now: datetime | None = None) -> Session | None:

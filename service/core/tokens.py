@@ -162,6 +162,17 @@ def spend_login_links(user_id: str, now: datetime) -> int:
                .where((LoginToken.user_id == user_id) & LoginToken.used_at.is_null()).execute())
 
 
+def login_link_user(token: str) -> str:
+    """The user a login link is for, without using it.  Raises `NotFoundError`
+    (`invalid_login_token`) when unknown, used or expired."""
+    row = LoginToken.get_or_none((LoginToken.token_hash == _digest(token or ""))
+                                 & LoginToken.used_at.is_null()
+                                 & (LoginToken.expires_at > utcnow()))
+    if row is None:
+        raise NotFoundError("login link is invalid, used or expired", code="invalid_login_token")
+    return str(row.user_id)
+
+
 def consume_login_token(token: str) -> str:
     """Use a login token once; return its user id.  Raises `NotFoundError`
     (`invalid_login_token`) when unknown, used or expired."""

@@ -2,14 +2,17 @@
 
 `GET /login/{token}` consumes the link (`service.core.sessions.login`), sets
 the session cookie and redirects to `/dashboard`: after it, neither the link
-nor the session appears in any URL.
+nor the session appears in any URL.  A link of another user than the
+browser's live session is not used at once (any site can make a browser open
+a link, and the owner of any guild can get one for himself): a page asks,
+and only its XSRF-checked `POST /login/{token}` ends the session and logs in.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from service.core.errors import NotFoundError
-from service.core.sessions import end_session, login
+from service.core.sessions import end_session, link_user, login, resume
 from service.dashboard.base import DashboardHandler
 
 
@@ -27,20 +30,48 @@ class _LinkHandler(DashboardHandler):
 
 
 class LoginHandler(_LinkHandler):
-    """`GET /login/{token}`: the one-time link."""
+    """`GET /login/{token}`: the one-time link; `POST /login/{token}`: the same,
+    confirmed from the page asking whether to leave a live session of another user."""
+
+    async def prepare(self) -> None:
+        # The POST comes only from that page: it needs the session and its XSRF token.
+        self.public = self.request.method != "POST"
+        await super().prepare()
 
     async def get(self, token: str) -> None:
+        old = self.cookie_token()
+        current = await self.core(resume, old, idle=self.dashboard.idle) if old else None
+        if current is not None:
+            try:
+                user = await self.core(link_user, token)
+            except NotFoundError:
+                self._refused()
+                return
+            if user != current.user_id:
+                self.session, self.session_token = current, old
+                self.page("login_switch.html", title="Log in as another user?", link_user=user,
+                          token=token)
+                return
+        await self._login(token, old)
+
+    async def post(self, token: str) -> None:
+        await self._login(token, self.session_token)
+
+    async def _login(self, token: str, old: str) -> None:
         try:
             session_token, _ = await self.core(login, token, absolute=self.dashboard.absolute)
         except NotFoundError:
-            self.page("login.html", status=400, title="Login link refused", refused=True,
-                      logged_out=False)
+            self._refused()
             return
-        old = self.cookie_token()
         if old:
             await self.core(end_session, old)
         self.set_session_cookie(session_token)
         self.redirect("/dashboard", status=303)
+
+    def _refused(self) -> None:
+        self.session, self.session_token = None, ""
+        self.page("login.html", status=400, title="Login link refused", refused=True,
+                  logged_out=False)
 
 
 class MalformedLinkHandler(_LinkHandler):

@@ -39,6 +39,7 @@ from service.core.sessions import Session, check_xsrf, resume, xsrf_token
 from service.http.base import BaseHandler, database_lost
 from service.http.errors import BusyError
 from service.http.fair import FairCalls
+from service.http.priority import background_executor
 from service.settings import Settings
 
 log = logging.getLogger("logic.dashboard")
@@ -96,8 +97,10 @@ class Dashboard:
     """What every dashboard handler shares: settings and the service-layer thread pool."""
 
     settings: Settings
-    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
-        max_workers=DASHBOARD_THREADS, thread_name_prefix="logic-dashboard"))
+    # Below the loop's priority, like the API's: a save's compile process
+    # inherits it (service.http.priority).
+    executor: ThreadPoolExecutor = field(default_factory=lambda: background_executor(
+        DASHBOARD_THREADS, "logic-dashboard"))
     calls: FairCalls = field(default_factory=lambda: FairCalls(
         DASHBOARD_THREADS, MAX_PENDING, PER_TENANT, name="dashboard"))
 

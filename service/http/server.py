@@ -15,9 +15,7 @@ import logging
 import os
 import signal
 import socket
-import threading
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from peewee import Database
@@ -35,6 +33,7 @@ from service.http.context import AppContext
 from service.http.listener import HTTP1Server, ServerLimits
 from service.http.invoke import PREFIX, InvokeEndpoint
 from service.http.memory_windows import MemoryWindows
+from service.http.priority import background_executor
 from service.http.ratelimit import RateLimits
 from service.http.journal import Journal, read_segments, run_of
 from service.http.record_batches import expand
@@ -148,8 +147,9 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     feed = (ChangeFeed.for_database(db, channels=(CHANNEL, TOKENS_CHANNEL)).start()
             if is_postgres(db) else None)
 
-    executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-argon2",
-                                  initializer=_background_priority)
+    # Below the loop's priority: a flood of unknown secrets takes only CPU
+    # the loop does not want, so it cannot slow authenticated requests.
+    executor = background_executor(2, "logic-argon2")
     records = RecordWriter(
         write_batch,
         on_thread_start=lambda: db.connect(reuse_if_open=True),
@@ -362,15 +362,3 @@ def _tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-
-
-def _background_priority() -> None:
-    """Run secret hashing below the event loop's priority (Linux: per-thread nice).
-
-    A flood of unknown secrets then takes only CPU the loop does not want, so
-    it cannot slow down requests that are already authenticated.
-    """
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):  # not Linux, or not permitted: best effort
-        pass

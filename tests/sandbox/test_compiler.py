@@ -207,6 +207,18 @@ def test_several_errors_are_reported_in_source_order() -> None:
     ]
 
 
+def test_errors_are_bounded_in_number_and_length() -> None:
+    # A source of 45,000 refused names gave 45,000 errors (2.6 MB of text per
+    # save, kept by the save-time verdicts; review, session 26).
+    found = errors("x = _a\n" * 45 + "y = _" + "b" * 5000 + "\n")
+    assert len(found) == 21
+    assert found[:20] == [(i, 5, '"_a" is an invalid variable name because it starts with "_"')
+                          for i in range(1, 21)]
+    assert found[20] == (21, 5, "... and 26 more errors from here on (fix the ones above first)")
+    (long_name,) = errors("y = _" + "b" * 5000 + "\n")
+    assert len(long_name[2]) == 300 and long_name[2].startswith('"_bbb') and long_name[2][-1] == "…"
+
+
 def test_error_column_on_a_header_line_is_the_authors() -> None:
     # "def" is one character longer than "on"; columns after it are shifted back.
     assert errors("on endpoint(event, _x=1):\n    pass\n") == [

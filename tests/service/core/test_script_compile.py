@@ -63,6 +63,27 @@ def test_a_source_over_the_cpu_budget_is_refused_and_remembered(
     assert len(children) == 1  # compiled once; the second save got the remembered verdict
 
 
+def test_a_source_of_countless_errors_is_answered_and_remembered_in_a_few_lines(
+        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review, session 26: 45,000 refused names in 135 KB gave as many errors;
+    # each refused save kept 2.6 MB in the service (30 MB of its memory per
+    # save, 256 verdicts remembered) and answered 8 MB.
+    children = _counting_children(monkeypatch)
+    source = "_a\n" * 45000 + SOURCE
+    gid = make_guild()
+    for _ in range(2):
+        with pytest.raises(core.ValidationError) as err:
+            core.create_script(OWNER, gid, "errors", source)
+        message = err.value.message
+        assert message.count('"_a" is an invalid variable name') == 20, message[:300]
+        assert message.endswith("; 21:1: ... and 44980 more errors from here on "
+                                "(fix the ones above first)")
+        assert len(message) < 3000
+    assert len(children) == 1
+    (verdict,) = compile_gate._verdicts.values()
+    assert len(verdict.errors) == 21
+
+
 def test_verdicts_are_remembered_per_guild(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # A save answered at once because another guild had saved the same text
     # told whether it had (0.03 ms against ~75 ms; review, session 25).

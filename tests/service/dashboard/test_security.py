@@ -159,6 +159,38 @@ def test_a_used_or_expired_link_is_refused(site: Site) -> None:
     assert expired.status == 400
 
 
+def test_a_link_of_another_user_asks_before_it_replaces_a_live_session(site: Site) -> None:
+    # Login CSRF: any site can make a browser open a link, and any guild owner
+    # can get one for himself; opened at once it would end the victim's session
+    # and have them work, unknowing, in the other account.
+    victim = Client(site.server)
+    victim.login(site.link(OWNER))
+    kept = dict(victim.cookies)
+    theirs = site.link(STRANGER)
+    page = victim.get(theirs)
+    assert page.status == 200 and b"Log in as another user?" in page.body
+    assert not any(k.lower() == "set-cookie" for k, _ in page.raw_headers)
+    assert victim.cookies == kept and b"User " + OWNER.encode() in victim.get("/dashboard").body
+    # Only this session's own form switches: no token, a forged one, or a
+    # cross-site POST (no cookie under SameSite=Lax) is refused, link unused.
+    for form, who in (({}, victim), ({"_xsrf": "forged"}, victim),
+                      ({"_xsrf": victim.xsrf()}, Client(site.server))):
+        resp = who.post(theirs, form)
+        assert resp.status == 403 and not any(k.lower() == "set-cookie"
+                                               for k, _ in resp.raw_headers)
+    assert b"User " + OWNER.encode() in victim.get("/dashboard").body
+    resp = victim.post(theirs, {"_xsrf": victim.xsrf()})
+    assert resp.status == 303 and resp.headers["location"] == "/dashboard"
+    assert b"User " + STRANGER.encode() in victim.get("/dashboard").body
+    assert Client(site.server, kept).get("/dashboard").status == 303   # the old session ended
+    assert Client(site.server).get(theirs).status == 400               # and the link is spent
+    # The user's own new link still replaces the session at once; a spent link
+    # leaves it as it was.
+    victim.login(site.link(STRANGER))
+    assert victim.get(theirs).status == 400
+    assert b"User " + STRANGER.encode() in victim.get("/dashboard").body
+
+
 def test_state_changes_need_the_session_bound_xsrf_token(site: Site, client: Client) -> None:
     gid = site.guild()
     sid = site.script(gid, SOURCE)
