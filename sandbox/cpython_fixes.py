@@ -21,7 +21,9 @@ user ``nobody``), and crashed workers with the second:
   already executing"), never freed memory.
 
 Both behave as the originals for every script that does not change what it
-is iterating.
+is iterating. ``OrderedDict`` (below) is the class CPython writes in Python:
+its C lookups and ``copy`` used freed memory when a key's comparison
+emptied the dict (review, session 26).
 
 Three more, found by the next review, need no ``NotImplemented`` and are
 replaced in C (``sandbox/_typepatch.c``, ``SLOTS_REPLACED``): a list's
@@ -43,9 +45,11 @@ routes the review proved.
 from __future__ import annotations
 
 import collections
+import importlib.util
 import itertools
 import operator
 import sys
+import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -160,3 +164,41 @@ def groupby(iterable: Iterable[Any], key: Callable[[Any], Any] | None = None
         if curr_key == target_key:
             for _ in curr_group:
                 pass
+
+
+def _python_ordered_dict() -> type[collections.OrderedDict[Any, Any]]:
+    """``collections.OrderedDict`` as CPython writes it in Python (the class its
+    ``collections`` defines and then replaces with the C one), loaded once
+    from a second copy of the module in which ``_collections`` cannot be
+    imported.
+
+    The C class's lookups kept an index into its node table across the key
+    comparison, and ``copy`` walked its nodes without holding them: a key
+    whose comparison runs script code (an aware ``datetime`` with the
+    script's own ``tzinfo``) that clears the dict made ``od[k] = v`` write
+    past the new table and ``od.copy()`` follow a pointer the script had
+    sprayed (review, session 26; the C comparison, gh-119004, was replaced
+    before). Every method here is Python over a ``dict`` and linked nodes:
+    a dict changed under it is a ``KeyError`` or a wrong answer, never freed
+    memory."""
+    spec = importlib.util.find_spec("collections")
+    assert spec is not None and spec.loader is not None
+    saved = sys.modules.get("_collections")
+    sys.modules["_collections"] = None  # type: ignore[assignment]  # its import fails
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            del sys.modules["_collections"]
+        else:
+            sys.modules["_collections"] = saved
+    cls: type[collections.OrderedDict[Any, Any]] = module.OrderedDict
+    if cls is collections.OrderedDict or not isinstance(cls.__dict__.get("__setitem__"),
+                                                        types.FunctionType):
+        raise ImportError("collections.OrderedDict in Python could not be loaded")
+    return cls
+
+
+#: What scripts get as ``collections.OrderedDict``.
+OrderedDict = _python_ordered_dict()

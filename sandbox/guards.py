@@ -24,6 +24,8 @@ from typing import Any
 from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
 from RestrictedPython.transformer import INSPECT_ATTRIBUTES
 
+from sandbox import cpython_fixes
+
 # Attribute names that are refused on every object, in addition to any name
 # starting with "_" (which covers every dunder: __class__, __globals__,
 # __subclasses__, __builtins__, __traceback__, __code__, __dict__, ...).
@@ -176,7 +178,7 @@ def guarded_getitem(obj: Any, key: Any) -> Any:
 # copy (event fields), so writing into them touches no shared state.
 _WRITABLE_TYPES: frozenset[type] = frozenset({
     dict, list, bytearray, set,
-    collections.OrderedDict, collections.defaultdict, collections.Counter,
+    cpython_fixes.OrderedDict, collections.defaultdict, collections.Counter,
     collections.deque, collections.ChainMap,
 })
 

@@ -164,9 +164,11 @@ _STRING = {**_public(string, ["ascii_letters", "ascii_lowercase", "ascii_upperca
                               "whitespace", "capwords"]),
            "Template": Template}
 
-# deque.index is replaced where sandbox._typepatch built (sandbox/cpython_fixes.py).
-_COLLECTIONS = _public(collections, ["Counter", "OrderedDict", "defaultdict", "deque",
-                                     "namedtuple", "ChainMap"])
+# deque.index is replaced where sandbox._typepatch built; OrderedDict is the
+# class CPython writes in Python (sandbox/cpython_fixes.py).
+_COLLECTIONS = {**_public(collections, ["Counter", "defaultdict", "deque", "namedtuple",
+                                        "ChainMap"]),
+                "OrderedDict": cpython_fixes.OrderedDict}
 
 _STATISTICS = _public(statistics, ["mean", "fmean", "geometric_mean", "harmonic_mean",
                                    "median", "median_low", "median_high", "median_grouped",

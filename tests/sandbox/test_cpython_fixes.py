@@ -226,6 +226,100 @@ def test_a_comparison_that_frees_what_is_compared_is_the_scripts_error(
     run_with_pool(scenario, size=1)
 
 
+# Review, session 26: an aware datetime whose tzinfo is the script's runs the
+# script inside every hash-table lookup of it. Its first utcoffset gives d2 the
+# hash of d1; later calls compare unequal and, once armed, clear the dict
+# mid-lookup. CPython's C OrderedDict then wrote through a stale index past
+# its node table (od[d2] = v; del, pop, move_to_end alike) and od.copy()
+# followed a freed node the script had sprayed (a pointer of its choosing).
+ORDERED_DICT_LOOKUP = '''import collections
+import datetime
+st = {"armed": 0, "od": None}
+Z = datetime.timedelta(0)
+class TZ1(datetime.tzinfo):
+    def utcoffset(self, dt):
+        return Z
+class TZ2(datetime.tzinfo):
+    def setup(self):
+        self.n = 0
+    def utcoffset(self, dt):
+        self.n = self.n + 1
+        if self.n == 1:
+            return datetime.timedelta(seconds=1)
+        if st["armed"]:
+            st["armed"] = st["armed"] - 1
+            if st["armed"] == 0:
+                st["od"].clear()
+                if REFILL:
+                    st["od"]["a"] = 1
+                if SPRAY:
+                    st["junk"] = [bytearray(b"X" * 24) for i in range(3000)]
+        return Z
+on endpoint(event):
+    od = collections.OrderedDict()
+    st["od"] = od
+    tz2 = TZ2()
+    tz2.setup()
+    d1 = datetime.datetime(2020, 1, 1, 0, 0, 0, tzinfo=TZ1())
+    d2 = datetime.datetime(2020, 1, 1, 0, 0, 1, tzinfo=tz2)
+    hash(d2)
+    od[d1] = 1
+    for i in range(N):
+        od["k%d" % i] = i
+    st["armed"] = ARMED
+    OPERATION
+    event.reply(len(od))
+'''
+# The same worker's next request: a large OrderedDict must be whole.
+ORDERED_DICT_CHECK = """import collections
+on endpoint(event):
+    od = collections.OrderedDict()
+    for i in range(5000):
+        od["k%d" % i] = i
+    missing = [k for k in ["k%d" % i for i in range(5000)] if od.get(k) is None]
+    event.reply([len(od), len(missing), list(od)[-1]])
+"""
+
+
+@pytest.mark.parametrize("operation, n, refill, spray", [
+    ("od[d2] = 2", 60, False, False),
+    ("st['armed'] = 0\n    od[d2] = 2\n    st['armed'] = 2\n    st['copy'] = od.copy()",
+     5, False, True),
+    ("st['armed'] = 1\n    od.pop(d2, None)", 60, False, False),
+    ("st['armed'] = 1\n    od.move_to_end(d2)", 60, True, True),
+], ids=["setitem", "copy", "pop", "move_to_end"])
+def test_an_ordered_dict_changed_inside_its_own_lookup_never_uses_freed_memory(
+        operation: str, n: int, refill: bool, spray: bool) -> None:
+    source = (ORDERED_DICT_LOOKUP.replace("OPERATION", operation).replace("ARMED", "2")
+              .replace("range(N)", f"range({n})")
+              .replace("REFILL", str(refill)).replace("SPRAY", str(spray)))
+
+    async def scenario(pool: Pool) -> None:
+        for _ in range(2):
+            out = await pool.run(ref(source), event(), Limits(2000, 16384), "attacker")
+            assert out.error_kind in (None, "script_error"), (out.error_kind, out.error_message)
+            check = await pool.run(ref(ORDERED_DICT_CHECK), event(), Limits(2000, 16384),
+                                   "attacker")
+            assert check.body == b'[5000,0,"k4999"]', (check.error_kind, check.error_message)
+        assert pool.counters["crashes"] == 0
+
+    run_with_pool(scenario, size=1)
+
+
+def test_scripts_get_the_ordered_dict_written_in_python() -> None:
+    from sandbox.modules import STATIC_NAMESPACES
+    cls = STATIC_NAMESPACES["collections"].OrderedDict
+    assert cls is cpython_fixes.OrderedDict and cls is not collections.OrderedDict
+    assert "__setitem__" in cls.__dict__ and hasattr(cls.__dict__["__setitem__"], "__code__")
+    od = cls([("b", 1), ("a", 2)])
+    od["c"] = 3
+    od.move_to_end("b")
+    assert list(od.items()) == [("a", 2), ("c", 3), ("b", 1)]
+    assert od == collections.OrderedDict([("a", 2), ("c", 3), ("b", 1)]) and od != {"a": 2}
+    assert od.popitem(last=False) == ("a", 2) and repr(od) == "OrderedDict([('c', 3), ('b', 1)])"
+    assert (od | {"d": 4}) == cls(c=3, b=1, d=4) and isinstance(od.copy(), cls)
+
+
 def test_a_script_comparison_decides_instead_of_deferring() -> None:
     from tests.sandbox.test_redteam import _run
     out, _ = _run('''
