@@ -105,6 +105,12 @@ def cookie_secret(value: Any) -> str:
     if value and len(value) < 32:
         # Never echo the value: it is a secret.
         raise ValueError("too short: use at least 32 random characters")
+    if "change-me" in value.lower():
+        # The example files' placeholder: anyone could sign sessions with it,
+        # and test guesses of it against a copy of the database (the
+        # verifiers' key id is derived from it).
+        raise ValueError("still the example's placeholder: use 32 or more random characters, "
+                         "e.g. from `openssl rand -base64 32`")
     return value
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from pathlib import Path
 
 import pytest
 
@@ -204,3 +205,16 @@ def test_metrics_errors_are_one_line_and_never_echo_the_token(tmp_path, text, en
         load_settings(write(tmp_path, text), env, {})
     assert message in str(err.value) and "\n" not in str(err.value)
     assert "short-secret" not in str(err.value) and "space in it" not in str(err.value)
+
+
+def test_the_example_files_cookie_secret_placeholder_is_refused(tmp_path) -> None:
+    # A review (session 26): `logic serve` took the compose example's
+    # placeholder, with which anyone can sign a session, and whose guesses the
+    # verifiers' key id in a database copy confirms.
+    example = (Path(__file__).resolve().parents[2] / "deploy" / "compose" / "env.example")
+    placeholder = next(line.split("=", 1)[1] for line in example.read_text().splitlines()
+                       if line.startswith("LOGIC_COOKIE_SECRET="))
+    with pytest.raises(SettingsError) as err:
+        load_settings(None, {"LOGIC_SERVER_COOKIE_SECRET": placeholder}, {})
+    assert "placeholder" in str(err.value) and placeholder not in str(err.value)
+    assert load_settings(None, {"LOGIC_SERVER_COOKIE_SECRET": "q7" * 20}, {}).server.cookie_secret
