@@ -47,6 +47,27 @@ def test_records_of_answered_requests_survive_sigkill(make_server, make_endpoint
     assert restarted.request("/healthz", method="GET").status == 200
 
 
+def test_the_journal_directory_and_its_files_are_private(make_server, make_endpoint,
+                                                         tmp_path: Path) -> None:
+    """docs/security.md: the directory is created 0700, its files 0600 (they
+    hold request bodies and headers, other credential-named values as sent),
+    whatever the umask lets through (the ordinary 022 here)."""
+    import stat
+
+    journal = tmp_path / "journal"
+    umask = os.umask(0o022)
+    try:
+        server: Server = make_server(extra=f'[records]\njournal = "{journal}"')
+    finally:
+        os.umask(umask)
+    ep = make_endpoint(source=ECHO, plan="bench")
+    assert server.request(ep.path, json_body={"n": 1}, secret=ep.secret).status == 200
+    assert stat.S_IMODE(journal.stat().st_mode) == 0o700
+    files = {p.name: stat.S_IMODE(p.stat().st_mode) for p in journal.iterdir()}
+    assert "lock" in files and any(name.startswith("segment-") for name in files), files
+    assert all(mode == 0o600 for mode in files.values()), files
+
+
 def test_journal_holds_no_secret_and_a_torn_entry_is_skipped(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "j")
     facts = {name: None for name in FIELDS}
