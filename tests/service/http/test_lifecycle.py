@@ -164,6 +164,29 @@ def test_trusted_proxy_supplies_the_client_ip(make_server, make_endpoint, tmp_pa
         assert resp.json == seen, (chain, resp.json)
 
 
+def test_a_forwarded_for_from_an_untrusted_peer_is_not_believed(make_server,
+                                                                make_endpoint) -> None:
+    """docs/security.md: `X-Forwarded-For` is believed only from configured
+    trusted proxies. With proxies configured (10.0.0.0/8), a client that
+    connects itself from 127.0.0.1 and writes the header is 127.0.0.1: to the
+    script, and to the wrong-secret throttle, which a new forged address per
+    request would otherwise never reach."""
+    echo_ip = "on endpoint(event):\n    event.reply(event.ip)\n"
+    server = make_server(trusted_proxies=["10.0.0.0/8"])
+    ep = make_endpoint(source=echo_ip)
+    for chain in ("203.0.113.9", "198.51.100.1, 203.0.113.9", "203.0.113.9, 10.0.0.5"):
+        resp = server.request(ep.path, json_body={}, secret=ep.secret,
+                              headers={"X-Forwarded-For": chain})
+        assert resp.json == "127.0.0.1", (chain, resp.json)
+    statuses = [server.request(ep.path, json_body={}, secret=f"lsk_wrong{n}",
+                               headers={"X-Forwarded-For": f"203.0.113.{n + 1}"}).status
+                for n in range(20)]
+    assert statuses == [401] * 20
+    assert_error(server.request(ep.path, json_body={}, secret="lsk_wrong",
+                                headers={"X-Forwarded-For": "198.51.100.77"}),
+                 429, "auth_throttled")
+
+
 def test_requests_arriving_while_draining_are_refused_503(make_server, make_endpoint) -> None:
     server = make_server(workers=2)
     slow = make_endpoint(source=SLOW, plan="bench")
