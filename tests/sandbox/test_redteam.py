@@ -893,7 +893,7 @@ def attempt(name, fn):
         res[name] = exc.errno
 SIB = SIBLING
 # files
-sc("creat", 85, ptr(b"/tmp/redteam-creat-probe"), 0o644)
+sc("creat", 85, ptr(CREAT_PATH.encode()), 0o644)
 sc("name_to_handle_at", 303, -100, ptr(b"/etc/hostname"), 0, 0, 0)
 sc("open_by_handle_at", 304, -100, 0, 2)
 sc("memfd_create", 319, ptr(b"x"), 0)
@@ -947,6 +947,12 @@ sc("personality", 135, 0x0040000)
 sc("ptrace", 101, 16, SIB, 0, 0)
 sc("process_vm_readv", 310, SIB, 0, 0, 0, 0, 0)
 sc("process_vm_writev", 311, SIB, 0, 0, 0, 0, 0)
+# calls the kernel would answer for a worker, each naming another process or
+# the host (EFAULT, EBADF, EINVAL or 0 without the filter: never EPERM)
+sc("capget", 125, 0, 0)                             # any pid's capabilities
+sc("ustat", 136, 0, 0)                              # a disk's free space by device
+sc("process_madvise", 440, -1, 0, 0, 0, 0)          # another process's memory
+sc("kcmp", 312, os.getpid(), os.getpid(), 1, 0, 0)  # KCMP_VM; with a pid, a sibling's
 sc("pidfd_open", 434, SIB, 0)
 sc("execveat", 322, -100, ptr(b"/bin/true"), 0, 0, 0)
 sc("io_uring_setup", 425, 1, 0)
@@ -958,7 +964,7 @@ sc("listmount", 458, 0, 0, 0, 0)
 sc("acct", 163, 0)
 sc("settimeofday", 164, 0, 0)
 sc("openat2", 437, -100, ptr(b"/etc/hostname"), 0, 0)
-attempt("openat_wronly", lambda: os.open("/tmp/redteam-probe", os.O_WRONLY | os.O_CREAT))
+attempt("openat_wronly", lambda: os.open(WRONLY_PATH, os.O_WRONLY | os.O_CREAT))
 attempt("openat_tmpfile", lambda: os.open("/tmp", os.O_TMPFILE | os.O_RDWR))
 # what must keep working: the worker's own limits, threads' self signals
 attempt("setrlimit_self", lambda: resource.setrlimit(
@@ -974,16 +980,39 @@ ROOT = os.geteuid() == 0
 DENIED = {errno.EPERM, errno.EACCES}
 
 
+def _os_probe_code(sibling: int) -> tuple[str, list[str]]:
+    """OS_PROBE for `sibling`, and the paths it tries to create: new ones on
+    every run, so a file a broken filter let a worker (`nobody`) create
+    cannot fail a later run on an unchanged tree."""
+    tag = f"{os.getpid()}-{os.urandom(6).hex()}"
+    paths = [f"/tmp/redteam-creat-probe-{tag}", f"/tmp/redteam-probe-{tag}"]
+    code = (OS_PROBE.replace("SIBLING", str(sibling)).replace("CREAT_PATH", repr(paths[0]))
+            .replace("WRONLY_PATH", repr(paths[1])))
+    return code, paths
+
+
+def _remove_left_behind(paths: list[str]) -> list[str]:
+    """Which of `paths` exist; each is removed."""
+    left = [p for p in paths if os.path.lexists(p)]
+    for p in left:
+        os.unlink(p)
+    return left
+
+
 @pytest.fixture(scope="module")
 def os_probe() -> dict[str, Any]:
     async def scenario(pool: Pool) -> dict[str, Any]:
         pids = pool.worker_pids
+        code, paths = _os_probe_code(pids[1])
         # The worker opens no file, its own /proc entries included: what they
         # show once it is hardened is read from here, before the probe runs.
-        ok, value, outside = await exec_seen(pool, OS_PROBE.replace("SIBLING", str(pids[1])))
+        try:
+            ok, value, outside = await exec_seen(pool, code)
+        finally:
+            left_behind = _remove_left_behind(paths)
         assert ok, value
         assert pids[1] in pool.worker_pids  # the sibling survived everything
-        return {**value, "outside": outside}
+        return {**value, "outside": outside, "left_behind": left_behind}
 
     return run_with_pool(scenario, size=2, _unsafe_test_hooks=True)  # type: ignore[no-any-return]
 
@@ -1008,6 +1037,8 @@ OS_DENIED = [
     "socket", "fanotify_init", "syslog", "acct", "settimeofday", "openat_wronly",
     "statmount", "listmount",   # the host's mount table (review of session 16)
     "openat_tmpfile",
+    # another process's or the host's state, found by mutation testing to have no test
+    "capget", "ustat", "process_madvise", "kcmp",
 ]
 
 
@@ -1023,7 +1054,11 @@ def seccomp_probe() -> dict[str, Any]:
     seccomp filter (or the missing privilege) refuses."""
     async def scenario(pool: Pool) -> dict[str, Any]:
         pids = pool.worker_pids
-        ok, value, _ = await exec_seen(pool, OS_PROBE.replace("SIBLING", str(pids[1])))
+        code, paths = _os_probe_code(pids[1])
+        try:
+            ok, value, _ = await exec_seen(pool, code)
+        finally:
+            _remove_left_behind(paths)   # (what a missing rule let it create: not kept)
         assert ok, value
         return value  # type: ignore[no-any-return]
 
@@ -1041,7 +1076,7 @@ def test_the_seccomp_filter_itself_denies(seccomp_probe: dict[str, Any], name: s
 
 @pytest.mark.timeout(60)
 def test_os_layer_details(os_probe: dict[str, Any]) -> None:
-    assert not os.path.exists("/tmp/redteam-creat-probe")
+    assert os_probe["left_behind"] == []
     # clone3 and openat2 answer ENOSYS so libc falls back to inspectable calls
     assert os_probe["clone3"] == errno.ENOSYS and os_probe["openat2"] == errno.ENOSYS
     # other workers' and the zygote's memory and environment are closed (R7)
