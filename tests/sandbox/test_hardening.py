@@ -157,6 +157,72 @@ def test_operator_check_reads_the_layers_from_proc() -> None:
     run_with_pool(scenario, size=1)
 
 
+THREAD_PROBE = ATTEMPT + '''
+import threading
+def thread():
+    t = threading.Thread(target=lambda: None)
+    t.start()
+    t.join()
+try:
+    thread()
+    res["thread"] = "allowed"
+except RuntimeError as exc:   # "can't start new thread": pthread_create's EAGAIN
+    res["thread"] = str(exc)
+def fork():
+    if os.fork() == 0:
+        os._exit(0)
+attempt("fork", fork)
+res["pid"] = os.getpid()
+result = res
+'''
+
+
+def _max_processes(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/limits") as f:
+        line = next(line for line in f if line.startswith("Max processes"))
+    return line[len("Max processes"):].split()[:2]
+
+
+@pytest.mark.parametrize("seccomp", [True, False])
+def test_a_worker_can_start_no_thread_and_no_process(seccomp: bool) -> None:
+    """docs/security-workers.md, layer 6: RLIMIT_NPROC 0. The seccomp filter
+    lets clone() with CLONE_THREAD through, so the limit alone keeps a
+    compromised worker from starting threads (without the filter, processes
+    too: EAGAIN, the limit's answer, where the filter answers EPERM)."""
+    async def scenario(pool: Pool) -> tuple[list[str], dict[str, Any]]:
+        limit = _max_processes(pool.worker_pids[0])
+        ok, res, _ = await exec_seen(pool, THREAD_PROBE)
+        assert ok, res
+        return limit, res
+
+    limit, res = run_with_pool(scenario, size=1, _unsafe_test_hooks=True, seccomp=seccomp)
+    assert res["thread"] == "can't start new thread", res
+    assert res["fork"] == (errno.EPERM if seccomp else errno.EAGAIN), res
+    assert limit == ["0", "0"], limit
+
+
+DUMPABLE_PROBE = '''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+result = {"dumpable": libc.prctl(3, 0, 0, 0, 0), "uid": os.getuid(), "pid": os.getpid()}
+'''
+
+
+def test_a_worker_that_keeps_the_services_uid_is_undumpable() -> None:
+    """R7: without a uid change (a service that is not root, or `drop_user`
+    off) the workers and the service share a uid, and a dumpable worker's
+    /proc/<pid>/mem and environ are open to a compromised sibling. A uid
+    change clears the flag by itself, so this needs the drop off."""
+    async def scenario(pool: Pool) -> dict[str, Any]:
+        ok, res, _ = await exec_seen(pool, DUMPABLE_PROBE)
+        assert ok, res
+        return res  # type: ignore[no-any-return]
+
+    res = run_with_pool(scenario, size=1, _unsafe_test_hooks=True, drop_user=False)
+    assert res["uid"] == os.getuid()   # the uid drop really was off
+    assert res["dumpable"] == 0, res
+
+
 @pytest.mark.skipif(not ROOT, reason="a network namespace needs root")
 def test_without_seccomp_the_network_namespace_still_blocks_connect() -> None:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
