@@ -83,6 +83,7 @@ class Connection(asyncio.Protocol):
         self.loop = server.loop
         self.transport: asyncio.Transport | None = None
         self.context = PeerContext(None)
+        self.peer_key = ""  # whose share of the per-address cap (set by the server's admit)
         self.parser: Any = None  # set by service.http.parsing
         self.deadline = 0.0
         self.closing = False  # close after the current answer (server shutting down)

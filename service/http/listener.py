@@ -1,8 +1,10 @@
 """`HTTP1Server`: accepts connections on listening sockets, caps them, sweeps their deadlines.
 
 Connection caps: at most `max_connections` in all and `max_connections_per_ip`
-from one peer address (addresses in `cap_exempt`, e.g. the trusted reverse
-proxy, are counted only in the total); past either, the connection gets one
+from one peer address, an IPv6 peer counting with its network of `ipv6_prefix`
+bits (`wire.peer_group`, as the wrong-secret throttle: one subscriber's /64
+is one address here); addresses in `cap_exempt`, e.g. the trusted reverse
+proxy, are counted only in the total; past either, the connection gets one
 503 `busy` with `Retry-After` and is closed. `max_connections = 0` derives the
 cap from the descriptor limit (raised to its hard limit first) minus a
 reserve, so the sandbox pool can always open the pipes and sockets of a
@@ -26,7 +28,7 @@ from tornado import httputil
 
 from service.http.connection import Connection
 from service.http.parsing import ParsingConnection
-from service.http.wire import ErrorRenderer, ServerLimits, log, plain_error
+from service.http.wire import ErrorRenderer, ServerLimits, log, peer_group, plain_error
 
 __all__ = ["HTTP1Server", "ServerLimits"]
 
@@ -70,11 +72,12 @@ class HTTP1Server:
                  limits: ServerLimits | None = None,
                  render_error: ErrorRenderer | None = None, max_connections: int = 0,
                  max_connections_per_ip: int = 256, fd_reserve: int = 256,
-                 cap_exempt: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = ()
-                 ) -> None:
+                 cap_exempt: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = (),
+                 ipv6_prefix: int = 64) -> None:
         self.delegate = delegate
         self.max_connections = max_connections or derived_connection_cap(fd_reserve)
         self.max_connections_per_ip = max_connections_per_ip
+        self.ipv6_prefix = ipv6_prefix
         self.cap_exempt = tuple(cap_exempt)
         self._per_ip: dict[str, int] = {}
         self._admitted: set[Connection] = set()
@@ -104,12 +107,13 @@ class HTTP1Server:
     def admit(self, conn: Connection) -> bool:
         """Count a new connection in; False (not counted) past a cap."""
         ip = conn.context.remote_ip
-        per_ip = self._per_ip.get(ip, 0)
+        key = conn.peer_key = peer_group(ip, self.ipv6_prefix)
+        per_ip = self._per_ip.get(key, 0)
         if len(self._admitted) >= self.max_connections or (
                 per_ip >= self.max_connections_per_ip and not self._exempt(ip)):
             self.bad_request(ip, "connection refused: connection cap reached")
             return False
-        self._per_ip[ip] = per_ip + 1
+        self._per_ip[key] = per_ip + 1
         self._admitted.add(conn)
         self._peak = max(self._peak, len(self._admitted))
         return True
@@ -119,12 +123,12 @@ class HTTP1Server:
         self.connections.discard(conn)
         if conn in self._admitted:
             self._admitted.discard(conn)
-            ip = conn.context.remote_ip
-            left = self._per_ip.get(ip, 1) - 1
+            key = conn.peer_key
+            left = self._per_ip.get(key, 1) - 1
             if left > 0:
-                self._per_ip[ip] = left
+                self._per_ip[key] = left
             else:
-                self._per_ip.pop(ip, None)
+                self._per_ip.pop(key, None)
 
     def trusted_proxy(self, ip: str) -> bool:
         """Whether `ip` is in `cap_exempt` (the trusted reverse proxies)."""

@@ -30,7 +30,6 @@ where one Lua call does.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import math
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from service.http.memory_windows import WINDOW_S, MemoryWindows, Stamp
+from service.http.wire import peer_group
 
 if TYPE_CHECKING:
     from service.http.redis_windows import RedisWindows
@@ -317,17 +317,9 @@ class RateLimits:
 
     def auth_key(self, ip: str) -> str:
         """Whose failures `ip`'s count with: an IPv4 address itself, an IPv6
-        address its network of `ipv6_prefix` bits (one subscriber's /64 holds
-        more addresses than anyone could rotate through)."""
-        if ":" not in ip:
-            return ip
-        try:
-            address = ipaddress.IPv6Address(ip)
-        except ValueError:
-            return ip
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network((address, self._ipv6_prefix), strict=False))
+        address its network of `ipv6_prefix` bits (`service.http.wire.peer_group`,
+        which keys the per-address connection cap too)."""
+        return peer_group(ip, self._ipv6_prefix)
 
     def auth_throttled(self, ip: str) -> int:
         """Seconds the IP must wait before its secrets are checked again; 0 if not throttled."""

@@ -196,7 +196,8 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                          # and socket on respawn), the database and the log.
                          fd_reserve=(FD_RESERVE + 8 * settings.sandbox.worker_count
                                      + WORKER_FDS * (pool.max_workers + 1)),
-                         cap_exempt=settings.server.trusted_proxies)
+                         cap_exempt=settings.server.trusted_proxies,
+                         ipv6_prefix=settings.ratelimit.ipv6_prefix)
     await server.add_sockets(sockets)
     port = sockets[0].getsockname()[1]
     log.info("listening on http://%s:%d (%d sandbox workers, %s event loop, "

@@ -7,6 +7,7 @@ client connection) and `service.http.listener` (the server).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 import time
@@ -73,6 +74,22 @@ class PeerContext:
         self.address = address
         self.remote_ip = address[0] if isinstance(address, tuple) and address else "0.0.0.0"
         self.protocol = "http"
+
+
+def peer_group(ip: str, ipv6_prefix: int) -> str:
+    """Whose share `ip` counts in (the per-address connection cap, the
+    wrong-secret throttle): an IPv4 address itself (also IPv4-mapped), an IPv6
+    address its network of `ipv6_prefix` bits: one subscriber's /64 holds more
+    addresses than anyone could be made to run out of."""
+    if ":" not in ip:
+        return ip
+    try:
+        address = ipaddress.IPv6Address(ip)
+    except ValueError:
+        return ip
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.IPv6Network((address, ipv6_prefix), strict=False))
 
 
 class ParseAbort(Exception):

@@ -111,7 +111,7 @@ def _start(http_env: Env, tmp_path: Path, **options: Any) -> Server:
     config = tmp_path / f"server-{n}.toml"
     config.write_text("\n".join(lines) + "\n" + CONFIG)
     return Server(http_env.database_url, str(config), nofile=options.get("nofile"),
-                  env=options.get("env", {})).start()
+                  env=options.get("env", {}), host=options.get("host", "127.0.0.1")).start()
 
 
 @pytest.fixture(scope="module")
@@ -243,3 +243,38 @@ def stored_secret_hash(ep: Ep) -> str | None:
     from models import Endpoint, Script
     script = Script.get(Script.public_id == ep.script_id)
     return Endpoint.get(Endpoint.script == script.id).secret_hash  # type: ignore[no-any-return]
+
+
+@dataclass
+class Ipv6Nets:
+    """Addresses of two /64 networks on the loopback interface (both in one /48)."""
+
+    same: list[str]          # five addresses of one /64
+    other: str               # an address of another /64
+
+
+@pytest.fixture()
+def ipv6_nets() -> Iterator[Ipv6Nets]:
+    """Adds addresses of two /64s (unique to this test process) to `lo`, removes them after.
+
+    Needs root (as CI runs) and a kernel with IPv6: otherwise the test is skipped."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("adding IPv6 addresses to lo needs root and iproute2")
+    base = f"fd00:4c:{os.getpid() % 0xFFFF:x}"
+    nets = Ipv6Nets([f"{base}:a::{n}" for n in range(1, 6)], f"{base}:b::1")
+    added: list[str] = []
+    try:
+        for address in (*nets.same, nets.other):
+            done = subprocess.run(["ip", "-6", "addr", "add", f"{address}/128", "dev", "lo",
+                                   "nodad"], capture_output=True, text=True)
+            if done.returncode != 0:
+                pytest.skip(f"cannot add {address} to lo: {done.stderr.strip()}")
+            added.append(address)
+        yield nets
+    finally:
+        for address in added:
+            subprocess.run(["ip", "-6", "addr", "del", f"{address}/128", "dev", "lo"],
+                           capture_output=True)

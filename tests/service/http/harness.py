@@ -51,12 +51,14 @@ class Server:
     log_lines: list[str] = field(default_factory=list)
     #: A descriptor limit (soft and hard) for the server process, if set.
     nofile: int | None = None
+    #: The address `logic serve` listens on (`::1` for IPv6 tests).
+    host: str = "127.0.0.1"
 
     def start(self, timeout: float = 20.0) -> Server:
         args = [LOGIC, "--database-url", self.database_url]
         if self.config:
             args += ["--config", self.config]
-        args += ["serve", "--host", "127.0.0.1", "--port", "0", *self.extra_args]
+        args += ["serve", "--host", self.host, "--port", "0", *self.extra_args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         limit = self.nofile
 
@@ -74,7 +76,7 @@ class Server:
             assert self.proc is not None and self.proc.stdout is not None
             for line in self.proc.stdout:
                 self.log_lines.append(line)
-                match = re.search(r"listening on http://[^:]+:(\d+)", line)
+                match = re.search(r"listening on http://\S*:(\d+) ", line)
                 if match and not ready.is_set():
                     self.port = int(match.group(1))
                     ready.set()

@@ -69,6 +69,50 @@ def test_connections_per_ip_are_capped(make_server) -> None:
             sock.close()
 
 
+def _connect6(server: Server, ip: str) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6)
+    sock.settimeout(10)
+    sock.bind((ip, 0))
+    sock.connect(("::1", server.port))
+    return sock
+
+
+def test_the_per_address_cap_counts_an_ipv6_network_as_one_address(make_server,
+                                                                    ipv6_nets) -> None:
+    # Review (HIGH): the cap was keyed on the exact address; one IPv6 /64
+    # (2**64 addresses, one subscriber's) opened 14,920 connections, the
+    # global cap, and every other client got 503. It is now keyed like the
+    # wrong-secret throttle: an IPv6 address by its network of
+    # `ratelimit.ipv6_prefix` bits (64 by default).
+    server: Server = make_server(host="::1", extra="[server]\nmax_connections_per_ip = 3")
+    held = [_connect6(server, ip) for ip in ipv6_nets.same[:3]]   # three addresses, one /64
+    try:
+        assert _refused(held[-1]) is None
+        extra = _connect6(server, ipv6_nets.same[3])
+        refused = _refused(extra)
+        extra.close()
+        assert refused is not None and refused["error"]["code"] == "busy"  # type: ignore[index]
+        with _connect6(server, ipv6_nets.other) as other:   # another /64: its own count
+            other.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert _read(other, 5, head_only=True).startswith(b"HTTP/1.1 200 ")
+    finally:
+        for sock in held:
+            sock.close()
+    # ratelimit.ipv6_prefix = 48: both /64s are one network of 48 bits.
+    wide: Server = make_server(host="::1", extra="[server]\nmax_connections_per_ip = 3\n"
+                                                 "[ratelimit]\nipv6_prefix = 48")
+    held = [_connect6(wide, ip) for ip in ipv6_nets.same[:3]]
+    try:
+        assert _refused(held[-1]) is None
+        other = _connect6(wide, ipv6_nets.other)
+        refused = _refused(other)
+        other.close()
+        assert refused is not None and refused["error"]["code"] == "busy"  # type: ignore[index]
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def test_a_trusted_proxy_is_not_held_to_the_per_address_cap(make_server) -> None:
     # A proxy in front carries every client's connections from one address.
     # (Outside review, session 17: the exemption had no test.)
