@@ -21,11 +21,13 @@ the ones it left to a proxy):
 - `Expect: 100-continue` is answered once the headers were accepted and the
   body is still wanted (an early answer goes out instead of the 100);
 - limits: the request head (line and headers) up to `max_header_bytes` (else
-  431), a body backstop of `max_body_bytes` (else 413), the head must arrive
-  within `idle_timeout` of the connection's last answer (slow-header clients
-  are cut off), the body within `body_timeout`; a client that stops reading
-  an answer for `idle_timeout` is cut off too (a send timeout), but a slow
-  reader that keeps reading is not;
+  431), a body backstop of `max_body_bytes` (else
+  413), the head must arrive within `idle_timeout` of the connection's last
+  answer and end within `head_timeout` of its first byte (slow-header clients
+  are cut off, 408), the body within `body_timeout`; incomplete heads share
+  the server's `head_budget_bytes` (the oldest is shed past it, 503); a
+  client that stops reading an answer for `idle_timeout` is cut off too (a
+  send timeout), but a slow reader that keeps reading is not;
 - an answer sent before the request body was read: the connection is closed
   after it (`Connection: close`) unless the rest of the body is known and
   small; closing is lingering — the write side is shut, what the client still
@@ -106,6 +108,7 @@ class Connection(asyncio.Protocol):
         self._eof_sent = False  # our write side is shut
         self._in_head = False  # between the start of a request and the end of its head
         self._head_raw = 0  # bytes received while in one request's head
+        self._head_held = 0  # of the server's budget for incomplete heads (listener.hold_head)
         self._last_pending = 0  # unsent bytes at the last sweep
         self._written = 0  # bytes handed to the transport
         self._last_delivered = 0  # bytes the client had taken at the last sweep
@@ -321,7 +324,12 @@ class Connection(asyncio.Protocol):
         if self._parsing is None and not self._queue:
             self.deadline = self.loop.time() + self.limits.idle_timeout
         else:
-            self.deadline = self.loop.time() + self.limits.body_timeout
+            # The next request began: a head still arriving has head_timeout
+            # from now, a body body_timeout.
+            wait = self.limits.body_timeout
+            if self._in_head:
+                wait = min(wait, self.limits.head_timeout)
+            self.deadline = self.loop.time() + wait
 
     def _stop_parsing(self, status: int) -> None:
         """The request stream cannot go on: answer `status` (0: none) in turn, then close."""
@@ -335,6 +343,8 @@ class Connection(asyncio.Protocol):
         ex.close_after = True
         if status and not ex.answer_started:
             headers, body = self.server.render_error(status)
+            if status == 503:
+                headers = [*headers, ("Retry-After", "1")]
             ex.respond(status, headers, body)  # closes once written
         elif ex.answered or not ex.answer_started:
             self._close_after_answer()
@@ -352,6 +362,15 @@ class Connection(asyncio.Protocol):
             callback()  # a RequestHandler's on_connection_close
         elif delegate is not None:
             delegate.on_connection_close()
+
+    def shed_head(self) -> None:
+        """The server sheds this connection's incomplete head (incomplete heads
+        are over their memory budget): what the parser holds goes now, the
+        client gets 503 `busy` in turn, then the connection closes."""
+        self._raw_headers = []
+        self._url = b""
+        self.parser = None
+        self._stop_parsing(503)
 
     def _close_after_answer(self) -> None:
         """Close once written; lingering, so that the client reads the answer."""

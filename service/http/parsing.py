@@ -131,6 +131,16 @@ class ParsingConnection(Connection):
                 self._head_raw += len(data)
                 if self._head_raw > self.limits.max_header_bytes:
                     self._stop_parsing(431)
+                    return
+            if self._in_head:
+                # A head still incomplete holds memory (the parser's pieces,
+                # the headers so far) until it ends: counted against the
+                # server's budget, as the whole slice when the head began in
+                # it (an upper bound).
+                same = in_head and self._begun == begun
+                self.server.hold_head(self, self._head_held + len(data) if same else len(data))
+            elif self._head_held:
+                self.server.hold_head(self, 0)
 
     def eof_received(self) -> bool | None:
         # The client sends nothing more; answers in progress still go out.
@@ -153,6 +163,10 @@ class ParsingConnection(Connection):
         self._in_head = True
         self._head_raw = 0
         self._begun += 1
+        # Once begun, a head has head_timeout to end (the idle deadline may be later).
+        deadline = self.loop.time() + self.limits.head_timeout
+        if not self.deadline or deadline < self.deadline:
+            self.deadline = deadline
         self._parsing = Exchange(self)
         self._url = b""
         self._raw_headers = []

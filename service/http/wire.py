@@ -37,6 +37,10 @@ class ServerLimits:
     max_header_bytes: int = 65536
     max_body_bytes: int = 100 * 1024 * 1024
     idle_timeout: float = 60.0
+    #: A head must end this long after its first byte (nginx's client_header_timeout).
+    head_timeout: float = 10.0
+    #: Bytes that incomplete heads may hold together; past it the oldest is shed.
+    head_budget_bytes: int = 32 * 1024 * 1024
     body_timeout: float = 30.0
     linger_seconds: float = 2.0
     #: An early answer keeps the connection when at most this much body is left.
