@@ -20,8 +20,8 @@ the ones it left to a proxy):
   it resolves (`@stream_request_body` handlers rely on it);
 - `Expect: 100-continue` is answered once the headers were accepted and the
   body is still wanted (an early answer goes out instead of the 100);
-- limits: the request head (line and headers) up to `max_header_bytes` (else
-  431), a body backstop of `max_body_bytes` (else
+- limits: the request head (line and headers) up to `max_header_bytes` and
+  `max_header_lines` (else 431), a body backstop of `max_body_bytes` (else
   413), the head must arrive within `idle_timeout` of the connection's last
   answer and end within `head_timeout` of its first byte (slow-header clients
   are cut off, 408), the body within `body_timeout`; incomplete heads share

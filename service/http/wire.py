@@ -35,6 +35,8 @@ class ServerLimits:
     """Connection limits; see the module docstring for what each one does."""
 
     max_header_bytes: int = 65536
+    #: Header lines in one request head (Apache's LimitRequestFields): past it, 431.
+    max_header_lines: int = 100
     max_body_bytes: int = 100 * 1024 * 1024
     idle_timeout: float = 60.0
     #: A head must end this long after its first byte (nginx's client_header_timeout).

@@ -451,7 +451,8 @@ def test_a_name_repeated_300000_times_parses_in_one_pass() -> None:
 def test_repeated_header_names_reach_the_script_joined_in_order(server: Server,
                                                                  make_endpoint) -> None:
     ep = make_endpoint(ECHO_EVENT)
-    values = [f"v{i}" for i in range(2000)]
+    # 95 lines with those of post(): a head has at most 100 (test_head_limits.py).
+    values = [f"v{i}" for i in range(90)]
     extra = "".join(f"X-Many: {v}\r\n" for v in values) + "x-MANY: last\r\n"
     status, _, body = raw(server, post(ep.path, ep.secret, extra=extra))
     assert status == 200
