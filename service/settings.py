@@ -35,6 +35,7 @@ class ServerSettings:
     max_connections_per_ip: int = 256
     max_pipelined: int = 64
     write_buffer_bytes: int = 262144
+    socket_send_buffer_bytes: int = 131072   # SO_SNDBUF; 0: the kernel's autotuning
     #: Front processes sharing the port (SO_REUSEPORT); None ("auto"): one per CPU.
     processes: int | None = 1
     #: With several fronts: one whose event loop gives no sign of life this long is killed.
@@ -135,7 +136,9 @@ _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
                "max_connections": to.int_between(0, 10_000_000),
                "max_connections_per_ip": to.int_between(1, 10_000_000),
                "max_pipelined": to.int_between(1, 100_000),
-               "write_buffer_bytes": to.int_between(4096, 1 << 30), "processes": to.processes,
+               "write_buffer_bytes": to.int_between(4096, 1 << 30),
+               "socket_send_buffer_bytes": to.int_between(0, 1 << 26),
+               "processes": to.processes,
                "front_timeout_s": to.int_between(2, 3600)},
     "database": {"url": to.db_url, "outage_serve_s": to.int_between(0, 86_400)},
     "sandbox": {"workers": to.workers, "queue_timeout_ms": to.int_between(1, 600_000),

@@ -11,6 +11,7 @@ and `models` only for transactions.
 """
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from service.api import endpoints, guilds, reads, scripts, tokens
@@ -33,6 +34,6 @@ def document() -> dict[str, Any]:
 def routes(context: AppContext) -> list[tuple[str, type, dict[str, Any]]]:
     """Tornado routes of the API, sharing one `ApiState` (thread pool, token cache)."""
     state = ApiState(context)
-    tokens.OpenApiHandler.document = document()
+    tokens.OpenApiHandler.body = json.dumps(document(), separators=(",", ":")).encode()
     return [(route_pattern(template) + "/?", handler, {"context": context, "api": state})
             for template, handler in TEMPLATES]

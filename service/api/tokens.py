@@ -1,8 +1,6 @@
 """API tokens and dashboard login links (operator only), and the OpenAPI document."""
 from __future__ import annotations
 
-from typing import Any
-
 from service.api import schemas
 from service.api.base import ApiError, APIHandler
 from service.api.spec import operation
@@ -45,12 +43,15 @@ class LoginLinksHandler(APIHandler):
 
 class OpenApiHandler(APIHandler):
     public = True
-    document: dict[str, Any] = {}
+    #: The document, serialised once (service.api.routes): serialising its
+    #: ~64 KB took ~2 ms of the event loop per request.
+    body: bytes = b"{}"
 
     @operation("getOpenApi", "This document", "anyone", None, public=True, tag="meta")
     async def get(self) -> None:
         self.set_header("Cache-Control", "no-cache")
-        self.reply(self.document)
+        self.set_header("Content-Type", "application/json")
+        self.finish(self.body)
 
 
 routes = [

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 from tornado import httputil
 
-from service.http.deadlines import sweep
+from service.http.deadlines import set_send_buffer, sweep
 from service.http.exchange import Exchange
 from service.http.wire import CONTINUE, PeerContext, ServerLimits, http_date, log
 
@@ -111,8 +111,9 @@ class Connection(asyncio.Protocol):
         self._head_held = 0  # of the server's budget for incomplete heads (listener.hold_head)
         self._last_pending = 0  # unsent bytes at the last sweep
         self._written = 0  # bytes handed to the transport
-        self._last_delivered = 0  # bytes the client had taken at the last sweep
-        self._progress = 0.0  # when the client last took some of an answer
+        self._progress = 0.0  # when the client last took enough of its answers
+        self._progress_mark = 0  # bytes it had taken then
+        self._progress_need = 0  # bytes it must take from there (deadlines.sweep)
         #: Received bytes not yet parsed: reading stopped for back-pressure
         #: (too many requests queued, or answers not being read).
         self._stash = b""
@@ -127,6 +128,8 @@ class Connection(asyncio.Protocol):
         self.context = PeerContext(transport.get_extra_info("peername"))
         sock = transport.get_extra_info("socket")
         self._fd = sock.fileno() if sock is not None and hasattr(termios, "TIOCOUTQ") else -1
+        if sock is not None and self.limits.socket_send_buffer:
+            set_send_buffer(sock, self.limits.socket_send_buffer)
         self.deadline = self.loop.time() + self.limits.idle_timeout
         transport.set_write_buffer_limits(high=self.limits.write_high_water)  # type: ignore[attr-defined]
         if not self.server.admit(self):
@@ -364,13 +367,7 @@ class Connection(asyncio.Protocol):
             delegate.on_connection_close()
 
     def shed_head(self) -> None:
-        """The server sheds this connection's incomplete head (incomplete heads
-        are over their memory budget): what the parser holds goes now, the
-        client gets 503 `busy` in turn, then the connection closes."""
-        self._raw_headers = []
-        self._url = b""
-        self.parser = None
-        self._stop_parsing(503)
+        """Drop the incomplete head, answer 503 `busy` (see parsing)."""
 
     def _close_after_answer(self) -> None:
         """Close once written; lingering, so that the client reads the answer."""

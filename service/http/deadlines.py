@@ -1,16 +1,20 @@
-"""Deadlines of a `Connection`, enforced by the listener's sweep about every second.
+"""Deadlines of a `Connection`, enforced by the listener's sweep about every second,
+and what the kernel may hold for a client that does not read (SO_SNDBUF, RST).
 
 The head must arrive within `idle_timeout` (else 408), a body within
 `body_timeout`, an idle keep-alive connection closes after `idle_timeout`, a
-lingering one after `linger_seconds`; and the send timeout: a client that takes
-no byte of its answers for `idle_timeout` is cut off, however much it still
-sends and whatever its handler is doing. A slow reader that keeps reading is
-not cut off: only bytes the client took count as progress.
+lingering one after `linger_seconds`; and the send timeout: a client that does
+not take `min_send_progress` bytes of its answers (or all that waited, when
+less) within `idle_timeout` is cut off, however much it still sends and
+whatever its handler is doing. A slow reader that keeps reading is not cut
+off: only bytes the client took count as progress, and only enough of them
+(one that took a few bytes every ~50 s held its connection for ever).
 """
 
 from __future__ import annotations
 
 import fcntl
+import socket
 import struct
 import termios
 from typing import TYPE_CHECKING
@@ -19,6 +23,36 @@ from service.http.wire import log
 
 if TYPE_CHECKING:
     from service.http.connection import Connection
+
+
+#: SO_LINGER on, 0 s: a close drops what the kernel still holds and sends an RST.
+_RESET = struct.pack("ii", 1, 0)
+
+
+def set_send_buffer(sock: socket.socket, size: int) -> None:
+    """Bound the kernel's send buffer of an accepted socket (SO_SNDBUF; the
+    kernel doubles it for its bookkeeping): with autotuning, a client that
+    reads nothing pinned up to tcp_wmem's maximum (4 MiB) besides our own
+    `write_high_water`."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+    except OSError:
+        pass
+
+
+def drop(conn: Connection) -> None:
+    """Cut a client that does not take its answers: at once, and with what the
+    kernel holds for it (a plain close leaves that queue to drain for as long
+    as the client takes a trickle of it, and sends the rest after our FIN)."""
+    if conn.transport is None or conn.closed:
+        return
+    sock = conn.transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        except OSError:
+            pass
+    conn.close_now()
 
 
 def unsent(conn: Connection) -> int:
@@ -44,22 +78,24 @@ def sweep(conn: Connection, now: float) -> None:
     pending = unsent(conn)
     if pending:
         # An answer is still going out. A slow reader is not an idle
-        # client: it has idle_timeout to read on each time it stalls, and
-        # the deadlines below start once everything was handed over. Only
-        # bytes the client took count as progress: a buffer that grows
-        # (more answers written) is not a client that reads.
+        # client: it has idle_timeout to take min_send_progress bytes (or
+        # all that waited) each time, and the deadlines below start once
+        # everything was handed over. Only bytes the client took count as
+        # progress: a buffer that grows (more answers written) is not a
+        # client that reads.
         delivered = conn._written - pending
-        if delivered > conn._last_delivered or not conn._last_pending:
+        if not conn._last_pending or delivered - conn._progress_mark >= conn._progress_need:
             conn._progress = now
-        conn._last_delivered = delivered
+            conn._progress_mark = delivered
+            conn._progress_need = min(pending, conn.limits.min_send_progress)
         conn._last_pending = pending
         if now - conn._progress < conn.limits.idle_timeout:
             return
-        # A send timeout: the client took nothing for idle_timeout, whatever
-        # it still sends and whatever the handler is doing.
+        # A send timeout: the client did not take enough for idle_timeout,
+        # whatever it still sends and whatever the handler is doing.
         if not conn.lingering:
             log.debug("closing connection from %s: answers not read", conn.context.remote_ip)
-        conn.close_now()
+        drop(conn)
         return
     if conn._last_pending:
         conn._last_pending = 0
@@ -75,7 +111,7 @@ def sweep(conn: Connection, now: float) -> None:
                 conn._stop_parsing(408)  # a head that never ended: say so, then close
                 return
         if transport is not None and transport.get_write_buffer_size():
-            conn.close_now()  # a client that stopped reading: drop what is buffered
+            drop(conn)  # a client that stopped reading: drop what is buffered
         elif transport is not None and not conn.closed:
             # Gracefully: what the kernel still holds of an answer reaches a
             # slow reader before the FIN.

@@ -142,6 +142,15 @@ class ParsingConnection(Connection):
             elif self._head_held:
                 self.server.hold_head(self, 0)
 
+    def shed_head(self) -> None:
+        """The server sheds this connection's incomplete head (incomplete heads
+        are over their memory budget): what the parser holds goes now, the
+        client gets 503 `busy` in turn, then the connection closes."""
+        self._raw_headers = []
+        self._url = b""
+        self.parser = None
+        self._stop_parsing(503)
+
     def eof_received(self) -> bool | None:
         # The client sends nothing more; answers in progress still go out.
         self._eof = True

@@ -52,6 +52,12 @@ class ServerLimits:
     max_pipelined: int = 64
     #: Unsent answer bytes above which the connection stops reading requests.
     write_high_water: int = 256 * 1024
+    #: SO_SNDBUF of each accepted socket (the kernel doubles it); 0: the kernel's
+    #: autotuning (up to tcp_wmem's maximum, often 4 MiB per connection).
+    socket_send_buffer: int = 128 * 1024
+    #: While answers wait, the client must take this much of them (or all that
+    #: waited) per idle_timeout, or the connection is cut (the send timeout).
+    min_send_progress: int = 64 * 1024
 
 
 _date: dict[int, str] = {}
