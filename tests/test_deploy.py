@@ -125,8 +125,10 @@ def test_compose_node_configuration_loads_and_shares_postgresql_and_redis(tmp_pa
 
 
 def _server_block(text: str) -> str:
-    """The `server {}` block without its name and certificate lines."""
-    block = text[text.index("\nserver {"):]
+    """The `server {}` block without its name and certificate lines, and the
+    http-level directives before it (maps, limit_conn_zone, log_format)."""
+    upstream = text.index("upstream logic_endpoints {")
+    block = text[text.index("\n}\n", upstream) + 3:]
     return re.sub(r"(?m)^\s*(server_name|ssl_certificate\S*)\s[^;]*;\n", "", block)
 
 
@@ -148,6 +150,8 @@ def test_shipped_nginx_retries_only_where_no_answer_began() -> None:
     # The failover policy docs/deployment.md states: POST is sent again on
     # the invoke path only. test_nginx.py and test_multinode.py show it at work.
     text = (DEPLOY / "nginx.conf").read_text()
-    policies = dict(re.findall(r"(?s)location (\S+) \{[^}]*?proxy_next_upstream\s+([^;]*);", text))
-    assert policies == {"/endpoints/": "error timeout non_idempotent", "/": "error timeout"}
+    policies = dict(re.findall(r"(?s)location (?:~\*? )?(\S+) \{[^}]*?proxy_next_upstream\s+([^;]*);",
+                               text))
+    assert policies == {"/endpoints/": "error timeout non_idempotent", "/": "error timeout",
+                        "login/": "error timeout"}
     assert "http_5" not in text and "proxy_intercept_errors" not in text

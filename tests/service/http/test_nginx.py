@@ -10,6 +10,7 @@ them, and the browser never sees them.
 from __future__ import annotations
 
 import http.client
+import json
 import re
 import shutil
 import socket
@@ -17,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -64,21 +66,62 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _test_config(upstream_port: int, port: int, root: Path) -> str:
-    """The shipped file, on plain HTTP and loopback ports, with an `internal` location."""
-    text = CONF.read_text()
-    text = text.replace("server 127.0.0.1:8080;", f"server 127.0.0.1:{upstream_port};")
-    text = text.replace("listen 443 ssl;", f"listen 127.0.0.1:{port};")
+def _shipped(root: Path, servers: str, port: int, text: str | None = None,
+             ipv6: bool = False) -> str:
+    """An nginx.conf of the shipped file (or `text`, an edited copy of it):
+    `servers` upstream, plain HTTP on `port` of 127.0.0.1 (and of ::1 with
+    `ipv6`), its logs and temporary files under `root`; around it, as in
+    Debian's nginx.conf, an access log in nginx's default format."""
+    text = CONF.read_text() if text is None else text
+    text = text.replace("server 127.0.0.1:8080;", servers)
+    listen = f"listen 127.0.0.1:{port};" + (f"\n    listen [::1]:{port};" if ipv6 else "")
+    text = text.replace("listen 443 ssl;", listen)
     text = re.sub(r"\n\s*ssl_certificate\S*\s[^;]*;", "", text)
-    internal = root / "internal"
-    internal.mkdir()
-    (internal / "secret").write_text("INTERNAL CONTENT")
-    text = text.replace("    location / {", f"    location /internal/ {{\n        internal;\n"
-                        f"        root {root};\n    }}\n\n    location / {{", 1)
+    text = text.replace("/var/log/nginx/", f"{root}/")
     temp = "\n".join(f"    {name}_temp_path {root}/{name};" for name in
                      ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     return (f"pid {root}/nginx.pid;\nerror_log {root}/error.log;\nevents {{}}\n"
-            f"http {{\n    access_log off;\n{temp}\n{text}\n}}\n")
+            f"http {{\n    access_log {root}/access.log;\n{temp}\n{text}\n}}\n")
+
+
+def _test_config(upstream_port: int, port: int, root: Path) -> str:
+    """The shipped file, on plain HTTP and loopback ports, with an `internal` location."""
+    internal = root / "internal"
+    internal.mkdir()
+    (internal / "secret").write_text("INTERNAL CONTENT")
+    text = CONF.read_text().replace(
+        "    location / {", f"    location /internal/ {{\n        internal;\n"
+        f"        root {root};\n    }}\n\n    location / {{", 1)
+    return _shipped(root, f"server 127.0.0.1:{upstream_port};", port, text)
+
+
+@contextmanager
+def _running(root: Path, conf_text: str, port: int) -> Iterator[None]:
+    """nginx with `conf_text`, until it accepts on `port`; stopped on exit."""
+    if NGINX is None:
+        pytest.skip("the nginx binary is not installed (Debian package nginx; CI installs it)")
+    conf = root / "nginx.conf"
+    conf.write_text(conf_text)
+    proc = subprocess.Popen([NGINX, "-p", str(root), "-c", str(conf), "-g", "daemon off;"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            if proc.poll() is not None:
+                output = proc.stdout.read().decode() if proc.stdout else ""
+                raise AssertionError("nginx did not start: " + output)
+            assert time.monotonic() < deadline, "nginx did not start within 10 s"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @pytest.fixture()
@@ -88,27 +131,10 @@ def nginx(tmp_path: Path) -> Iterator[int]:
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     port = _free_port()
-    conf = tmp_path / "nginx.conf"
-    conf.write_text(_test_config(upstream.server_address[1], port, tmp_path))
-    proc = subprocess.Popen([NGINX, "-p", str(tmp_path), "-c", str(conf), "-g", "daemon off;"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError("nginx did not start: " + proc.stdout.read().decode()
-                                     if proc.stdout else "")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        yield port
+        with _running(tmp_path, _test_config(upstream.server_address[1], port, tmp_path), port):
+            yield port
     finally:
-        proc.terminate()
-        proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
         upstream.shutdown()
         upstream.server_close()
 
@@ -161,51 +187,184 @@ def test_shipped_nginx_resends_an_invocation_but_no_other_post_that_reached_a_no
     for node in nodes:
         threading.Thread(target=node.serve_forever, daemon=True).start()
     port = _free_port()
-    text = CONF.read_text().replace(
-        "server 127.0.0.1:8080;",
-        # max_fails=0: both stay in use after failing, so every request below
-        # meets the two of them.
-        " ".join(f"server 127.0.0.1:{node.server_address[1]} max_fails=0;" for node in nodes))
-    text = text.replace("listen 443 ssl;", f"listen 127.0.0.1:{port};")
-    text = re.sub(r"\n\s*ssl_certificate\S*\s[^;]*;", "", text)
-    temp = "\n".join(f"    {name}_temp_path {tmp_path}/{name};" for name in
-                     ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    conf = tmp_path / "nginx.conf"
-    conf.write_text(f"pid {tmp_path}/nginx.pid;\nerror_log {tmp_path}/error.log;\nevents {{}}\n"
-                    f"http {{\n    access_log off;\n{temp}\n{text}\n}}\n")
-    proc = subprocess.Popen([NGINX, "-p", str(tmp_path), "-c", str(conf), "-g", "daemon off;"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # max_fails=0: both stay in use after failing, so every request below
+    # meets the two of them.
+    servers = " ".join(f"server 127.0.0.1:{node.server_address[1]} max_fails=0;"
+                       for node in nodes)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "nginx did not start"
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        with _running(tmp_path, _shipped(tmp_path, servers, port), port):
+            _check_failover(port, seen)
+    finally:
+        for node in nodes:
+            node.shutdown()
+            node.server_close()
 
-        def tries(method: str, path: str) -> list[str]:
-            seen.clear()
+
+def _check_failover(port: int, seen: list[str]) -> None:
+    def tries(method: str, path: str) -> list[str]:
+        seen.clear()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request(method, path, body=None if method == "GET" else b"{}",
+                         headers={"Host": "endpoints.example.com"})
+            resp = conn.getresponse()
+            resp.read()
+        finally:
+            conn.close()
+        assert resp.status == 502
+        return list(seen)
+
+    assert tries("POST", "/endpoints/1/logic_x") == ["POST /endpoints/1/logic_x"] * 2
+    assert tries("GET", "/api/v1/guilds/1") == ["GET /api/v1/guilds/1"] * 2
+    for method, path in (("POST", "/api/v1/guilds"), ("PATCH", "/api/v1/guilds/1"),
+                         ("POST", "/dashboard/1/scripts"), ("POST", "/interactions")):
+        assert tries(method, path) == [f"{method} {path}"]
+
+
+# --- what nginx writes to its logs -------------------------------------------------------------
+
+#: Login-link tokens and query strings in every shape a path may take.
+LOGGED = [("GET", "/login/TOKENAAAA1?next=/dashboard"), ("GET", "/LOGIN/TOKENAAAA2"),
+          ("GET", "/%6Cogin/TOKENAAAA3"), ("GET", "//login/TOKENAAAA4"),
+          ("GET", "/dashboard/login/TOKENAAAA5"),
+          ("POST", "/endpoints/1/logic_x?secret=lsk_QUERYSECRET6")]
+
+
+def test_shipped_nginx_logs_no_login_token_and_no_query_string(tmp_path: Path) -> None:
+    # Secrets review: nginx's default access log format logs the request
+    # line, so /login/<token> (still valid when the request failed upstream)
+    # and secrets put in a query string landed in the access log, and the
+    # error log printed `request: "GET /login/..."` on every upstream error.
+    # The node here is down: every request fails upstream (502).
+    port = _free_port()
+    with _running(tmp_path, _shipped(tmp_path, f"server 127.0.0.1:{_free_port()};", port),
+                  port):
+        for method, path in LOGGED:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             try:
                 conn.request(method, path, body=None if method == "GET" else b"{}",
-                             headers={"Host": "endpoints.example.com"})
+                             headers={"Host": "endpoints.example.com",
+                                      "Referer": "https://x.example/login/TOKENAAAA7"})
                 resp = conn.getresponse()
                 resp.read()
             finally:
                 conn.close()
-            assert resp.status == 502
-            return list(seen)
+            assert resp.status == 502, (path, resp.status)
+    access = (tmp_path / "access.log").read_text()
+    errors = (tmp_path / "error.log").read_text()
+    lines = access.splitlines()
+    assert len(lines) == len(LOGGED), access
+    assert all(' 502 ' in line for line in lines), access
+    assert '"GET /login/[redacted] HTTP/1.1" 502' in lines[0]
+    assert '"GET /dashboard/login/[redacted] HTTP/1.1" 502' in lines[4]
+    assert '"POST /endpoints/1/logic_x HTTP/1.1" 502' in lines[5]
+    for n in range(1, 7):
+        assert f"TOKENAAAA{n}" not in access + errors, n
+    # Nor the Referer (the error log prints it: the dashboard sends none,
+    # Referrer-Policy: no-referrer).
+    assert "TOKENAAAA7" not in access
+    assert "QUERYSECRET" not in access and "next=" not in access
+    # The upstream errors of other paths are still logged (with their request line).
+    assert "connect() failed" in errors and "/endpoints/1/logic_x" in errors
 
-        assert tries("POST", "/endpoints/1/logic_x") == ["POST /endpoints/1/logic_x"] * 2
-        assert tries("GET", "/api/v1/guilds/1") == ["GET /api/v1/guilds/1"] * 2
-        for method, path in (("POST", "/api/v1/guilds"), ("PATCH", "/api/v1/guilds/1"),
-                             ("POST", "/dashboard/1/scripts"), ("POST", "/interactions")):
-            assert tries(method, path) == [f"{method} {path}"]
+
+# --- requests at once per client ---------------------------------------------------------------
+
+class _Holding(BaseHTTPRequestHandler):
+    """A node that holds every request until `release` is set."""
+
+    protocol_version = "HTTP/1.1"
+    held: list[str]
+    release: threading.Event
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self.held.append(self.path)
+        self.release.wait(20)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@contextmanager
+def _holding_node() -> Iterator[tuple[int, list[str], threading.Event]]:
+    held: list[str] = []
+    release = threading.Event()
+    server = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 256})
+    node = server(("127.0.0.1", 0), type("Node", (_Holding,), {"held": held, "release": release}))
+    threading.Thread(target=node.serve_forever, daemon=True).start()
+    try:
+        yield node.server_address[1], held, release
     finally:
-        proc.terminate()
-        proc.wait(10)
-        for node in nodes:
-            node.shutdown()
-            node.server_close()
+        release.set()
+        node.shutdown()
+        node.server_close()
+
+
+def _send(port: int, source: str, path: str) -> socket.socket:
+    """A GET of `path` to nginx on `port` from `source`, not waiting for the answer."""
+    family = socket.AF_INET6 if ":" in source else socket.AF_INET
+    sock = socket.socket(family)
+    sock.settimeout(10)
+    sock.bind((source, 0))
+    sock.connect(("::1" if family == socket.AF_INET6 else "127.0.0.1", port))
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: endpoints.example.com\r\n\r\n".encode())
+    return sock
+
+
+def _answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    while len(body) < int(headers.get("content-length", "0")):
+        body += sock.recv(65536)
+    return int(lines[0].split()[1]), headers, body
+
+
+def _check_limit(port: int, held: list[str], first: list[str], over: str,
+                 other: str) -> None:
+    """64 requests at once from the addresses `first` take the client's share:
+    one more from `over` (the same client) is refused, one from `other` is not."""
+    socks = [_send(port, first[n % len(first)], f"/api/v1/hold/{n}") for n in range(64)]
+    try:
+        deadline = time.monotonic() + 10
+        while len(held) < 64 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(held) == 64
+        with _send(port, over, "/api/v1/hold/over") as sock:
+            status, headers, body = _answer(sock)
+        assert status == 503 and headers["retry-after"] == "1"
+        error = json.loads(body)["error"]
+        assert error["code"] == "busy" and error["requestId"] == headers["x-request-id"]
+        with _send(port, other, "/api/v1/hold/other"):
+            deadline = time.monotonic() + 10
+            while "/api/v1/hold/other" not in held and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert "/api/v1/hold/other" in held
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_shipped_nginx_limits_requests_at_once_per_client(tmp_path: Path) -> None:
+    # Review (LOW): the shipped configuration had no limit_conn.
+    port = _free_port()
+    with _holding_node() as (node, held, _), \
+            _running(tmp_path, _shipped(tmp_path, f"server 127.0.0.1:{node};", port), port):
+        _check_limit(port, held, ["127.0.0.1"], "127.0.0.1", "127.0.0.2")
+
+
+def test_shipped_nginx_counts_an_ipv6_64_as_one_client(tmp_path: Path, ipv6_nets) -> None:
+    port = _free_port()
+    with _holding_node() as (node, held, _), \
+            _running(tmp_path, _shipped(tmp_path, f"server 127.0.0.1:{node};", port,
+                                        ipv6=True), port):
+        _check_limit(port, held, ipv6_nets.same[:2], ipv6_nets.same[2], ipv6_nets.other)
