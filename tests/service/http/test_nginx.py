@@ -80,7 +80,8 @@ def _shipped(root: Path, servers: str, port: int, text: str | None = None,
     text = text.replace("/var/log/nginx/", f"{root}/")
     temp = "\n".join(f"    {name}_temp_path {root}/{name};" for name in
                      ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    return (f"pid {root}/nginx.pid;\nerror_log {root}/error.log;\nevents {{}}\n"
+    return (f"pid {root}/nginx.pid;\nerror_log {root}/error.log;\n"
+            f"events {{ worker_connections 1024; }}\n"
             f"http {{\n    access_log {root}/access.log;\n{temp}\n{text}\n}}\n")
 
 
@@ -280,10 +281,13 @@ class _Holding(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         self.held.append(self.path)
         self.release.wait(20)
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+        except OSError:
+            self.close_connection = True   # nginx, or the client, has gone
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         pass
@@ -329,16 +333,20 @@ def _answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), headers, body
 
 
+#: Requests at once per client in the shipped configuration.
+LIMIT = 256
+
+
 def _check_limit(port: int, held: list[str], first: list[str], over: str,
                  other: str) -> None:
-    """64 requests at once from the addresses `first` take the client's share:
+    """LIMIT requests at once from the addresses `first` take the client's share:
     one more from `over` (the same client) is refused, one from `other` is not."""
-    socks = [_send(port, first[n % len(first)], f"/api/v1/hold/{n}") for n in range(64)]
+    socks = [_send(port, first[n % len(first)], f"/api/v1/hold/{n}") for n in range(LIMIT)]
     try:
-        deadline = time.monotonic() + 10
-        while len(held) < 64 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 20
+        while len(held) < LIMIT and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert len(held) == 64
+        assert len(held) == LIMIT
         with _send(port, over, "/api/v1/hold/over") as sock:
             status, headers, body = _answer(sock)
         assert status == 503 and headers["retry-after"] == "1"
