@@ -34,6 +34,6 @@ def document() -> dict[str, Any]:
 def routes(context: AppContext) -> list[tuple[str, type, dict[str, Any]]]:
     """Tornado routes of the API, sharing one `ApiState` (thread pool, token cache)."""
     state = ApiState(context)
-    tokens.OpenApiHandler.body = json.dumps(document(), separators=(",", ":")).encode()
+    tokens.OpenApiHandler.document_json = json.dumps(document(), separators=(",", ":")).encode()
     return [(route_pattern(template) + "/?", handler, {"context": context, "api": state})
             for template, handler in TEMPLATES]

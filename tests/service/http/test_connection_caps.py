@@ -8,10 +8,12 @@ import os
 import resource
 import socket
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
 
+from tests.service.http.conftest import Ipv6Nets
 from tests.service.http.harness import Server, wait_until
 from tests.service.http.test_checks import ECHO
 
@@ -77,8 +79,8 @@ def _connect6(server: Server, ip: str) -> socket.socket:
     return sock
 
 
-def test_the_per_address_cap_counts_an_ipv6_network_as_one_address(make_server,
-                                                                    ipv6_nets) -> None:
+def test_the_per_address_cap_counts_an_ipv6_network_as_one_address(
+        make_server: Callable[..., Server], ipv6_nets: Ipv6Nets) -> None:
     # Review (HIGH): the cap was keyed on the exact address; one IPv6 /64
     # (2**64 addresses, one subscriber's) opened 14,920 connections, the
     # global cap, and every other client got 503. It is now keyed like the

@@ -12,6 +12,7 @@ import json
 import resource
 import socket
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -78,8 +79,8 @@ def one_backend(http_env: Env) -> None:
 HEADS = 1500
 
 
-def test_incomplete_heads_are_held_within_a_server_wide_budget(make_server,
-                                                               one_backend: None) -> None:
+def test_incomplete_heads_are_held_within_a_server_wide_budget(
+        make_server: Callable[..., Server], one_backend: None) -> None:
     # Review (HIGH): 14,920 connections of one IPv6 /64, each with ~60 KB of
     # a head that never ended, took a server from 76 to 1,088 MB, held until
     # the idle timeout. Incomplete heads now share a budget of 32 MiB per

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.service.http.conftest import Ipv6Nets
+
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 CONF = Path(__file__).resolve().parents[3] / "deploy" / "nginx.conf"
 
@@ -370,7 +372,8 @@ def test_shipped_nginx_limits_requests_at_once_per_client(tmp_path: Path) -> Non
         _check_limit(port, held, ["127.0.0.1"], "127.0.0.1", "127.0.0.2")
 
 
-def test_shipped_nginx_counts_an_ipv6_64_as_one_client(tmp_path: Path, ipv6_nets) -> None:
+def test_shipped_nginx_counts_an_ipv6_64_as_one_client(tmp_path: Path,
+                                                        ipv6_nets: Ipv6Nets) -> None:
     port = _free_port()
     with _holding_node() as (node, held, _), \
             _running(tmp_path, _shipped(tmp_path, f"server 127.0.0.1:{node};", port,
