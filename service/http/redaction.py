@@ -2,12 +2,12 @@
 
 - History and error logs (`Redactor`): a query parameter or header whose
   value contains the endpoint's secret, or whose name looks like a credential
-  (`secret`, `token`, `key`, `password`, `auth`, ... as a word of the name),
-  is kept as ``[redacted]``; the secret itself is cut out of bodies, the
-  script's output and error messages wherever it appears, and a value that
-  holds it only in an encoded form (percent-encoding, JSON ``\\u`` escapes,
-  Python's ``\\x`` escapes, UTF-16 text: `hides`) is replaced whole by
-  ``[redacted]``.
+  (`credential_name`: `secret`, `token`, ... anywhere in it, `key`, `auth`,
+  ... as a word of it), is kept as ``[redacted]``; the secret itself is cut
+  out of bodies, the script's output and error messages wherever it appears,
+  and a value that holds it only in an encoded form (percent-encoding, JSON
+  ``\\u`` escapes, Python's ``\\x`` escapes, UTF-16 text: `hides`) is
+  replaced whole by ``[redacted]``.
 - The service log (`RedactingFormatter`): anything shaped like a secret or a
   token (``lsk_...``, ``lat_...``, ``Bearer ...``) is replaced, including in
   tracebacks — a last line of defence behind never logging request content.
@@ -26,20 +26,37 @@ from service.core.secrets import SECRET_PREFIX
 
 REDACTED = "[redacted]"
 
-#: A name with one of these words (split on - _ . and case changes) is a credential.
+#: A name with one of these words (split on - _ . and, where the name keeps
+#: the case it was sent in, on case changes) is a credential.
 _CREDENTIAL_WORDS = frozenset({
     "secret", "secrets", "token", "tokens", "key", "keys", "apikey", "password", "passwd",
     "pwd", "pass", "auth", "authorization", "credential", "credentials", "session",
     "sessionid", "sig", "signature", "cookie", "jwt", "bearer", "otp",
 })
+#: ... and so is one holding one of these anywhere in any letter case: header
+#: names arrive lower-cased, so `X-AuthToken` is `x-authtoken`, one word
+#: (security review: `x-clientsecret`, `apitoken` were kept in clear). Only
+#: words no ordinary name holds by chance (not `key`: `keyword`; not `auth`:
+#: `author`; not `pass`: `passenger`; not `sig`: `signal`).
+_CREDENTIAL_PARTS = ("secret", "token", "password", "passwd", "passphrase", "pwd",
+                     "credential", "signature", "session", "sessid", "cookie", "bearer",
+                     "jwt", "apikey", "authorization")
+#: ... and one with a word ending in one of these (`accesskey`, `dbpass`,
+#: `oauth`, `totp`, `hmacsig`; `bypass` and `monkey` too).
+_CREDENTIAL_ENDS = ("key", "keys", "pass", "auth", "sig", "otp")
 _WORD = re.compile(r"[A-Za-z][a-z]*|[0-9]+")
+_SEPARATORS = re.compile(r"[-_.]+")
 
 
 @functools.lru_cache(maxsize=4096)
 def credential_name(name: str) -> bool:
-    """True when a parameter or header name says it carries a credential."""
+    """True when a parameter or header name says it carries a credential
+    (docs/http-api.md, "Keeping the secret safe")."""
     lowered = name.lower()
-    if lowered in _CREDENTIAL_WORDS:
+    if lowered in _CREDENTIAL_WORDS or any(part in lowered for part in _CREDENTIAL_PARTS):
+        return True
+    if any(word in _CREDENTIAL_WORDS or word.endswith(_CREDENTIAL_ENDS)
+           for word in _SEPARATORS.split(lowered)):
         return True
     return any(word.lower() in _CREDENTIAL_WORDS for word in _WORD.findall(name.replace("-", "_")))
 
