@@ -41,7 +41,7 @@ from sandbox.pool import Limits, ScriptRef
 from service.core import secrets
 from service.core.record_items import joined_headers
 from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
-from service.http.redaction import redact_all, shaped_redactors
+from service.http.redaction import Redactor, redact_all, shaped_redactors
 from service.http.base import error_body
 from service.http.errors import (OUTCOME_ERRORS, BusyError, PayloadTooLargeError,
                                  RateLimitedError, ServiceError)
@@ -179,7 +179,11 @@ class _Run:
             traceback, is_secret=(functools.partial(secrets.verify_fast, secret_hash)
                                   if secret_hash and secrets.is_fast(secret_hash) else None))
 
+        by_name = Redactor(None)   # credential-named parameters, as for an invocation
+
         def clean(value: Any) -> Any:
+            if isinstance(value, dict):
+                value = by_name.mapping(value)
             return redact_all(shaped, value) if shaped and value else value
         items.append(RequestRecordIn(
             endpoint_id=target.endpoint_id, request_id=self.request_id, time=when,

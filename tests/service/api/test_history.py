@@ -176,6 +176,25 @@ def test_a_secret_pasted_into_a_test_call_is_redacted(world) -> None:
     assert not kept and other in records
 
 
+def test_credential_named_values_of_a_test_call_are_redacted(world) -> None:
+    """A test call's headers and query parameters named as credentials are kept
+    as [redacted] like an invocation's (docs/http-api.md), not only when it
+    also carries a secret's shape (they were kept as sent)."""
+    w = world()
+    resp = w.manager("POST", w.script_path + "/test",
+                     {"body": {}, "query": {"apitoken": "CRED1", "page": "2"},
+                      "headers": {"X-AuthToken": "CRED2", "X-Api-Key": "CRED3",
+                                  "X-Thing": "1"}})
+    assert resp.status == 200, resp.body
+    assert wait_until(lambda: len(_history(w.manager, w.script_path)) == 1)
+    record = _history(w.manager, w.script_path)[0]
+    assert record["query"] == {"apitoken": "[redacted]", "page": "2"}
+    assert record["headers"]["x-authtoken"] == "[redacted]"
+    assert record["headers"]["x-api-key"] == "[redacted]"
+    assert record["headers"]["x-thing"] == "1"
+    assert "CRED" not in json.dumps(record)
+
+
 def test_test_calls_run_on_their_own_guilds_workers(world) -> None:
     """A test call is the guild's own request to the sandbox: with two run slots and
     half of them per guild, guild A's two looping test calls hold one slot and wait
