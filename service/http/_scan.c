@@ -1,7 +1,7 @@
 /* service.http._scan: where a request's journaled facts may hold its secret.
  *
  * One call walks the names and values `service.http.journal_facts` keeps of
- * a finished request and answers the two questions its pure-Python `_scan`
+ * a finished request and answers the three questions its pure-Python `_scan`
  * answers, with the same result (tests/service/http/test_secret_scan.py
  * compares the two on generated facts):
  *
@@ -9,6 +9,10 @@
  *           parameter's name, or in any letter case in a header's name?
  *   marked: does a name or value carry a mark of an encoding that could
  *           hide it ("%", "\\", a NUL: UTF-16 read as one byte a character)?
+ *   shaped: does a name or value hold the start of another secret or token
+ *           the service issues ("lsk_", "lat_", "login/", "logic_session":
+ *           service.http.redaction.SHAPE_PREFIXES), in any letter case? Only
+ *           then are they searched for with a regular expression.
  *
  * It answers None for any shape it does not know (a secret that is not
  * ASCII, a value that is neither text nor bytes, a subclass of str, bytes,
@@ -35,6 +39,7 @@ typedef struct {
     PyObject *lowered_obj;
     int found;
     int marked;
+    int shaped;
 } Scan;
 
 #define UNKNOWN (-2)  /* a shape this scan does not know: the caller uses Python */
@@ -43,6 +48,116 @@ static int
 holds(const char *data, Py_ssize_t size, const char *needle, Py_ssize_t needle_size)
 {
     return needle_size <= size && memmem(data, (size_t)size, needle, (size_t)needle_size) != NULL;
+}
+
+/* The shapes' prefixes (service.http.redaction.SHAPE_PREFIXES), lower case,
+ * by the character each is found by: the "_" or "/" it holds (at `at`). */
+static const struct { const char *prefix; Py_ssize_t size, at; char anchor; } PREFIXES[] = {
+    {"lsk_", 4, 3, '_'}, {"lat_", 4, 3, '_'}, {"logic_session", 13, 5, '_'}, {"login/", 6, 5, '/'},
+};
+#define N_PREFIXES (sizeof PREFIXES / sizeof PREFIXES[0])
+
+/* Whether the anchor at `at` in `data` ends or splits a shape's prefix, its
+ * ASCII letters in any case. */
+static int
+prefix_at(const char *data, Py_ssize_t size, Py_ssize_t at)
+{
+    for (size_t k = 0; k < N_PREFIXES; k++) {
+        Py_ssize_t start = at - PREFIXES[k].at;
+        if (PREFIXES[k].anchor != data[at] || start < 0 || start + PREFIXES[k].size > size)
+            continue;
+        Py_ssize_t i = 0;
+        for (; i < PREFIXES[k].size; i++) {
+            char c = data[start + i];
+            if (((c >= 'A' && c <= 'Z') ? (char)(c + ('a' - 'A')) : c) != PREFIXES[k].prefix[i])
+                break;
+        }
+        if (i == PREFIXES[k].size)
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether `data` holds a shape's prefix, its ASCII letters in any case: one
+ * memchr pass for each anchor ("_", "/"), a few comparisons at each one found. */
+static int
+shaped_bytes(const char *data, Py_ssize_t size)
+{
+    static const char anchors[] = {'_', '/'};
+    for (size_t a = 0; a < sizeof anchors; a++) {
+        const char *end = data + size;
+        for (const char *p = memchr(data, anchors[a], (size_t)size); p != NULL;
+             p = memchr(p + 1, anchors[a], (size_t)(end - p - 1))) {
+            if (prefix_at(data, size, p - data))
+                return 1;
+            if (p + 1 >= end)
+                break;
+        }
+    }
+    return 0;
+}
+
+/* Characters looked for one pass over a short value: the marks, the anchors. */
+enum { MARK = 1, ANCHOR = 2 };
+static unsigned char CHARS[256];
+/* Up to this many bytes, one pass with `CHARS` costs less than a memchr call
+ * for each character looked for (most header names and values are this short). */
+#define SHORT_VALUE 64
+
+/* The marks and the shapes' prefixes in bytes one character each (bytes,
+ * Latin-1 text, an ASCII name), for whichever `s` has not seen yet. */
+static void
+scan_marks(Scan *s, const char *data, Py_ssize_t size)
+{
+    if (s->marked && s->shaped)
+        return;
+    if (size <= SHORT_VALUE) {
+        unsigned char seen = 0;
+        for (Py_ssize_t i = 0; i < size; i++)
+            seen |= CHARS[(unsigned char)data[i]];
+        if (seen & MARK)
+            s->marked = 1;
+        for (Py_ssize_t i = 0; (seen & ANCHOR) && !s->shaped && i < size; i++)
+            if (CHARS[(unsigned char)data[i]] == ANCHOR)
+                s->shaped = prefix_at(data, size, i);
+        return;
+    }
+    if (!s->marked && (memchr(data, '%', (size_t)size) || memchr(data, '\\', (size_t)size)
+                       || memchr(data, '\0', (size_t)size)))
+        s->marked = 1;
+    if (!s->shaped)
+        s->shaped = shaped_bytes(data, size);
+}
+
+/* The same for text of two or four bytes a character: lowered as Python
+ * lowers it (KELVIN SIGN is "k") by str.lower itself, only when it holds an
+ * anchor (no character lowers to one). 1, 0, or -1 on an error. */
+static int
+shaped_wide(PyObject *text)
+{
+    Py_ssize_t length = PyUnicode_GET_LENGTH(text);
+    Py_ssize_t under = PyUnicode_FindChar(text, '_', 0, length, 1);
+    Py_ssize_t slash = under == -1 ? PyUnicode_FindChar(text, '/', 0, length, 1) : 0;
+    if (under == -2 || slash == -2)
+        return -1;
+    if (under == -1 && slash == -1)
+        return 0;
+    PyObject *lowered = PyObject_CallMethod((PyObject *)&PyUnicode_Type, "lower", "O", text);
+    if (lowered == NULL)
+        return -1;
+    int result = 0;
+    for (size_t k = 0; k < N_PREFIXES && result == 0; k++) {
+        PyObject *prefix = PyUnicode_FromStringAndSize(PREFIXES[k].prefix, PREFIXES[k].size);
+        if (prefix == NULL) {
+            result = -1;
+            break;
+        }
+        Py_ssize_t at = PyUnicode_Find(lowered, prefix, 0, PyUnicode_GET_LENGTH(lowered), 1);
+        Py_DECREF(prefix);
+        result = at == -2 ? -1 : at >= 0;
+    }
+    Py_DECREF(lowered);
+    return result;
 }
 
 /* 1 when `text` holds `ch`, 0 when not, -1 on an error. */
@@ -68,10 +183,15 @@ scan_text(Scan *s, PyObject *text)
         const char *data = (const char *)PyUnicode_1BYTE_DATA(text);
         if (!s->found && holds(data, length, s->needle, s->size))
             s->found = 1;
-        if (!s->marked && (memchr(data, '%', (size_t)length) || memchr(data, '\\', (size_t)length)
-                           || memchr(data, '\0', (size_t)length)))
-            s->marked = 1;
+        /* Latin-1 letters lower to no ASCII one: shapes as str.lower would find them. */
+        scan_marks(s, data, length);
         return 0;
+    }
+    if (!s->shaped) {
+        int shape = shaped_wide(text);
+        if (shape < 0)
+            return -1;
+        s->shaped = shape;
     }
     if (!s->found) {
         int in = PyUnicode_Contains(text, s->needle_obj);
@@ -113,7 +233,8 @@ scan_name(Scan *s, PyObject *name)
         Scan probe = *s;
         probe.needle = s->lowered;
         probe.needle_obj = s->lowered_obj;
-        probe.marked = 1;  /* marks: looked for in the name as it is, below */
+        probe.marked = 1;  /* marks and shapes: looked for in the name as it is, below */
+        probe.shaped = 1;
         int rc = scan_text(&probe, lowered);
         Py_DECREF(lowered);
         if (rc != 0) {
@@ -128,9 +249,7 @@ scan_name(Scan *s, PyObject *name)
     }
     Py_ssize_t length = PyUnicode_GET_LENGTH(name);
     const char *data = (const char *)PyUnicode_1BYTE_DATA(name);
-    if (!s->marked && (memchr(data, '%', (size_t)length) || memchr(data, '\\', (size_t)length)
-                       || memchr(data, '\0', (size_t)length)))
-        s->marked = 1;
+    scan_marks(s, data, length);
     if (s->found || length < s->size)
         return 0;
     /* A name is at most a request head or a script's reply (1 MiB) long. */
@@ -159,9 +278,7 @@ scan_body(Scan *s, PyObject *body)
         Py_ssize_t size = PyBytes_GET_SIZE(body);
         if (!s->found && holds(data, size, s->needle, s->size))
             s->found = 1;
-        if (!s->marked && (memchr(data, '%', (size_t)size) || memchr(data, '\\', (size_t)size)
-                           || memchr(data, '\0', (size_t)size)))
-            s->marked = 1;
+        scan_marks(s, data, size);
         return 0;
     }
     return scan_text(s, body);  /* its NULs are marks as in any text */
@@ -283,12 +400,14 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     if (rc == UNKNOWN)
         return Py_NewRef(Py_None);
-    return Py_BuildValue("(OO)", s.found ? Py_True : Py_False, s.marked ? Py_True : Py_False);
+    return Py_BuildValue("(OOO)", s.found ? Py_True : Py_False, s.marked ? Py_True : Py_False,
+                         s.shaped ? Py_True : Py_False);
 }
 
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
-     "scan(secret, lowered, facts) -> (found, marked), or None for a shape it does not know."},
+     "scan(secret, lowered, facts) -> (found, marked, shaped), or None for a shape it does "
+     "not know."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -300,5 +419,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__scan(void)
 {
+    CHARS['%'] = CHARS['\\'] = CHARS['\0'] = MARK;
+    CHARS['_'] = CHARS['/'] = ANCHOR;
     return PyModule_Create(&module);
 }

@@ -2,4 +2,5 @@
 
 from typing import Any
 
-def scan(secret: str, lowered: str, facts: tuple[Any, ...], /) -> tuple[bool, bool] | None: ...
+def scan(secret: str, lowered: str, facts: tuple[Any, ...], /
+         ) -> tuple[bool, bool, bool] | None: ...

@@ -1,10 +1,11 @@
 """What the records journal holds of a finished request: its facts.
 
 `request_facts` turns a finished `service.http.invoke.InvokeRequest` into
-plain data in `FIELDS` order, the presented secret redacted
-(`without_secret`), on the event loop as the answer goes out;
-`JournaledRequest` turns such facts, read back from the journal or kept in
-memory, into the records the writer stores (`service.http.records`).
+plain data in `FIELDS` order, the presented secret and every other secret or
+token of a known shape redacted (`without_secret`), on the event loop as the
+answer goes out; `JournaledRequest` turns such facts, read back from the
+journal or kept in memory, into the records the writer stores
+(`service.http.records`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
 from service.core.secrets import SECRET_PREFIX
 from service.http.auth import presented_secret
 from service.http.event import parse_query, visible_headers
-from service.http.redaction import REDACTED, Redactor, hides
+from service.http.redaction import (REDACTED, Redactor, hides, shape_redactors, shape_secrets,
+                                    shaped)
 
-_fast_scan: Callable[[str, str, tuple[Any, ...]], tuple[bool, bool] | None] | None
+_fast_scan: Callable[[str, str, tuple[Any, ...]], tuple[bool, bool, bool] | None] | None
 try:  # the optional C extension (setup.py); `_scan` below otherwise
     from service.http._scan import scan as _fast_scan
 except ImportError:  # pragma: no cover - exercised only where it cannot be built
@@ -35,7 +37,7 @@ FIELDS = ("endpoint_id", "keep", "error_logs", "accepted", "request_id", "starte
 
 def request_facts(req: Any) -> tuple[Any, ...]:
     """What a finished `service.http.invoke.InvokeRequest`'s records are made
-    of, as plain data in `FIELDS` order, the presented secret redacted:
+    of, as plain data in `FIELDS` order, secrets redacted (`without_secret`):
     journaled as the answer goes out (on the event loop: keep it cheap)."""
     target = req.target
     assert target is not None
@@ -77,23 +79,42 @@ def request_facts(req: Any) -> tuple[Any, ...]:
 
 def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...]:
     """`facts` with every value, and every query parameter's or header's name,
-    that holds `secret` redacted (as history keeps it).
+    that holds `secret` redacted (as history keeps it), and so every one that
+    holds another secret or token of a known shape (`redaction.SHAPES`: another
+    endpoint's secret, an API token, a login link).
 
-    Cheap when the secret appears nowhere (the usual case): a substring test
-    over the joined names and values. Credential-named parameters are
-    redacted later, by name, when records are made (`JournaledRequest.records`).
+    Cheap when neither the secret nor a shape's prefix appears anywhere (the
+    usual case): substring tests over the names and values.
+    Credential-named parameters are redacted later, by name, when records
+    are made (`JournaledRequest.records`).
     """
-    if not secret or not facts[3]:
+    if not facts[3]:
         return facts
-    # The random part is what is secret: searched for with or without the prefix.
-    needle = (secret[len(SECRET_PREFIX):] if secret.startswith(SECRET_PREFIX)
-              and len(secret) > len(SECRET_PREFIX) + 16 else secret)
-    answer = _fast_scan(needle, needle.lower(), facts) if _fast_scan is not None else None
-    found, marked = answer if answer is not None else _scan(needle, facts)
-    hidden = _hidden(needle, facts) if marked else []
-    if not found and not hidden:
+    needle = None
+    if secret:
+        # The random part is what is secret: searched for with or without the prefix.
+        needle = (secret[len(SECRET_PREFIX):] if secret.startswith(SECRET_PREFIX)
+                  and len(secret) > len(SECRET_PREFIX) + 16 else secret)
+        answer = _fast_scan(needle, needle.lower(), facts) if _fast_scan is not None else None
+        found, marked, shapes = answer if answer is not None else _scan(needle, facts)
+    else:
+        found, marked, shapes = _scan(None, facts)
+    hidden = _hidden(needle, facts) if marked and needle else []
+    if not found and not hidden and not shapes:
         return facts
     out = list(facts)
+    if found or hidden:
+        assert secret is not None and needle is not None
+        _without(out, secret, needle, hidden)
+    if shapes:
+        _without_shapes(out)
+    return tuple(out)
+
+
+def _without(out: list[Any], secret: str, needle: str, hidden: list[tuple[int, Any, bool]]
+             ) -> None:
+    """`out` (the facts as a list) without `secret`: `hidden` places as [redacted] whole,
+    the plain secret and its random part (`needle`) cut out of the rest."""
     # Held encoded: the value (and the name, if it is the name that holds
     # it) kept as [redacted] whole; then the plain secret is cut out of the rest.
     for index, key, in_name in hidden:
@@ -105,13 +126,32 @@ def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...
                        for i, (n, v) in enumerate(out[14])]
         else:
             out[index] = REDACTED.encode() if isinstance(out[index], bytes) else REDACTED
-    out = _cut(out, Redactor(secret))
+    _cut(out, Redactor(secret))
     if needle != secret:
-        out = _cut(out, Redactor(needle))
-    return tuple(out)
+        _cut(out, Redactor(needle))
 
 
-def _cut(out: list[Any], redact: Redactor) -> list[Any]:
+def _without_shapes(out: list[Any]) -> None:
+    """`out` (the facts as a list) without anything secret in `redaction.SHAPES`:
+    searched in every name and value, and cut out wherever it stands (as `_cut`
+    cuts the secret)."""
+    found: dict[str, None] = {}
+    for name, value in out[10].items():
+        shape_secrets(name, found)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):
+                shape_secrets(item, found)
+    for name, value in [*out[11].items(), *out[14]]:
+        shape_secrets(name, found)
+        shape_secrets(value, found)
+    for index in (12, 13, 15, 16, 17, 19, 21):
+        if out[index]:
+            shape_secrets(out[index], found)
+    for redact in shape_redactors(found):
+        _cut(out, redact)
+
+
+def _cut(out: list[Any], redact: Redactor) -> None:
     """`out` (the facts as a list) with `redact`'s secret cut out of every name and value."""
     out[10] = redact.mapping(out[10])
     out[11] = redact.mapping(out[11], headers=True)
@@ -122,7 +162,6 @@ def _cut(out: list[Any], redact: Redactor) -> list[Any]:
     for index in (16, 17, 19, 21):
         if out[index]:
             out[index] = redact.text(out[index])
-    return out
 
 
 def _hidden(secret: str, facts: tuple[Any, ...]) -> list[tuple[int, Any, bool]]:
@@ -154,10 +193,11 @@ def _hidden(secret: str, facts: tuple[Any, ...]) -> list[tuple[int, Any, bool]]:
     return found
 
 
-def _scan(secret: str, facts: tuple[Any, ...]) -> tuple[bool, bool]:
+def _scan(secret: str | None, facts: tuple[Any, ...]) -> tuple[bool, bool, bool]:
     """(whether `secret` appears anywhere in what is journaled — in a header's
     name in any letter case —, whether any name or value carries a mark of an
-    encoding that could hide it: `%`, `\\u`, a NUL byte in a body).
+    encoding that could hide it: `%`, `\\u`, a NUL byte in a body, whether any
+    holds the prefix of a secret's or token's shape: `redaction.shaped`).
 
     `service.http._scan.scan` answers the same in one call when it is built
     (and the shape is one it knows); this is the reference it is tested
@@ -176,18 +216,21 @@ def _scan(secret: str, facts: tuple[Any, ...]) -> tuple[bool, bool]:
     if facts[13] or facts[16] or facts[17] or facts[19] or facts[21]:
         texts += "\n" + "\n".join([t for t in (facts[13], facts[16], facts[17], facts[19], facts[21])
                             if t])
-    found = secret in texts or secret.lower() in names
+    found = secret is not None and (secret in texts or secret.lower() in names)
     # A NUL in text: UTF-16 (a percent-decoded query value, a script's output).
     marked = ("%" in texts or "\\" in texts or "\x00" in texts
               or "%" in names or "\\" in names or "\x00" in names)
     data = body if isinstance(body, bytes) else body.encode("utf-8", "replace")
-    raw = secret.encode("utf-8", "surrogatepass")
-    found = found or raw in data or raw in response_body
+    if secret is not None:
+        raw = secret.encode("utf-8", "surrogatepass")
+        found = found or raw in data or raw in response_body
     # Marks as byte values (37 "%", 92 "\\", 0): an int membership test is several
     # times faster than a one-byte bytes one.
     marked = (marked or 37 in data or 92 in data or 0 in data
               or 37 in response_body or 92 in response_body or 0 in response_body)
-    return found, marked
+    # A body kept as text (an older entry) is lowered as text, as the C scan does.
+    return found, marked, (shaped(names) or shaped(texts) or shaped(body)
+                           or shaped(response_body))
 
 
 class JournaledRequest:

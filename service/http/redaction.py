@@ -7,7 +7,9 @@
   out of bodies, the script's output and error messages wherever it appears,
   and a value that holds it only in an encoded form (percent-encoding, JSON
   ``\\u`` escapes, Python's ``\\x`` escapes, UTF-16 text: `hides`) is
-  replaced whole by ``[redacted]``.
+  replaced whole by ``[redacted]``. So is every other secret or token of the
+  service found by its shape (`SHAPES`: another endpoint's secret, an API
+  token, a login link's or a session cookie's token; `shape_secrets`).
 - The service log (`RedactingFormatter`): anything shaped like a secret or a
   token (``lsk_...``, ``lat_...``, ``Bearer ...``) is replaced, including in
   tracebacks — a last line of defence behind never logging request content.
@@ -192,38 +194,79 @@ def hides(secret: str, value: bytes | str, *, fold: bool = False) -> bool:
     return _decoded_holds(secret, value, DECODE_DEPTH, fold)
 
 
-#: An endpoint secret's shape: its public prefix (in any letter case) and 32
-#: random bytes, URL-safe.
-SECRET_SHAPE = re.compile(r"(?i:lsk_)[A-Za-z0-9_-]{43}")
+#: Every secret and token the service issues that has a shape of its own, the
+#: letters of its prefix in any (ASCII) letter case: an endpoint secret (`lsk_`,
+#: `service.core.secrets`) or an admin API token (`lat_`, `service.core.tokens`)
+#: and 43 URL-safe characters; a login link's token (43 of them after `login/`);
+#: a dashboard session's token in its signed cookie value (Tornado's
+#: ``...|13:logic_session|60:<base64>|...``). A session token or a login
+#: link's token standing alone has no shape (43 URL-safe characters).
+SHAPES = re.compile(
+    r"(?a)(?i:lsk_|lat_)[A-Za-z0-9_-]{43}"
+    r"|(?i:login/)(?P<link>[A-Za-z0-9_-]{43})(?![A-Za-z0-9_-])"
+    r"|(?i:logic_session)\|[0-9]+:(?P<session>[A-Za-z0-9+/=]{40,})")
+#: What each of `SHAPES` starts with, in lower case: the cheap test before the
+#: search (service/http/_scan.c tests for the same four).
+SHAPE_PREFIXES = ("lsk_", "lat_", "login/", "logic_session")
+_SHAPE_PREFIXES_B = tuple(prefix.encode() for prefix in SHAPE_PREFIXES)
 #: A secret's random part standing alone: 43 URL-safe characters, no more.
 _RANDOM_PART = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])")
 #: Random parts checked against the endpoint's verifier per request, at most.
 MAX_CHECKED = 64
 
 
+def shaped(value: str | bytes) -> bool:
+    """Whether `value` holds one of `SHAPE_PREFIXES` in any letter case."""
+    lowered = value.lower()
+    if isinstance(lowered, bytes):
+        return any(prefix in lowered for prefix in _SHAPE_PREFIXES_B)
+    return any(prefix in lowered for prefix in SHAPE_PREFIXES)
+
+
+def shape_secrets(value: str | bytes, found: dict[str, None]) -> None:
+    """Add to `found` what is secret in each of `SHAPES` that `value` holds: a
+    secret or token and its random part (it is found without the prefix too),
+    a login link's or a session cookie's token. Bytes are read as Latin-1."""
+    if not shaped(value):
+        return
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    for match in SHAPES.finditer(text):
+        token = match["link"] or match["session"]
+        if token:
+            found[token] = None
+        else:
+            found[match[0]] = None
+            found[match[0][4:]] = None
+
+
+def shape_redactors(found: dict[str, None]) -> list[Redactor]:
+    """A `Redactor` for each of `found`, the longest first (a secret is cut
+    whole before its random part is looked for alone)."""
+    return [Redactor(part) for part in sorted(found, key=lambda part: (-len(part), part))]
+
+
 def shaped_redactors(*values: Any, is_secret: Callable[[str], bool] | None = None
                      ) -> list[Redactor]:
-    """A `Redactor` for every secret-shaped token among `values` (text, bytes, and
-    the names and values of mappings), and one for its random part (found
-    without the prefix too): for a request that presents no secret, such as a
-    test call. With `is_secret` (the endpoint's verifier, when it is cheap),
-    a random part that stands alone is redacted too when it is the endpoint's
-    secret's (the first `MAX_CHECKED` of them)."""
-    found: set[str] = set()
+    """A `Redactor` for everything secret in `SHAPES` among `values` (text, bytes,
+    and the names and values of mappings; `shape_secrets`): for a request that
+    presents no secret, such as a test call. With `is_secret` (the endpoint's
+    verifier, when it is cheap), a random part that stands alone is redacted
+    too when it is the endpoint's secret's (the first `MAX_CHECKED` of them)."""
+    found: dict[str, None] = {}
     alone: list[str] = []
     for value in values:
         items = [*value, *value.values()] if isinstance(value, dict) else [value]
         for item in items:
             text = (item.decode("latin-1") if isinstance(item, bytes)
                     else item if isinstance(item, str) else str(item))
-            if "lsk_" in text.lower():
-                found.update(SECRET_SHAPE.findall(text))
+            shape_secrets(text, found)
             if is_secret is not None and len(alone) < MAX_CHECKED:
                 alone += _RANDOM_PART.findall(text)[:MAX_CHECKED - len(alone)]
     if is_secret is not None:
-        found.update(SECRET_PREFIX + part for part in set(alone)
-                     if is_secret(SECRET_PREFIX + part))
-    return [Redactor(part) for shape in sorted(found) for part in (shape, shape[4:])]
+        for part in set(alone):
+            if is_secret(SECRET_PREFIX + part):
+                found[SECRET_PREFIX + part] = found[part] = None
+    return shape_redactors(found)
 
 
 def redact_all(redactors: list[Redactor], value: Any) -> Any:

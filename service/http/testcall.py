@@ -170,9 +170,10 @@ class _Run:
         query = parse_query(request.query) if request.query else {}
         message = (outcome.error_message or "") if outcome is not None else ""
         traceback = outcome.traceback if outcome is not None else None
-        # A test call presents no secret: any secret-shaped value it carries (the
-        # endpoint's own, pasted into a body) is redacted by its shape, and the
-        # endpoint's own random part standing alone by its keyed verifier.
+        # A test call presents no secret: any secret or token it carries (the
+        # endpoint's own, pasted into a body; `redaction.SHAPES`) is redacted by
+        # its shape, and the endpoint's own random part standing alone by its
+        # keyed verifier.
         secret_hash = target.secret_hash
         shaped = shaped_redactors(
             query, request.headers, request.body, result.body, result.output, error,

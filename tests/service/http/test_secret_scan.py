@@ -1,5 +1,6 @@
-"""The journal's search for the presented secret: the C scan answers exactly
-what the Python reference answers, and what is kept holds no secret either way.
+"""The journal's search for the presented secret (and for the prefixes of the
+service's other secrets' and tokens' shapes): the C scan answers exactly what
+the Python reference answers, and what is kept holds no secret either way.
 
 `service.http._scan.scan` (an optional C extension) replaces the Python
 `_scan` on the request path; if the two ever disagreed on a value that holds
@@ -17,6 +18,7 @@ import pytest
 
 from service.http import journal_facts
 from service.http.journal_facts import FIELDS, _scan, without_secret
+from service.http.redaction import SHAPE_PREFIXES
 
 pytestmark = pytest.mark.skipif(journal_facts._fast_scan is None,
                                 reason="service.http._scan not built (no C compiler at install)")
@@ -59,6 +61,21 @@ def _piece(rng: random.Random, needle: str) -> str:
     if kind == 11:
         # UTF-16 read as one byte a character (a percent-decoded query value)
         return "".join(c + "\x00" for c in needle) if rng.random() < 0.5 else "a\x00b"
+    if kind in (12, 13):
+        # A shape's prefix (another secret, a token, a login link, a session
+        # cookie) in any letter case, whole, cut short or interrupted; or
+        # with a letter Python lowers to ASCII (KELVIN SIGN).
+        prefix = rng.choice(SHAPE_PREFIXES)
+        prefix = "".join(c.upper() if rng.random() < 0.4 else c for c in prefix)
+        form = rng.randrange(5)
+        if form == 1:
+            prefix = prefix[:rng.randrange(1, len(prefix))]
+        elif form == 2:
+            at = rng.randrange(1, len(prefix))
+            prefix = prefix[:at] + rng.choice(["é", "ж", "😀", " "]) + prefix[at:]
+        elif form == 3:
+            prefix = prefix.replace("k", "\u212a").replace("K", "\u212a")
+        return prefix + rng.choice(["", "x" * 43, "/"])
     return "".join(rng.choice(string.ascii_letters + " -_./:") for _ in range(rng.randrange(12)))
 
 
@@ -109,7 +126,7 @@ def test_the_c_scan_answers_what_the_python_scan_answers() -> None:
     another case, encoded, one character off, cut short, among text of every
     width, in every name and value the journal keeps."""
     rng = random.Random(20261129)
-    seen: dict[tuple[bool, bool], int] = {}
+    seen: dict[tuple[bool, bool, bool], int] = {}
     for _ in range(20_000):
         needle = _secret(rng)
         if rng.random() < 0.5:
@@ -119,8 +136,9 @@ def test_the_c_scan_answers_what_the_python_scan_answers() -> None:
         assert journal_facts._fast_scan(needle, needle.lower(), facts) == expected, facts
         seen[expected] = seen.get(expected, 0) + 1
     # Every answer occurs often: neither scan can pass by answering one thing.
-    assert all(seen.get(answer, 0) > 500 for answer in
-               [(False, False), (True, False), (False, True), (True, True)]), seen
+    assert all(seen.get(answer, 0) > 250 for answer in
+               [(found, marked, shaped) for found in (False, True) for marked in (False, True)
+                for shaped in (False, True)]), seen
 
 
 @pytest.mark.parametrize("where", ["header value", "header name (upper case)",
@@ -136,7 +154,7 @@ def test_each_place_is_searched(where: str) -> None:
                  response_body=b"{}", output="", error=None, error_message="", traceback=None,
                  user_agent="")
     plain = tuple(facts.values())
-    assert journal_facts._fast_scan(needle, needle.lower(), plain) == (False, False)
+    assert journal_facts._fast_scan(needle, needle.lower(), plain) == (False, False, False)
     if where == "header value":
         facts["headers"] = {"x-forward": f"Bearer {secret}"}
     elif where == "header name (upper case)":
@@ -158,9 +176,50 @@ def test_each_place_is_searched(where: str) -> None:
     else:
         facts["traceback"] = f"ValueError: {secret}"
     held = tuple(facts.values())
-    assert journal_facts._fast_scan(needle, needle.lower(), held) == (True, False)
+    # (shaped too where the whole secret, its prefix with it, was placed)
+    assert journal_facts._fast_scan(needle, needle.lower(), held)[:2] == (True, False)
     kept = msgpack.packb(without_secret(held, secret), use_bin_type=True)
     assert needle.encode() not in kept.lower() and needle.lower().encode() not in kept.lower()
+
+
+@pytest.mark.parametrize("where", ["header value", "header name", "response header name",
+                                   "response header value", "query name", "repeated query value",
+                                   "body", "response body", "output", "wide output", "error"])
+@pytest.mark.parametrize("prefix", ["LSK_", "lat_", "Login/", "logic_session"])
+def test_each_place_is_searched_for_a_shapes_prefix(where: str, prefix: str) -> None:
+    """Another secret's or token's prefix in any place: `shaped`, and only there."""
+    needle = _secret(random.Random(where))[4:]
+    facts = dict(zip(FIELDS, _facts(random.Random(0), "unrelated")))
+    facts.update(query={"q": "1"}, headers={"content-type": "application/json"},
+                 body=b'{"a": 1}', response_headers=[("Content-Type", "application/json")],
+                 response_body=b"{}", output="", error=None, error_message="", traceback=None,
+                 user_agent="")
+    assert journal_facts._fast_scan(needle, needle.lower(), tuple(facts.values()))[2] is False
+    held = f"x {prefix}y"
+    if where == "header value":
+        facts["headers"] = {"x-fallback": held}
+    elif where == "header name":
+        facts["headers"] = {f"x-{held.lower()}": "1"}
+    elif where == "response header name":
+        facts["response_headers"] = [(held, "1")]
+    elif where == "response header value":
+        facts["response_headers"] = [("X-A", held)]
+    elif where == "query name":
+        facts["query"] = {held: "1"}
+    elif where == "repeated query value":
+        facts["query"] = {"q": ["1", held]}
+    elif where == "body":
+        facts["body"] = held.encode()
+    elif where == "response body":
+        facts["response_body"] = held.encode()
+    elif where == "output":
+        facts["output"] = held
+    elif where == "wide output":
+        facts["output"] = "😀 " + held
+    else:
+        facts["error"] = held
+    assert journal_facts._fast_scan(needle, needle.lower(), tuple(facts.values())) == (
+        False, False, True)
 
 
 def test_a_shape_it_does_not_know_is_left_to_python() -> None:
