@@ -2,25 +2,28 @@
 
 `request_facts` turns a finished `service.http.invoke.InvokeRequest` into
 plain data in `FIELDS` order, the presented secret and every other secret or
-token of a known shape redacted (`without_secret`), on the event loop as the
-answer goes out; `JournaledRequest` turns such facts, read back from the
-journal or kept in memory, into the records the writer stores
+token of a known shape redacted (`without_secret`; of a request that could
+hide one from the search, only as much as history keeps), on the event loop
+as the answer goes out; `JournaledRequest` turns such facts, read back from
+the journal or kept in memory, into the records the writer stores
 (`service.http.records`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from service.core.record_items import joined_headers
+from service.core.record_items import (BODY_CAP, OUTPUT_CAP, TEXT_CAP, joined_headers,
+                                       json_text, redact_headers)
 from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
 from service.core.secrets import SECRET_PREFIX
 from service.http.auth import presented_secret
 from service.http.event import parse_query, visible_headers
-from service.http.redaction import (REDACTED, Redactor, hides, shape_redactors, shape_secrets,
-                                    shaped)
+from service.http.redaction import (REDACTED, SCAN_CHARS, Redactor, hides, shape_redactors,
+                                    shape_secrets, shaped)
 
 _fast_scan: Callable[[str, str, tuple[Any, ...]], tuple[bool, bool, bool] | None] | None
 try:  # the optional C extension (setup.py); `_scan` below otherwise
@@ -33,6 +36,14 @@ FIELDS = ("endpoint_id", "keep", "error_logs", "accepted", "request_id", "starte
           "status", "ip", "method", "query", "headers", "body", "user_agent",
           "response_headers", "response_body", "output", "error", "error_kind",
           "error_message", "error_line", "traceback", "queued", "deprioritised", "script_version")
+
+
+#: How much of a body or a text is searched for `redaction.SHAPES`: more than
+#: any value `_keep_as_history` keeps can come from. A kept value (BODY_CAP + 1
+#: characters at most, counted once the secrets are cut out) comes from at most
+#: 47/10 as many (a 47-character secret cut to "[redacted]" shrinks most), and
+#: 5 times leaves room for a secret across the end.
+SHAPE_SCAN = 5 * (BODY_CAP + 1)
 
 
 def request_facts(req: Any) -> tuple[Any, ...]:
@@ -83,8 +94,12 @@ def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...
     holds another secret or token of a known shape (`redaction.SHAPES`: another
     endpoint's secret, an API token, a login link).
 
-    Cheap when neither the secret nor a shape's prefix appears anywhere (the
-    usual case): substring tests over the names and values.
+    The plain secret is searched for in every name and value whole; an encoded
+    one (`redaction.hides`) and the shapes in their first part only, so when a
+    value carries a mark of an encoding or a shape's prefix, no more is kept
+    of any than history keeps (`_keep_as_history`), all of it searched.
+    Cheap when neither the secret, nor a mark, nor a shape's prefix appears
+    anywhere (the usual case): substring tests over the names and values.
     Credential-named parameters are redacted later, by name, when records
     are made (`JournaledRequest.records`).
     """
@@ -100,7 +115,7 @@ def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...
     else:
         found, marked, shapes = _scan(None, facts)
     hidden = _hidden(needle, facts) if marked and needle else []
-    if not found and not hidden and not shapes:
+    if not found and not hidden and not shapes and not marked:
         return facts
     out = list(facts)
     if found or hidden:
@@ -108,6 +123,8 @@ def without_secret(facts: tuple[Any, ...], secret: str | None) -> tuple[Any, ...
         _without(out, secret, needle, hidden)
     if shapes:
         _without_shapes(out)
+    if marked or shapes:
+        _keep_as_history(out)
     return tuple(out)
 
 
@@ -133,8 +150,8 @@ def _without(out: list[Any], secret: str, needle: str, hidden: list[tuple[int, A
 
 def _without_shapes(out: list[Any]) -> None:
     """`out` (the facts as a list) without anything secret in `redaction.SHAPES`:
-    searched in every name and value, and cut out wherever it stands (as `_cut`
-    cuts the secret)."""
+    searched in every name and value, of a body or a text its first `SHAPE_SCAN`
+    characters, and cut out wherever it stands (as `_cut` cuts the secret)."""
     found: dict[str, None] = {}
     for name, value in out[10].items():
         shape_secrets(name, found)
@@ -146,9 +163,52 @@ def _without_shapes(out: list[Any]) -> None:
         shape_secrets(value, found)
     for index in (12, 13, 15, 16, 17, 19, 21):
         if out[index]:
-            shape_secrets(out[index], found)
+            shape_secrets(out[index][:SHAPE_SCAN], found)
     for redact in shape_redactors(found):
         _cut(out, redact)
+
+
+def _too_long(values: dict[str, Any]) -> bool:
+    """Whether a name or value of `values` is longer than `redaction.hides` reads."""
+    for name, value in values.items():
+        if len(name) > SCAN_CHARS:
+            return True
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and len(item) > SCAN_CHARS:
+                return True
+    return False
+
+
+def _as_stored(values: dict[str, Any], headers: bool) -> dict[str, Any]:
+    """Query parameters (or `headers`) as history stores them: credential-named
+    values redacted, and nothing but a note of their size when their JSON is
+    over `BODY_CAP` (`record_items.json_text`), which a value longer than the
+    search reads makes it (unless its name is a credential's)."""
+    kept = Redactor(None).mapping(values)
+    if headers:
+        kept = redact_headers(kept)
+    return json.loads(json_text(kept))  # type: ignore[no-any-return]
+
+
+#: What history keeps of a body, a text (`service.core.records`): journaled
+#: one unit more, so that the record still says it was cut.
+_KEPT = ((12, BODY_CAP + 1), (13, TEXT_CAP), (15, BODY_CAP + 1), (16, OUTPUT_CAP + 1),
+         (17, TEXT_CAP + 1), (19, TEXT_CAP + 1), (21, OUTPUT_CAP + 1))
+
+
+def _keep_as_history(out: list[Any]) -> None:
+    """`out` (the facts as a list, secrets cut) with no more than history keeps:
+    each body (bytes) and text cut to what it keeps (`record_items.cap_body`,
+    `cap_text`, `short_text`) and one byte or character more, so the record
+    still says it was cut; headers or query parameters with a name or value
+    longer than `redaction.hides` reads, as history stores them (`_as_stored`).
+    All that is left was searched (`redaction.SCAN_CHARS`, `SHAPE_SCAN`)."""
+    for index, cap in _KEPT:
+        if out[index] and len(out[index]) > cap:
+            out[index] = out[index][:cap]
+    for index in (10, 11):
+        if _too_long(out[index]):
+            out[index] = _as_stored(out[index], headers=index == 11)
 
 
 def _cut(out: list[Any], redact: Redactor) -> None:

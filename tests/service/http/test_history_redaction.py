@@ -1,12 +1,14 @@
 """What history and the records journal keep of a request, each against a real
 `logic serve` (secrets review): credential names as header names
-arrive (lower-cased).
+arrive (lower-cased), and no more of a body, an output or a header than
+history keeps is journaled, so nothing unsearched reaches the journal's files.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 from tests.service.http.harness import Server, wait_until
 
@@ -14,6 +16,18 @@ REPLY_OK = """
 on endpoint(event):
     event.reply("ok")
 """
+
+ECHO_RAW = """
+on endpoint(event):
+    print(event.rawBody)
+    event.header("Content-Type", "text/plain")
+    event.reply(event.rawBody)
+"""
+
+
+def _journal_bytes(server: Server) -> bytes:
+    journal = Path(re.search(r'journal = "([^"]+)"', Path(server.config or "").read_text())[1])
+    return b"".join(p.read_bytes() for p in sorted(journal.rglob("segment-*.journal")))
 
 
 def test_credential_words_inside_lower_cased_names_are_redacted(server: Server, make_endpoint,
@@ -41,3 +55,34 @@ def test_credential_words_inside_lower_cased_names_are_redacted(server: Server, 
     assert record["query"] == {"clientsecret": "[redacted]", "apitoken": "[redacted]",
                                "keywords": "shoes", "author": "ann", "page": "2"}
     assert not re.search(r"CRED\d", json.dumps(record))
+
+
+def test_the_journal_keeps_no_more_than_history_of_a_long_value(server: Server, make_endpoint,
+                                                                read_history) -> None:
+    """The secret percent-encoded past the first 9 KiB of a body, of the script's
+    output and reply, and of a header: the search for an encoded secret reads
+    9 KiB of a value, so the journal keeps of a body or text only what history
+    keeps (8 KB and a byte), and a header mapping with a value too long to
+    search as history keeps it (too big to store: a note of its size)."""
+    ep = make_endpoint(source=ECHO_RAW)
+    percent = "".join("%%%02X" % ord(c) for c in ep.secret)
+    start = f"from {ep.script_id} "   # finds this request's entry in the journal
+    body = (start + "a" * 12_000 + " " + percent + " " + "b" * 8_000).encode()
+    header = "c" * 10_000 + percent
+    resp = server.request(ep.path, body=body, secret=ep.secret,
+                          headers={"Content-Type": "text/plain", "X-Long": header})
+    assert resp.status == 200, resp.body
+    assert percent.encode() in resp.body   # the script did reply with it
+    assert wait_until(lambda: len(read_history(ep)) == 1)
+    record = read_history(ep)[0]
+    assert record["bodyTruncated"] is True and record["body"] == body[:8192].decode()
+    assert record["responseBodyTruncated"] is True
+    assert record["output"].startswith(body[:8192].decode())
+    assert record["output"].endswith("[truncated]")
+    assert set(record["headers"]) == {"…"}   # too big to store: a note of its size
+    assert percent not in json.dumps(record)
+    journaled = _journal_bytes(server)
+    assert start.encode() in journaled   # it was journaled
+    leaked = percent.encode() in journaled   # not asserted in place: a failure would print it
+    assert not leaked
+    assert header.encode()[:9000] not in journaled
