@@ -217,7 +217,7 @@ def _cut(out: list[Any], redact: Redactor) -> None:
     out[11] = redact.mapping(out[11], headers=True)
     out[12] = redact.data(out[12])
     out[13] = redact.text(out[13])
-    out[14] = [[redact.header_name(n), redact.value(n, v)] for n, v in out[14]]
+    out[14] = [list(redact.item(redact.header_name(n), v)) for n, v in out[14]]
     out[15] = redact.raw(out[15])
     for index in (16, 17, 19, 21):
         if out[index]:

@@ -112,7 +112,13 @@ class Redactor:
         if self.secret is None and not any(map(credential_name, values)):
             return values
         rename = self.header_name if headers else self.text
-        return {rename(name): self.value(name, value) for name, value in values.items()}
+        return dict(self.item(rename(name), value) for name, value in values.items())
+
+    def item(self, name: str, value: Any) -> tuple[str, Any]:
+        """A name (the secret already cut out of it) and its value as kept: the
+        name is judged as it is kept, since a secret's random characters can
+        spell a credential word by chance (`pwd`, `-xKey`; 1 secret in 400)."""
+        return name, self.value(name, value)
 
 
 _U_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")

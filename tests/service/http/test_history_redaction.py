@@ -86,3 +86,22 @@ def test_the_journal_keeps_no_more_than_history_of_a_long_value(server: Server, 
     leaked = percent.encode() in journaled   # not asserted in place: a failure would print it
     assert not leaked
     assert header.encode()[:9000] not in journaled
+
+
+def test_a_name_holding_the_secret_is_judged_as_it_is_kept() -> None:
+    """A secret's random characters can spell a credential word (`pwd`, a part
+    ending in `Key`: 1 secret in 400): a name holding the secret is judged once
+    the secret is cut out of it, so its value is kept (test_hardening's
+    `test_a_secret_held_in_a_name_is_redacted_too` failed for such secrets)."""
+    from service.http.journal_facts import FIELDS, without_secret
+
+    secret = "lsk_" + "A" * 20 + "xPwd" + "B" * 14 + "-xKey"
+    facts = dict.fromkeys(FIELDS)
+    facts.update(accepted=True, query={secret: "1", "h": f"X-{secret}", "apiKey": "k"},
+                 headers={f"x-from-{secret.lower()}": "1"}, body=b"", user_agent="",
+                 response_headers=[(f"X-{secret}", "1")], response_body=b"", output="",
+                 error_message="")
+    kept = dict(zip(FIELDS, without_secret(tuple(facts.values()), secret)))
+    assert kept["query"] == {"[redacted]": "1", "h": "[redacted]", "apiKey": "[redacted]"}
+    assert kept["headers"] == {"x-from-[redacted]": "1"}
+    assert kept["response_headers"] == [["X-[redacted]", "1"]]
