@@ -44,10 +44,13 @@ def _compose() -> dict[str, Any]:
 
 
 def _interpolated(value: str) -> str:
-    """`value` with compose's `${NAME:?message}` references set as `.env` would."""
-    example = dict(line.split("=", 1) for line in
-                   (DEPLOY / "compose" / "env.example").read_text().splitlines()
-                   if line and not line.startswith("#"))
+    """`value` with compose's `${NAME:?message}` references set as `.env` would,
+    once its `change-me` placeholders are replaced as the example says (the
+    service refuses the placeholder cookie secret: test_settings.py)."""
+    example = {name: (f"{name.lower()}-{'k9' * 20}" if "change-me" in raw else raw)
+               for name, raw in (line.split("=", 1) for line in
+                                 (DEPLOY / "compose" / "env.example").read_text().splitlines()
+                                 if line and not line.startswith("#"))}
     return re.sub(r"\$\{(\w+)(?::?[?-][^}]*)?\}", lambda m: example[m.group(1)], value)
 
 
