@@ -108,7 +108,7 @@ class Connection(asyncio.Protocol):
         self._eof_sent = False  # our write side is shut
         self._in_head = False  # between the start of a request and the end of its head
         self._head_raw = 0  # bytes received while in one request's head
-        self._head_held = 0  # of the server's budget for incomplete heads (listener.hold_head)
+        self.head_held = 0  # of the server's budget for incomplete heads (listener.hold_head)
         self._last_pending = 0  # unsent bytes at the last sweep
         self._written = 0  # bytes handed to the transport
         self._progress = 0.0  # when the client last took enough of its answers

@@ -124,7 +124,7 @@ class HTTP1Server:
     def release(self, conn: Connection) -> None:
         """A connection closed."""
         self.connections.discard(conn)
-        if conn._head_held:
+        if conn.head_held:
             self.hold_head(conn, 0)
         if conn in self._admitted:
             self._admitted.discard(conn)
@@ -142,8 +142,8 @@ class HTTP1Server:
         arrives whole is never counted, so what goes is what waited longest:
         a slow or hostile client (without a budget, 14,920 heads of ~60 KB
         took a server from 76 to 1,088 MB)."""
-        self.head_bytes += held - conn._head_held
-        conn._head_held = held
+        self.head_bytes += held - conn.head_held
+        conn.head_held = held
         if not held:
             self._heads.pop(conn, None)
             return

@@ -138,8 +138,8 @@ class ParsingConnection(Connection):
                 # server's budget, as the whole slice when the head began in
                 # it (an upper bound).
                 same = in_head and self._begun == begun
-                self.server.hold_head(self, self._head_held + len(data) if same else len(data))
-            elif self._head_held:
+                self.server.hold_head(self, self.head_held + len(data) if same else len(data))
+            elif self.head_held:
                 self.server.hold_head(self, 0)
 
     def shed_head(self) -> None:
