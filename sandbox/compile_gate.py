@@ -1,4 +1,4 @@
-"""The save-time compile: a source is compiled once, in a sandboxed one-shot process,
+"""The save-time compile: a source is compiled once, in a sandboxed process,
 within a CPU and a memory budget, before any worker ever sees it.
 
 ``check_source(text)`` returns a :class:`Verdict`: ``ok``, or the compile errors.
@@ -6,15 +6,17 @@ Every front saves scripts through ``service.core.scripts``, which calls it, so a
 source a worker receives is known to compile within budget (redteam finding 5:
 a 256 KB source that took 16-20 s to compile held a worker per request).
 
-The child is a fresh interpreter (``-I``, empty environment) that imports the
-compiler, reads the source from stdin, then hardens itself as a worker does
-(rlimits, no network, the sandbox user when started as root, no new
-privileges, seccomp), arms a CPU timer (``ITIMER_PROF``: SIGPROF ends it when
-the budget is spent, even inside CPython's C compiler) and the memory guard,
-compiles, and writes the verdict as JSON to stdout. The verdict is remembered
-per guild and source (an LRU keyed by both, the source by its SHA-256):
-saving the same text again costs nothing and a source over budget is never
-compiled twice for a guild by this process.
+Each save's compile process is forked for it by the compile server
+(``sandbox.compile_server``: a fresh interpreter, empty environment, only the
+sandbox imported, which never sees a source). The process reads the source
+from its socket, then hardens itself as a worker does (rlimits, no network,
+the sandbox user when started as root, no new privileges, Landlock,
+seccomp), arms a CPU timer (``ITIMER_PROF``: SIGPROF ends it when the budget
+is spent, even inside CPython's C compiler) and the memory guard, compiles,
+and writes the verdict as JSON. The verdict is remembered per guild and
+source (an LRU keyed by both, the source by its SHA-256): saving the same
+text again costs nothing and a source over budget is never compiled twice
+for a guild by this process.
 """
 from __future__ import annotations
 
@@ -26,14 +28,14 @@ import os
 import pwd
 import re
 import signal
-import subprocess
-import sys
+import socket
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox import landlock, limits
+from sandbox import compile_server, landlock, limits
 from sandbox.compiler import MAX_ERRORS, MAX_MESSAGE_CHARS, CompileError
 
 #: Wall-clock limit of the whole child: start-up, imports and the CPU budget,
@@ -44,13 +46,9 @@ VERDICT_CACHE = 256
 #: compiler bounds them); anything longer is not believed, nor kept.
 MAX_ANSWER_BYTES = 64 * 1024
 
-_BOOTSTRAP = (
-    "import json, sys\n"
-    "payload = json.loads(sys.argv[1])\n"
-    "sys.path[:] = payload['path']\n"
-    "from sandbox import compile_gate\n"
-    "compile_gate.child_main(payload)\n"
-)
+#: How long past the wall-clock limit the service waits for the compile
+#: server's word before it gives up on it.
+ANSWER_GRACE_S = 5.0
 _FUNCTIONS_RE = re.compile(r"\b(?:def|lambda|class)\b")
 
 
@@ -146,28 +144,39 @@ def _sandbox_ids() -> tuple[int, int]:
         return 65534, 65534
 
 
+_server = compile_server.Client()
+
+
 def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
     """The compile process's verdict, and whether it is the source's (lasting)."""
     uid, gid = _sandbox_ids()
-    payload = {"path": [p for p in sys.path if isinstance(p, str)],
-               "cpu": limits.COMPILE_CPU_BUDGET_S, "mem": limits.COMPILE_MEMORY_BYTES,
-               "uid": uid, "gid": gid}
+    params = {"cpu": limits.COMPILE_CPU_BUDGET_S, "mem": limits.COMPILE_MEMORY_BYTES,
+              "uid": uid, "gid": gid, "wall": WALL_TIMEOUT_S,
+              # At least the nice value of the thread that asks (service.http.priority).
+              "nice": os.getpriority(os.PRIO_PROCESS, threading.get_native_id())}
     try:
-        proc = subprocess.run([sys.executable, "-I", "-c", _BOOTSTRAP, json.dumps(payload)],
-                              input=text.encode("utf-8", "surrogatepass"), capture_output=True,
-                              timeout=WALL_TIMEOUT_S, env={}, close_fds=True, check=False)
-    except subprocess.TimeoutExpired:
-        return _too_long(text), False
+        answer, ended = _ask_server(params, text.encode("utf-8", "surrogatepass"))
+    except compile_server.ServerGone as exc:
+        return _failed(str(exc)), False
+    except TimeoutError:
+        return _failed("the compile server did not answer"), False
     except OSError as exc:
         return _failed(f"compile process could not start: {exc.strerror}"), False
-    if proc.returncode in (-signal.SIGPROF, -signal.SIGXCPU):
+    try:
+        end = json.loads(ended)
+        code, sig, wall = int(end["code"]), int(end["signal"]), bool(end["wall"])
+    except (ValueError, KeyError, TypeError):
+        return _failed("the compile server did not answer"), False
+    if wall:
+        return _too_long(text), False
+    if sig in (signal.SIGPROF, signal.SIGXCPU):
         return _too_long(text), True
-    if proc.returncode != 0:
-        return _failed(f"compile process exited with {proc.returncode}"), False
-    if len(proc.stdout) > MAX_ANSWER_BYTES:
+    if code != 0 or sig:
+        return _failed(f"compile process exited with {code or -sig}"), False
+    if len(answer) > MAX_ANSWER_BYTES:
         return _failed("compile process answered too much"), False
     try:
-        out = json.loads(proc.stdout)
+        out = json.loads(answer)
         errors = tuple(CompileError(int(e[0]), int(e[1]), str(e[2])[:MAX_MESSAGE_CHARS])
                        for e in out["errors"][:MAX_ERRORS + 1])
         over = bool(out["over"])
@@ -179,6 +188,58 @@ def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
                                    f"{limits.COMPILE_MEMORY_BYTES >> 20} MB of memory to "
                                    "compile"),), True
     return errors, True
+
+
+def _ask_server(params: dict[str, Any], source: bytes) -> tuple[bytes, bytes]:
+    """The compile process's answer and the server's word on how it ended."""
+    data, data_child = socket.socketpair()
+    try:
+        status, status_child = socket.socketpair()
+    except OSError:
+        data.close()
+        data_child.close()
+        raise
+    try:
+        try:
+            _server.request(params, data_child.fileno(), status_child.fileno())
+        finally:
+            data_child.close()
+            status_child.close()
+        deadline = time.monotonic() + float(params["wall"]) + ANSWER_GRACE_S
+        return _exchange(data, source, deadline), _read(status, deadline, 4096)
+    finally:
+        data.close()
+        status.close()
+
+
+def _exchange(sock: socket.socket, source: bytes, deadline: float) -> bytes:
+    """Send the source, then read the answer to its end (keeping what may be believed)."""
+    sock.settimeout(max(0.001, deadline - time.monotonic()))
+    try:
+        sock.sendall(source)
+        sock.shutdown(socket.SHUT_WR)
+    except TimeoutError:
+        raise
+    except OSError:
+        pass   # the process is gone before reading it all: its status says why
+    return _read(sock, deadline, MAX_ANSWER_BYTES + 1)
+
+
+def _read(sock: socket.socket, deadline: float, keep: int) -> bytes:
+    """Everything until EOF (at most ``keep`` bytes of it kept), by ``deadline``."""
+    chunks: list[bytes] = []
+    kept = 0
+    while True:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            chunk = b""
+        if not chunk:
+            return b"".join(chunks)
+        if kept < keep:
+            chunks.append(chunk[:keep - kept])
+            kept += len(chunks[-1])
 
 
 # --- the child ---------------------------------------------------------------
@@ -221,22 +282,33 @@ def _harden(payload: dict[str, Any]) -> dict[str, str]:
     return inactive
 
 
-def child_main(payload: dict[str, Any]) -> None:
-    """Entry point of the one-shot process (see _BOOTSTRAP)."""
+def compile_child(params: dict[str, Any]) -> None:
+    """The compile process, forked by the compile server (``sandbox.compile_server``):
+    descriptor 0 and 1 are its data socket. Reads the source to its end,
+    hardens, compiles within budget, writes the verdict and exits."""
     from sandbox.compiler import compile_script
-    source = sys.stdin.buffer.read()
+    nice = int(params["nice"])
+    if nice > os.getpriority(os.PRIO_PROCESS, 0):
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    chunks = []
+    while chunk := os.read(0, 1 << 16):
+        chunks.append(chunk)
+    source = b"".join(chunks)
     accountant = limits.make_accountant()
-    inactive = _harden(payload)
+    inactive = _harden(params)
     # Default action of SIGPROF: the process ends, wherever it is.
-    signal.setitimer(signal.ITIMER_PROF, float(payload["cpu"]))
+    signal.setitimer(signal.ITIMER_PROF, float(params["cpu"]))
     guarded = accountant.enforcing  # tracemalloc would slow the compile 8-24x
     if guarded:
-        accountant.arm(int(payload["mem"]))
+        accountant.arm(int(params["mem"]))
     try:
         result = compile_script(source)
     finally:
         over = accountant.disarm()[1] if guarded else False
     signal.setitimer(signal.ITIMER_PROF, 0)
     errors = [[e.line, e.column, e.message] for e in result.errors]
-    sys.stdout.write(json.dumps({"errors": errors, "over": over, "inactive": inactive}))
-    sys.stdout.flush()
+    answer = memoryview(json.dumps({"errors": errors, "over": over,
+                                    "inactive": inactive}).encode())
+    while answer:
+        answer = answer[os.write(1, answer):]
+    os._exit(0)

@@ -1,0 +1,211 @@
+"""The save-time compile's fork server: compile processes forked from a warm parent.
+
+Starting a fresh interpreter and importing the compiler for each save cost
+~0.2 s of CPU (most of a save); a fork of a parent that has imported it all
+costs a few milliseconds. The parent ("compile server") is itself a fresh
+interpreter (``-I``, empty environment, only the sandbox imported: nothing
+of the service's memory), started once per service process on the first
+save; it never reads a source and never runs a compile. For each save:
+
+service -> server: one SOCK_SEQPACKET packet ``{"cpu", "mem", "uid", "gid",
+                   "nice", "wall"}`` (JSON) with two descriptors: the
+                   compile's *data* socket and its *status* socket.
+server:            forks a child that closes every other descriptor at once
+                   (the control socket, other compiles' sockets), makes the
+                   data socket its stdin and stdout and runs
+                   ``compile_gate.compile_child``: it reads the source,
+                   hardens itself, compiles, writes the verdict, exits.
+                   The server closes its copy of the data socket (so the
+                   service reads EOF when the child is gone), waits for the
+                   child (killing it past ``wall`` seconds) and writes
+                   ``{"code", "signal", "wall"}`` to the status socket, which
+                   the child never held: a compile process cannot forge how
+                   it ended.
+
+The server exits when the control socket closes (the service process is
+gone), killing the compiles still running.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, NoReturn
+
+MAX_CONTROL = 4096
+
+_BOOTSTRAP = (
+    "import json, sys\n"
+    "payload = json.loads(sys.argv[1])\n"
+    "sys.path[:] = payload['path']\n"
+    "from sandbox import compile_server\n"
+    "compile_server.main(int(sys.argv[2]))\n"
+)
+
+
+class ServerGone(Exception):
+    """The compile server could not be started or reached."""
+
+
+class Client:
+    """The service's side: starts the server on first use, once per process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ctl: socket.socket | None = None
+        self._pid = 0   # the process that started the server (a fork starts its own)
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        payload = json.dumps({"path": [p for p in sys.path if isinstance(p, str)]})
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-c", _BOOTSTRAP, payload, str(theirs.fileno())],
+                env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), close_fds=True)
+        except OSError as exc:
+            ours.close()
+            raise ServerGone(f"compile process could not start: {exc.strerror}") from exc
+        finally:
+            theirs.close()
+        self._ctl = ours
+        self._pid = os.getpid()
+        return ours
+
+    def request(self, params: dict[str, Any], data_fd: int, status_fd: int) -> None:
+        """Ask the server to fork a compile on these sockets (starting it if needed)."""
+        message = json.dumps(params).encode()
+        with self._lock:
+            for attempt in (1, 2):
+                ctl = self._ctl if self._pid == os.getpid() else None
+                if ctl is None:
+                    ctl = self._start()
+                try:
+                    socket.send_fds(ctl, [message], [data_fd, status_fd])
+                    return
+                except OSError as exc:
+                    self._stop()
+                    if attempt == 2:
+                        raise ServerGone(f"compile process could not start: "
+                                         f"{exc.strerror}") from exc
+
+    def _stop(self) -> None:
+        if self._ctl is not None and self._pid == os.getpid():
+            self._ctl.close()
+        self._ctl = None
+        if self._proc is not None and self._pid == os.getpid():
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+
+# --- the server ---------------------------------------------------------------
+
+class _Compile:
+    __slots__ = ("pid", "status", "deadline", "pidfd", "killed")
+
+    def __init__(self, pid: int, status: socket.socket, deadline: float, pidfd: int) -> None:
+        self.pid, self.status, self.deadline, self.pidfd = pid, status, deadline, pidfd
+        self.killed = False
+
+
+def main(ctl_fd: int) -> NoReturn:
+    """Entry point of the exec'd server (see _BOOTSTRAP)."""
+    try:
+        # Everything a compile needs, imported once: after the uid drop and
+        # Landlock a compile process can open no file.
+        from sandbox import compile_gate, compiler, hardening, landlock, limits, seccomp_rules
+        del compiler, hardening, landlock, limits, seccomp_rules
+        gc.collect()
+        gc.freeze()   # the imports' pages stay shared with every compile
+        _serve(socket.socket(fileno=ctl_fd), compile_gate.compile_child)
+    finally:
+        os._exit(0)
+
+
+def _serve(ctl: socket.socket, compile_child: Any) -> None:
+    running: dict[int, _Compile] = {}
+    try:
+        while True:
+            now = time.monotonic()
+            wait = min((c.deadline for c in running.values()), default=now + 1.0) - now
+            watched = [ctl.fileno()] + [c.pidfd for c in running.values() if c.pidfd >= 0]
+            ready, _, _ = select.select(watched, [], [], max(0.0, min(wait, 1.0)))
+            if ctl.fileno() in ready and not _accept(ctl, running, compile_child):
+                return
+            _reap(running)
+    finally:
+        for job in running.values():
+            _kill(job.pid)
+        while running:
+            _reap(running, block=True)
+
+
+def _accept(ctl: socket.socket, running: dict[int, _Compile], compile_child: Any) -> bool:
+    try:
+        message, fds, _, _ = socket.recv_fds(ctl, MAX_CONTROL, 2)
+    except OSError:
+        return False
+    if not message:
+        for fd in fds:
+            os.close(fd)
+        return False   # the service closed its end
+    if len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        return True
+    data, status = fds
+    params = json.loads(message)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the compile process
+        try:
+            os.dup2(data, 0)
+            os.dup2(data, 1)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))   # nothing of the others
+            compile_child(params)
+        finally:
+            os._exit(70)
+    os.close(data)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = -1   # an old kernel: the loop's timeout polls instead
+    running[pid] = _Compile(pid, socket.socket(fileno=status), time.monotonic()
+                            + float(params["wall"]), pidfd)
+    return True
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _reap(running: dict[int, _Compile], block: bool = False) -> None:
+    now = time.monotonic()
+    for job in list(running.values()):
+        if not job.killed and now >= job.deadline:
+            _kill(job.pid)
+            job.killed = True
+        pid, raw = os.waitpid(job.pid, 0 if block else os.WNOHANG)
+        if pid == 0:
+            continue
+        del running[job.pid]
+        if job.pidfd >= 0:
+            os.close(job.pidfd)
+        code = os.waitstatus_to_exitcode(raw)
+        answer = {"code": max(code, 0), "signal": max(-code, 0), "wall": job.killed}
+        try:
+            job.status.sendall(json.dumps(answer).encode())
+        except OSError:
+            pass   # the service stopped waiting
+        job.status.close()
