@@ -159,6 +159,7 @@ def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
     except compile_server.ServerGone as exc:
         return _failed(str(exc)), False
     except TimeoutError:
+        _server.restart()   # wedged: the compiles it runs end with it
         return _failed("the compile server did not answer"), False
     except OSError as exc:
         return _failed(f"compile process could not start: {exc.strerror}"), False

@@ -97,6 +97,11 @@ class Client:
                         raise ServerGone(f"compile process could not start: "
                                          f"{exc.strerror}") from exc
 
+    def restart(self) -> None:
+        """Stop the server (it did not answer in time); the next request starts another."""
+        with self._lock:
+            self._stop()
+
     def _stop(self) -> None:
         if self._ctl is not None and self._pid == os.getpid():
             self._ctl.close()
@@ -163,8 +168,13 @@ def _accept(ctl: socket.socket, running: dict[int, _Compile], compile_child: Any
             os.close(fd)
         return True
     data, status = fds
-    params = json.loads(message)
-    pid = os.fork()
+    try:
+        params = json.loads(message)
+        pid = os.fork()
+    except (OSError, ValueError):
+        os.close(data)    # the service reads no answer and no status: a failed
+        os.close(status)  # compile, not remembered, and it may try again
+        return True
     if pid == 0:  # pragma: no cover - runs in the compile process
         try:
             os.dup2(data, 0)

@@ -149,3 +149,21 @@ def test_a_server_that_died_is_started_again() -> None:
         time.sleep(0.01)
     assert compile_gate.check_source("x = 1\n" + SOURCE, scope="again").ok
     assert compile_gate._server._proc is not None and compile_gate._server._proc.pid != server
+
+
+def test_a_wedged_server_is_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = _server_pid()
+    monkeypatch.setattr(compile_gate, "WALL_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(compile_gate, "ANSWER_GRACE_S", 1.0)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        verdict = compile_gate.check_source("y = 2\n" + SOURCE, scope="wedged")
+    finally:
+        try:
+            os.kill(server, signal.SIGCONT)
+        except ProcessLookupError:
+            pass   # replaced: killed and waited for
+    assert [e.message for e in verdict.errors] == [
+        "the script could not be compiled (the compile server did not answer)"]
+    assert compile_gate.check_source("y = 2\n" + SOURCE, scope="wedged").ok
+    assert compile_gate._server._proc is not None and compile_gate._server._proc.pid != server
