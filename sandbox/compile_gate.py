@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandbox import compile_server, landlock, limits
-from sandbox.compiler import MAX_ERRORS, MAX_MESSAGE_CHARS, CompileError
+from sandbox.compiler import MAX_ERRORS, MAX_MESSAGE_CHARS, MAX_SOURCE_BYTES, CompileError
 
 #: Wall-clock limit of the whole child: start-up, imports and the CPU budget,
 #: generous because the host may be busy; the CPU budget is the real limit.
@@ -154,8 +154,12 @@ def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
               "uid": uid, "gid": gid, "wall": WALL_TIMEOUT_S,
               # At least the nice value of the thread that asks (service.http.priority).
               "nice": os.getpriority(os.PRIO_PROCESS, threading.get_native_id())}
+    source = text.encode("utf-8", "surrogatepass")
+    if len(source) > MAX_SOURCE_BYTES:   # the compiler's own answer, without a process
+        return (CompileError(1, 1, f"source is {len(source)} bytes, over the "
+                                   f"{MAX_SOURCE_BYTES}-byte limit"),), True
     try:
-        answer, ended = _ask_server(params, text.encode("utf-8", "surrogatepass"))
+        answer, ended = _ask_server(params, source)
     except compile_server.ServerGone as exc:
         return _failed(str(exc)), False
     except TimeoutError:
@@ -165,15 +169,25 @@ def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
         return _failed(f"compile process could not start: {exc.strerror}"), False
     try:
         end = json.loads(ended)
+        if end.get("busy"):
+            return _failed("too many scripts are being compiled at once; try again"), False
         code, sig, wall = int(end["code"]), int(end["signal"]), bool(end["wall"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return _failed("the compile server did not answer"), False
     if wall:
         return _too_long(text), False
     if sig in (signal.SIGPROF, signal.SIGXCPU):
         return _too_long(text), True
     if code != 0 or sig:
-        return _failed(f"compile process exited with {code or -sig}"), False
+        if sig:
+            # A crash may be a probe of a memory bug: the next compile is forked
+            # from a new server (new addresses, new stack canary), so retrying
+            # learns nothing of this one's layout. The saver is told no more
+            # than that it failed.
+            _server.retire()
+        log.warning("save-time compile process ended with %s",
+                    f"signal {sig}" if sig else f"exit status {code}")
+        return _failed("compile process failed"), False
     if len(answer) > MAX_ANSWER_BYTES:
         return _failed("compile process answered too much"), False
     try:
@@ -207,7 +221,9 @@ def _ask_server(params: dict[str, Any], source: bytes) -> tuple[bytes, bytes]:
             data_child.close()
             status_child.close()
         deadline = time.monotonic() + float(params["wall"]) + ANSWER_GRACE_S
-        return _exchange(data, source, deadline), _read(status, deadline, 4096)
+        answer = _exchange(data, source, deadline)
+        data.close()   # a process that writes on past what is believed gets EPIPE
+        return answer, _read(status, deadline, 4096, until_eof=True)
     finally:
         data.close()
         status.close()
@@ -226,8 +242,9 @@ def _exchange(sock: socket.socket, source: bytes, deadline: float) -> bytes:
     return _read(sock, deadline, MAX_ANSWER_BYTES + 1)
 
 
-def _read(sock: socket.socket, deadline: float, keep: int) -> bytes:
-    """Everything until EOF (at most ``keep`` bytes of it kept), by ``deadline``."""
+def _read(sock: socket.socket, deadline: float, keep: int, until_eof: bool = False) -> bytes:
+    """What arrives by ``deadline`` until EOF, or until more than ``keep`` bytes have
+    come (not ``until_eof``: no more is believed, so no more is read)."""
     chunks: list[bytes] = []
     kept = 0
     while True:
@@ -241,6 +258,8 @@ def _read(sock: socket.socket, deadline: float, keep: int) -> bytes:
         if kept < keep:
             chunks.append(chunk[:keep - kept])
             kept += len(chunks[-1])
+        elif not until_eof:
+            return b"".join(chunks)
 
 
 # --- the child ---------------------------------------------------------------
@@ -276,6 +295,9 @@ def _harden(payload: dict[str, Any]) -> dict[str, str]:
     else:
         for layer in ("network_namespace", "empty_root", "drop_user"):
             inactive[layer] = f"not started as root (uid {os.geteuid()})"
+    if payload.get("parent"):
+        # After the uid change, which clears it; seccomp then refuses to unset it.
+        hardening.set_parent_death_signal(int(payload["parent"]))
     note("no_new_privs", hardening.set_no_new_privs())
     note("landlock", landlock.apply())   # no file opened from here on (where it is)
     # One process, one filter: libseccomp builds and loads it (no prebuilt program).
@@ -288,13 +310,19 @@ def compile_child(params: dict[str, Any]) -> None:
     descriptor 0 and 1 are its data socket. Reads the source to its end,
     hardens, compiles within budget, writes the verdict and exits."""
     from sandbox.compiler import compile_script
-    nice = int(params["nice"])
-    if nice > os.getpriority(os.PRIO_PROCESS, 0):
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-    chunks = []
-    while chunk := os.read(0, 1 << 16):
+    params["parent"] = os.getppid()   # the server: this process dies with it
+    try:
+        # The nice value of the thread that asked; below the server's own
+        # only where that is allowed (as root), so at least the server's.
+        os.setpriority(os.PRIO_PROCESS, 0, int(params["nice"]))
+    except OSError:
+        pass
+    chunks: list[bytes] = []
+    size = 0
+    while size <= MAX_SOURCE_BYTES and (chunk := os.read(0, 1 << 16)):
         chunks.append(chunk)
-    source = b"".join(chunks)
+        size += len(chunk)
+    source = b"".join(chunks)[:MAX_SOURCE_BYTES + 1]   # the compiler refuses more
     accountant = limits.make_accountant()
     inactive = _harden(params)
     # Default action of SIGPROF: the process ends, wherever it is.

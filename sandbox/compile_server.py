@@ -30,7 +30,7 @@ from __future__ import annotations
 import gc
 import json
 import os
-import select
+import selectors
 import signal
 import socket
 import subprocess
@@ -46,7 +46,7 @@ _BOOTSTRAP = (
     "payload = json.loads(sys.argv[1])\n"
     "sys.path[:] = payload['path']\n"
     "from sandbox import compile_server\n"
-    "compile_server.main(int(sys.argv[2]))\n"
+    "compile_server.main(int(sys.argv[2]), payload)\n"
 )
 
 
@@ -57,15 +57,29 @@ class ServerGone(Exception):
 class Client:
     """The service's side: starts the server on first use, once per process."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_running: int = 0) -> None:
+        self.max_running = max_running or MAX_RUNNING
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
-        self._pid = 0   # the process that started the server (a fork starts its own)
+        #: Servers told to retire: they finish their compiles, then exit.
+        self._retired: list[subprocess.Popen[bytes]] = []
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        # A forked process starts its own server: it must not keep the
+        # parent's alive (its copy of the control socket) nor inherit a lock
+        # another thread held at the fork.
+        self._lock = threading.Lock()
+        if self._ctl is not None:
+            self._ctl.close()
+        self._ctl, self._proc, self._retired = None, None, []
 
     def _start(self) -> socket.socket:
+        self._retired = [proc for proc in self._retired if proc.poll() is None]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        payload = json.dumps({"path": [p for p in sys.path if isinstance(p, str)]})
+        payload = json.dumps({"path": [p for p in sys.path if isinstance(p, str)],
+                              "max_running": self.max_running})
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-c", _BOOTSTRAP, payload, str(theirs.fileno())],
@@ -77,7 +91,6 @@ class Client:
         finally:
             theirs.close()
         self._ctl = ours
-        self._pid = os.getpid()
         return ours
 
     def request(self, params: dict[str, Any], data_fd: int, status_fd: int) -> None:
@@ -85,9 +98,7 @@ class Client:
         message = json.dumps(params).encode()
         with self._lock:
             for attempt in (1, 2):
-                ctl = self._ctl if self._pid == os.getpid() else None
-                if ctl is None:
-                    ctl = self._start()
+                ctl = self._ctl if self._ctl is not None else self._start()
                 try:
                     socket.send_fds(ctl, [message], [data_fd, status_fd])
                     return
@@ -98,21 +109,41 @@ class Client:
                                          f"{exc.strerror}") from exc
 
     def restart(self) -> None:
-        """Stop the server (it did not answer in time); the next request starts another."""
+        """Stop the server (it did not answer in time): its compiles end with it
+        (they die with their parent); the next request starts another."""
         with self._lock:
             self._stop()
 
+    def retire(self) -> None:
+        """Let the server finish the compiles it runs and exit; the next request
+        starts another (a fresh interpreter: new addresses, new stack canary)."""
+        with self._lock:
+            if self._ctl is None or self._proc is None:
+                return
+            try:
+                self._ctl.send(b'{"retire": true}')
+            except OSError:
+                self._stop()
+                return
+            self._ctl.close()
+            self._retired.append(self._proc)
+            self._ctl, self._proc = None, None
+
     def _stop(self) -> None:
-        if self._ctl is not None and self._pid == os.getpid():
+        if self._ctl is not None:
             self._ctl.close()
         self._ctl = None
-        if self._proc is not None and self._pid == os.getpid():
+        if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
         self._proc = None
 
 
 # --- the server ---------------------------------------------------------------
+
+#: Compiles one server runs at once; a save past it is answered "busy".
+MAX_RUNNING = 64
+
 
 class _Compile:
     __slots__ = ("pid", "status", "deadline", "pidfd", "killed")
@@ -122,7 +153,7 @@ class _Compile:
         self.killed = False
 
 
-def main(ctl_fd: int) -> NoReturn:
+def main(ctl_fd: int, payload: dict[str, Any]) -> NoReturn:
     """Entry point of the exec'd server (see _BOOTSTRAP)."""
     try:
         # Everything a compile needs, imported once: after the uid drop and
@@ -131,43 +162,56 @@ def main(ctl_fd: int) -> NoReturn:
         del compiler, hardening, landlock, limits, seccomp_rules
         gc.collect()
         gc.freeze()   # the imports' pages stay shared with every compile
-        _serve(socket.socket(fileno=ctl_fd), compile_gate.compile_child)
+        _serve(socket.socket(fileno=ctl_fd), compile_gate.compile_child,
+               int(payload["max_running"]))
     finally:
         os._exit(0)
 
 
-def _serve(ctl: socket.socket, compile_child: Any) -> None:
+def _serve(ctl: socket.socket, compile_child: Any, max_running: int) -> None:
     running: dict[int, _Compile] = {}
+    watch = selectors.DefaultSelector()   # epoll: no limit on descriptor numbers
+    watch.register(ctl, selectors.EVENT_READ)
+    accepting = True
     try:
-        while True:
+        while accepting or running:
             now = time.monotonic()
             wait = min((c.deadline for c in running.values()), default=now + 1.0) - now
-            watched = [ctl.fileno()] + [c.pidfd for c in running.values() if c.pidfd >= 0]
-            ready, _, _ = select.select(watched, [], [], max(0.0, min(wait, 1.0)))
-            if ctl.fileno() in ready and not _accept(ctl, running, compile_child):
-                return
-            _reap(running)
+            for key, _ in watch.select(max(0.0, min(wait, 1.0))):
+                if key.fileobj is ctl:
+                    accepting = _accept(ctl, running, watch, compile_child, max_running)
+                    if not accepting:
+                        watch.unregister(ctl)
+            _reap(running, watch)
     finally:
         for job in running.values():
             _kill(job.pid)
         while running:
-            _reap(running, block=True)
+            _reap(running, watch, block=True)
 
 
-def _accept(ctl: socket.socket, running: dict[int, _Compile], compile_child: Any) -> bool:
+def _accept(ctl: socket.socket, running: dict[int, _Compile], watch: selectors.BaseSelector,
+            compile_child: Any, max_running: int) -> bool:
+    """Take one request; False when there will be no more (retire, or the service is gone:
+    with the latter the caller's ``finally`` ends the running compiles)."""
     try:
         message, fds, _, _ = socket.recv_fds(ctl, MAX_CONTROL, 2)
     except OSError:
-        return False
+        raise SystemExit(0) from None
     if not message:
         for fd in fds:
             os.close(fd)
-        return False   # the service closed its end
+        raise SystemExit(0)   # the service closed its end: it is gone
     if len(fds) != 2:
         for fd in fds:
             os.close(fd)
-        return True
+        return not message.startswith(b'{"retire"')
     data, status = fds
+    if len(running) >= max_running:
+        os.close(data)
+        with socket.socket(fileno=status) as busy:
+            busy.sendall(b'{"busy": true}')
+        return True
     try:
         params = json.loads(message)
         pid = os.fork()
@@ -180,12 +224,14 @@ def _accept(ctl: socket.socket, running: dict[int, _Compile], compile_child: Any
             os.dup2(data, 0)
             os.dup2(data, 1)
             os.closerange(3, os.sysconf("SC_OPEN_MAX"))   # nothing of the others
+            running.clear()                               # nor their pids and times
             compile_child(params)
         finally:
             os._exit(70)
     os.close(data)
     try:
         pidfd = os.pidfd_open(pid)
+        watch.register(pidfd, selectors.EVENT_READ)
     except (AttributeError, OSError):
         pidfd = -1   # an old kernel: the loop's timeout polls instead
     running[pid] = _Compile(pid, socket.socket(fileno=status), time.monotonic()
@@ -200,7 +246,8 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _reap(running: dict[int, _Compile], block: bool = False) -> None:
+def _reap(running: dict[int, _Compile], watch: selectors.BaseSelector,
+          block: bool = False) -> None:
     now = time.monotonic()
     for job in list(running.values()):
         if not job.killed and now >= job.deadline:
@@ -211,6 +258,7 @@ def _reap(running: dict[int, _Compile], block: bool = False) -> None:
             continue
         del running[job.pid]
         if job.pidfd >= 0:
+            watch.unregister(job.pidfd)
             os.close(job.pidfd)
         code = os.waitstatus_to_exitcode(raw)
         answer = {"code": max(code, 0), "signal": max(-code, 0), "wall": job.killed}

@@ -90,6 +90,7 @@ _DENIED_IOCTLS = (0x5412, 0x541C,  # TIOCSTI, TIOCLINUX
 # F_SETSIG, F_SETOWN_EX, F_SETLEASE (a lease's break signal), F_NOTIFY.
 _DENIED_FCNTLS = (8, 10, 15, 1024, 1026)
 _IOCTL_CMD_MASK = 0xFFFFFFFF
+_PR_SET_PDEATHSIG = 1
 # Calls that read something of the process (or thread) their argument names,
 # with 0 meaning the caller (outside review, session 17: a sibling's CPU clock
 # showed when and how long another guild's script ran, getpriority() which
@@ -157,6 +158,10 @@ def build_seccomp_filter() -> Any:
     # the runtime never does.
     for command in _DENIED_FCNTLS:
         flt.add_rule(eperm, "fcntl", sc.Arg(1, sc.MASKED_EQ, _IOCTL_CMD_MASK, command))
+    # The parent-death signal (security review, session 27): a save-time
+    # compile process dies with the compile server that enforces its
+    # wall-clock limit; unsetting it would let a taken-over one outlive it.
+    flt.add_rule(eperm, "prctl", sc.Arg(0, sc.MASKED_EQ, _IOCTL_CMD_MASK, _PR_SET_PDEATHSIG))
     # Resource limits of another process (a same-uid sibling: lowering its
     # RLIMIT_CPU or RLIMIT_AS kills the guild it serves); pid 0 is "myself",
     # which is what setrlimit() uses and what the CPU backstop needs.

@@ -192,6 +192,9 @@ except OSError as exc:
     seen["write"] = exc.errno
 status = dict(line.split(":", 1) for line in os.pread(status_fd, 1 << 16, 0).decode().splitlines()
               if ":" in line)
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+seen["unset_parent_death_signal"] = (libc.prctl(1, 0, 0, 0, 0), ctypes.get_errno())
 seen["no_new_privs"] = status["NoNewPrivs"].strip()
 seen["seccomp"] = status["Seccomp"].strip()
 seen["environ"] = dict(os.environ)
@@ -203,6 +206,9 @@ sys.stdout.write(json.dumps(seen))
                           text=True, timeout=60, check=True, env={"SECRET": "x"})
     seen = json.loads(proc.stdout)
     assert seen["socket"] == 1 and seen["write"] == 1  # EPERM from seccomp
+    # It dies with the compile server that enforces its wall-clock limit, and
+    # cannot undo that (review, session 27: a taken-over compile outlived it).
+    assert seen["unset_parent_death_signal"] == [-1, 1]
     from sandbox import landlock
     # EACCES from Landlock where the kernel has it (the compile opens no file).
     assert seen["read"] == (13 if landlock.abi_version() else "allowed")
