@@ -261,7 +261,13 @@ class APIHandler(BaseHandler):
             raise ApiError(400, "invalid_input", _describe(err)) from None
 
     def query(self, model: type[M]) -> M:
-        """The query string validated by `model`; raises 400 `invalid_input`."""
+        """The query string validated by `model`; raises 400 `invalid_input` (an
+        unknown or repeated parameter too: `?dryrun=true` must not change the
+        plan for real, nor `?dryRun=true&dryRun=false` mean either)."""
+        for name, values in self.request.query_arguments.items():
+            if len(values) > 1:
+                raise ApiError(400, "invalid_input",
+                               f"query parameter {name[:64]!r} is given more than once")
         raw = {name: values[-1].decode("utf-8", "replace")
                for name, values in self.request.query_arguments.items()}
         try:

@@ -25,7 +25,13 @@ class _Out(BaseModel):
 
 
 # ------------------------------------------------------------------ query strings
-class ListQuery(BaseModel):
+class _Query(BaseModel):
+    # An unknown parameter is refused: `?dryrun=true` (lower case) changed the
+    # plan for real (review, session 27).
+    model_config = ConfigDict(extra="forbid")
+
+
+class ListQuery(_Query):
     """`?limit=&cursor=` of every list."""
 
     limit: int = Field(50, ge=1, le=200, description="Items per page (1-200).")
@@ -39,7 +45,7 @@ class HistoryQuery(ListQuery):
                        description="Only records at or after this ISO 8601 time.")
 
 
-class DryRunQuery(BaseModel):
+class DryRunQuery(_Query):
     dryRun: bool = Field(False, description="Report what would change, change nothing.")
 
 

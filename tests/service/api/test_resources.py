@@ -94,6 +94,23 @@ def test_a_dry_run_logs_no_plan_change(world, server) -> None:
     assert f"guild {w.guild_id} plan pro -> free" not in log()
 
 
+def test_a_misspelled_or_repeated_query_parameter_changes_nothing(world) -> None:
+    # Review, session 27: `?dryrun=true` (lower case) was ignored, so the
+    # "dry run" downgraded the plan and disabled the guild's endpoints.
+    w = world()
+    g = f"/guilds/{w.guild_id}"
+    for query in ("?dryrun=true", "?dry_run=true", "?dryRun=true&dryRun=false"):
+        refused = w.operator("PATCH", g + query, {"plan": "free"})
+        assert_error(refused, 400, "invalid_input")
+    assert "dryrun" in w.operator("PATCH", g + "?dryrun=true",
+                                  {"plan": "free"}).json["error"]["message"]
+    assert "more than once" in w.operator(
+        "PATCH", g + "?dryRun=true&dryRun=false", {"plan": "free"}).json["error"]["message"]
+    assert w.owner("GET", g).json["plan"] == "pro"
+    assert_error(w.owner("GET", f"{g}/scripts?limt=5"), 400, "invalid_input")
+    assert w.owner("GET", f"{g}/scripts?limit=5").status == 200
+
+
 def test_managers_are_the_owners_to_change(world) -> None:
     w = world()
     m = f"/guilds/{w.guild_id}/managers"
