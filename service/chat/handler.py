@@ -103,10 +103,16 @@ class ChatFront:
             return []
 
     def follow_up_later(self, interaction: protocol.Interaction,
-                        reply: asyncio.Future[Reply | None]) -> None:
+                        reply: asyncio.Future[Reply | None], context: AppContext) -> None:
+        """Send the command's reply when it is ready. It counts as a request in
+        flight until it is sent: a stop or a reload drains it like an answer
+        (review, session 27: a reload dropped the follow-up of a secret the
+        command had already made, the old one dead)."""
         task = asyncio.ensure_future(self._follow_up(interaction, reply))
+        context.request_started()
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+        task.add_done_callback(lambda _: context.request_ended())
 
     async def _follow_up(self, interaction: protocol.Interaction,
                          reply: asyncio.Future[Reply | None]) -> None:
@@ -200,7 +206,7 @@ class InteractionsHandler(BaseHandler):
             # Ephemeral whatever the subcommand: the flag is fixed now, before
             # the outcome (maybe a secret, maybe a refusal) is known.
             self.write_json(protocol.deferred(ephemeral=True))
-            self.front.follow_up_later(interaction, running)
+            self.front.follow_up_later(interaction, running, self.context)
             return
         if done is None:
             raise self._replayed()

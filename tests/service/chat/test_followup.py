@@ -60,6 +60,32 @@ def test_deferred_command_is_followed_up_through_the_platform_api(http_env: Any,
         api.close()
 
 
+def test_a_stop_waits_for_a_follow_up_the_platform_asked_to_repeat(
+        http_env: Any, make_guild: Any, tmp_path: Path) -> None:
+    """Review, session 27: a reload or stop right after a deferred `secret`
+    ended the front before the follow-up's second attempt: the new secret was
+    made (the old one dead) and never delivered. Pending follow-ups now drain
+    like requests in flight."""
+    g: Guild = make_guild()
+    api = PlatformAPI()
+    api.script = [(503, {"Retry-After": "1"})]
+    key = SigningKey.generate()
+    server = start_chat_server(http_env, tmp_path, key, api_url=api.url, answer_within_ms=0)
+    try:
+        platform = Platform(server, key)
+        resp = platform.command("logic", "script", "secret", guild_id=g.guild_id,
+                                user_id=OWNER, script=g.name)
+        assert resp.json == {"type": 5, "data": {"flags": 64}}
+        api.wait(1)                 # the first attempt, refused for a second
+        assert server.stop() == 0   # SIGTERM while the follow-up waits to repeat
+        received = api.wait(2, timeout=5)
+        assert len(received) == 2 and received[1].body == received[0].body
+        assert re.findall(r"`(lsk_[A-Za-z0-9_-]{43})`", received[1].body["content"])
+    finally:
+        server.stop()
+        api.close()
+
+
 def test_follow_up_to_a_platform_that_refuses_or_is_gone() -> None:
     api = PlatformAPI()
     client = WebhookFollowUps(api.url)
