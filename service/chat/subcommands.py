@@ -9,6 +9,7 @@ plans, quotas and the secret's owner-only rule are all `service.core`'s.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -34,14 +35,17 @@ class Call:
 
 
 def plain(text: str) -> str:
-    """User-given text (a script name) shown literally, not as markdown."""
-    return _MARKDOWN.sub(r"\\\1", text.replace("\n", " "))
+    """User-given text (a script name) shown literally, not as markdown, nor as a
+    link: a zero-width space after the colon of ``://`` (names cannot hold one)
+    keeps the platform from linking a name such as ``https://evil.example``
+    in a message posted under the application's name (review, session 27)."""
+    return _MARKDOWN.sub(r"\\\1", text.replace("\n", " ")).replace("://", ":\u200b//")
 
 
 def resolve_script(call: Call) -> tuple[str, str]:
     """The `script` option (a `logic_` ID or a name) as (script ID, name).
     Raises `NotFoundError`, `PermissionDeniedError`, `ValidationError`."""
-    text = call.options.get("script", "").strip()
+    text = unicodedata.normalize("NFC", call.options.get("script", "").strip())  # as names are
     scripts = core.list_scripts(call.actor, call.guild_id)["scripts"]
     if _SCRIPT_ID.fullmatch(text):
         found = [s for s in scripts if s["logicScriptId"] == text]

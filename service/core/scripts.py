@@ -16,6 +16,7 @@ import json
 import logging
 import secrets
 import string
+import unicodedata
 from typing import Any, Callable, Iterable, Mapping, cast
 
 from peewee import IntegrityError
@@ -101,13 +102,23 @@ def validate_source(source: str | bytes, guild_id: str = "") -> str:
     return text
 
 
+#: Unicode categories refused in names: controls (C0, C1: NEL, CSI), format
+#: characters (right-to-left override, zero-width space), line and paragraph
+#: separators, surrogates, private use, unassigned. A name is shown in chat
+#: messages and pages; these reorder or hide what is around it (review,
+#: session 27: a right-to-left override reversed the rest of a channel line).
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
 def _validate_name(name: str) -> str:
-    name = (name or "").strip()
+    """The name, NFC-normalised (so "école" typed two ways is one name)."""
+    name = unicodedata.normalize("NFC", (name or "").strip())
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
         name = ""
-    if not name or len(name) > MAX_NAME_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in name):
+    if not name or len(name) > MAX_NAME_CHARS or any(
+            unicodedata.category(c) in _REFUSED_CATEGORIES for c in name):
         raise ValidationError(f"script name must be 1-{MAX_NAME_CHARS} printable characters",
                               code="invalid_name")
     return name

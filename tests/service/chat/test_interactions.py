@@ -97,6 +97,23 @@ def test_enable_and_disable_are_public_and_audited_as_chat(platform: Platform, m
         assert r["logicScriptId"] == g.script_id
 
 
+def test_a_name_that_looks_like_a_link_is_not_one_in_the_channel(
+        platform: Platform, make_guild: Any, bind: Any) -> None:
+    # Review, session 27: enable posted **https://evil.example/claim** under the
+    # application's name, a clickable link; a name typed decomposed is found.
+    from service.core import scripts
+    from service.core.access import Actor
+    g: Guild = make_guild(enabled=False)
+    bind()
+    scripts.update_script(Actor.user(OWNER), g.guild_id, g.script_id,
+                          name="https://evil.example/claim-\u00e9")
+    content, ephemeral = message(platform.command(
+        "logic", "script", "enable", guild_id=g.guild_id, user_id=OWNER,
+        script="https://evil.example/claim-e\u0301"))
+    assert not ephemeral and "is now **on**" in content
+    assert "://" not in content and "https:\u200b//evil.example/claim-\u00e9" in content
+
+
 def test_enable_and_disable_refused_to_a_stranger(platform: Platform, make_guild: Any,
                                                   http_env: Any, bind: Any) -> None:
     g: Guild = make_guild(enabled=False)

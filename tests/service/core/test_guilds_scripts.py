@@ -104,6 +104,24 @@ def test_source_is_checked_for_size_and_encoding(db):
             core.create_script(OWNER, gid, name, SOURCE)
 
 
+def test_names_hold_no_invisible_or_layout_characters_and_are_one_form(db):
+    # Review, session 27: a right-to-left override, line separators, C1
+    # controls and zero-width spaces were accepted, and a name is posted in
+    # channel messages; "école" typed composed and decomposed made two scripts.
+    gid = make_guild()
+    for name in ("evil\u202eexe.txt", "a\u2028b", "a\x85b", "a\x9bb", "a\u200bb",
+                 "a\u2029b", "a\ue000b"):
+        with pytest.raises(core.ValidationError) as err:
+            core.create_script(OWNER, gid, name, SOURCE)
+        assert err.value.code == "invalid_name", name
+    first = core.create_script(OWNER, gid, "\u00e9cole", SOURCE)      # é composed
+    with pytest.raises(core.ConflictError) as clash:
+        core.create_script(OWNER, gid, "e\u0301cole", SOURCE)        # e + combining accent
+    assert clash.value.code == "script_name_taken"
+    assert first["name"] == "\u00e9cole"
+    assert core.create_script(OWNER, gid, "日本語 ✓ Ünïcödé", SOURCE)["name"] == "日本語 ✓ Ünïcödé"
+
+
 def test_compile_errors_list_line_and_column(db, monkeypatch):
     class Err:
         def __init__(self, line, column, message):
