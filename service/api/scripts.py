@@ -10,18 +10,23 @@ from service.core import pages, scripts
 
 #: A script source is at most 256 KB; JSON escaping may grow it, the core checks the real size.
 SCRIPT_BODY_CAP = 1024 * 1024
-_ETAG = re.compile(r'\s*(?:W/)?"?([0-9]{1,18})"?\s*')
+_ETAG = re.compile(r'\s*(?:W/)?"?([0-9]{1,18}(?:-[0-9a-f]{8})?)"?\s*')
 
 
-def expected_version(header: str | None) -> int | None:
-    """The version an `If-Match` header names; None without one (or `*`).
-    Raises 412 `version_mismatch` for a value that names no version."""
+def expected_revision(header: str | None) -> str | None:
+    """The revision an `If-Match` header names (`scripts.revision`); None without
+    one (or `*`). Raises 412 `version_mismatch` for a value that names none."""
     if header is None or header.strip() == "*":
         return None
     match = _ETAG.fullmatch(header)
     if match is None:
-        raise ApiError(412, "version_mismatch", "If-Match must be the ETag of a read, e.g. \"3\"")
-    return int(match.group(1))
+        raise ApiError(412, "version_mismatch",
+                       "If-Match must be the ETag of a read, e.g. \"3-1a2b3c4d\"")
+    return match.group(1)
+
+
+def _etag(view: dict[str, object]) -> str:
+    return f'"{scripts.revision(view)}"'
 
 
 class ScriptsHandler(APIHandler):
@@ -44,7 +49,7 @@ class ScriptsHandler(APIHandler):
     async def post(self, guildId: str) -> None:
         b = self.body(schemas.ScriptCreate)
         created = await self.call(scripts.create_script, self.actor, guildId, b.name, b.source)
-        self.set_header("ETag", f'"{created["version"]}"')
+        self.set_header("ETag", _etag(created))
         self.reply(created, 201)
 
 
@@ -53,23 +58,24 @@ class ScriptHandler(APIHandler):
 
     @operation("getScript", "The script with its source and version",
                "owner, manager, operator", schemas.Script,
-               response_headers={"ETag": "The version, quoted: send it back in If-Match."})
+               response_headers={"ETag": "The revision read (the version and a tag of the "
+                                         "name), quoted: send it back in If-Match."})
     async def get(self, guildId: str, scriptId: str) -> None:
         shown = await self.call(scripts.show_script, self.actor, guildId, scriptId)
-        self.set_header("ETag", f'"{shown["version"]}"')
+        self.set_header("ETag", _etag(shown))
         self.reply(shown)
 
     @operation("updateScript", "Replace the source and/or rename", "owner, manager, operator",
                schemas.Script, body=schemas.ScriptUpdate, errors=(409, 412, 422),
                request_headers={"If-Match": "The ETag read: refused with 412 if another "
-                                            "editor saved since."},
-               response_headers={"ETag": "The new version, quoted."})
+                                            "editor saved or renamed since."},
+               response_headers={"ETag": "The new revision, quoted."})
     async def put(self, guildId: str, scriptId: str) -> None:
         b = self.body(schemas.ScriptUpdate)
-        version = expected_version(self.request.headers.get("If-Match"))
+        revision = expected_revision(self.request.headers.get("If-Match"))
         updated = await self.call(scripts.update_script, self.actor, guildId, scriptId,
-                                  source=b.source, name=b.name, expected_version=version)
-        self.set_header("ETag", f'"{updated["version"]}"')
+                                  source=b.source, name=b.name, expected_revision=revision)
+        self.set_header("ETag", _etag(updated))
         self.reply(updated)
 
     @operation("deleteScript", "Delete the script, its endpoint, history and statistics",

@@ -31,7 +31,7 @@ COMMON_ERRORS = {400: "Bad input (`invalid_input`, `invalid_body`, ...).",
                  429: "Rate limited (`rate_limited`, `auth_throttled`)."}
 ERROR_TEXT = {409: "The plan refuses it or it clashes (`endpoint_quota`, `script_quota`, "
                    "`plan_feature`, `manager_limit`, ...).",
-              412: "`If-Match` names another version (`version_mismatch`).",
+              412: "`If-Match` names another revision (`version_mismatch`).",
               422: "The source does not compile (`compile_error`, with `errors`).",
               503: "No sandbox worker was free (`busy`)."}
 

@@ -10,10 +10,12 @@ is as unlikely to come again as any collision).  User source is never logged.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
 import logging
+import re
 import secrets
 import string
 import unicodedata
@@ -192,15 +194,35 @@ def create_script(actor: Actor, guild_id: str, name: str, source: str | bytes, *
     return script_view(script, guild.id)
 
 
+_REVISION = re.compile(r"([0-9]{1,18})(?:-([0-9a-f]{8}))?")
+
+
+def _name_tag(name: str) -> str:
+    return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+
+
+def revision(view: Mapping[str, Any]) -> str:
+    """What an editor read, as the admin API's `ETag` and the dashboard's form
+    carry it: the version and a tag of the name ("3-1a2b3c4d"), so it changes
+    with every save and every rename (review, session 27: a rename kept the
+    version, and a save made against the old name undid it)."""
+    return f"{view['version']}-{_name_tag(str(view['name']))}"
+
+
 def update_script(actor: Actor, guild_id: str, script_id: str, source: str | bytes | None = None,
-                  name: str | None = None, *, expected_version: int | None = None,
+                  name: str | None = None, *, expected_revision: str | None = None,
                   plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
     """Replace the source (version + 1, the old one kept) and/or rename.  With
-    `expected_version`, only if the script is still at that version (one
+    `expected_revision` (`revision()` of what the editor read; a bare version
+    checks the version alone), only if the script is still as read (one
     conditional UPDATE, so two editors cannot both win).  Raises
     `ValidationError`, `VersionMismatchError`, `ConflictError`
     (`script_name_taken`), `NotFoundError`,
     `PermissionDeniedError`."""
+    expected = _REVISION.fullmatch(expected_revision or "")
+    if expected_revision is not None and expected is None:
+        raise VersionMismatchError(f"{expected_revision[:40]!r} is not a revision of a script "
+                                   "(the ETag of a read, e.g. \"3-1a2b3c4d\")")
     text = None
     if source is not None:
         guild_and_script(actor, guild_id, script_id, "edit scripts")   # before the compile
@@ -219,12 +241,17 @@ def update_script(actor: Actor, guild_id: str, script_id: str, source: str | byt
             _refuse_duplicate_name(guild.id, new_name, except_id=script.id)
             changes["name"] = new_name
         where = Script.id == script.id
-        if expected_version is not None:
-            where = where & (Script.version == expected_version)
+        if expected is not None:
+            where = where & (Script.version == int(expected[1]))
+            if expected[2] is not None:
+                if expected[2] != _name_tag(old_name):
+                    raise VersionMismatchError(f"script {script.public_id} was renamed since it "
+                                               "was read: reload and retry")
+                where = where & (Script.name == old_name)   # and not renamed meanwhile
         if not Script.update(**changes).where(where).execute():
             raise VersionMismatchError(
-                f"script {script.public_id} is at version {script.version}, not "
-                f"{expected_version}: someone else saved first; reload and retry")
+                f"script {script.public_id} changed since it was read (it is at version "
+                f"{script.version}): someone else saved first; reload and retry")
         script = Script.get_by_id(script.id)
         if text is not None:
             versions.keep(actor, script, resolve_plan(plans, guild.plan))

@@ -11,10 +11,10 @@ import re
 from typing import Any
 
 from service import core
-from service.core import pages
+from service.core import pages, scripts
 from service.core.access import Actor
 from service.core.charts import request_series
-from service.core.errors import CoreError, QuotaError, ValidationError
+from service.core.errors import CoreError, QuotaError, ValidationError, VersionMismatchError
 from service.core.secrets import secret_state
 from service.dashboard.base import DashboardHandler, PageError
 from service.dashboard.charts import bar_chart, legend
@@ -84,7 +84,8 @@ def load_script_page(actor: Actor, guild_id: str, script_id: str, settings: Sett
         series = None
     plan = plans.get(guild["plan"])
     return {
-        "guild": guild, "script": script, "endpoint": endpoint, "records": records,
+        "guild": guild, "script": script, "revision": scripts.revision(script),
+        "endpoint": endpoint, "records": records,
         "older_history": page["nextCursor"], "history_paged": history_cursor is not None,
         "errors": errors, "stats": stats, "plan": plan,
         "whitelist_plans": sorted(n for n, p in plans.items() if p.ip_whitelist),
@@ -113,7 +114,8 @@ class ScriptHandler(DashboardHandler):
                                self.dashboard.settings, self.get_query_argument("history", None))
         values: dict[str, Any] = {"notice": None, "error": None, "field_error": {},
                                   "compile": None, "draft": None, "console": None,
-                                  "draft_cidrs": None}
+                                  "draft_cidrs": None, "draft_revision": None,
+                                  "conflict": False}
         values.update(extra)
         self.page("script.html", status=status, title=data["script"]["name"], tab=tab,
                   is_owner=data["guild"]["ownerId"] == self.actor.user_id,
@@ -126,13 +128,23 @@ class SourceHandler(ScriptHandler):
 
     async def post(self, guild_id: str, script_id: str) -> None:
         source = self.get_body_argument("source", "").replace("\r\n", "\n")
+        # What the editor was opened on: a save made meanwhile elsewhere (the
+        # API, another tab) is not overwritten unseen (review, session 27).
+        revision = self.get_body_argument("revision", "") or None
         try:
-            await self.core_raw(core.update_script, self.actor, guild_id, script_id, source)
+            await self.core_raw(core.update_script, self.actor, guild_id, script_id, source,
+                                expected_revision=revision)
+        except VersionMismatchError:
+            # The text stays; the form now carries the saved revision, so
+            # saving again (after a look at the saved version) replaces it.
+            await self.show(guild_id, script_id, tab="source", status=409, conflict=True,
+                            draft=source)
+            return
         except ValidationError as err:
             errors = compile_errors(err) if err.code == "compile_error" else [
                 {"line": None, "column": None, "message": err.message}]
             await self.show(guild_id, script_id, tab="source", status=422, compile=errors,
-                            draft=source)
+                            draft=source, draft_revision=revision)
             return
         except CoreError:
             raise PageError(404, "Not found.") from None

@@ -1,6 +1,8 @@
 """Every resource of /api/v1 with its roles, codes and shapes, against a real server."""
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from tests.service.api.conftest import ECHO, MANAGER_ID, OWNER_ID, STRANGER_ID, assert_error
@@ -94,6 +96,33 @@ def test_a_dry_run_logs_no_plan_change(world, server) -> None:
     assert f"guild {w.guild_id} plan pro -> free" not in log()
 
 
+def test_a_save_made_against_the_old_name_cannot_undo_a_rename(world) -> None:
+    # Review, session 27: a rename kept the ETag, so an editor holding it saved
+    # source and the old name with 200, and the rename was silently undone.
+    w = world()
+    read = w.manager("GET", w.script_path)
+    renamed = w.owner("PUT", w.script_path, {"name": "renamed"},
+                      headers={"If-Match": read.headers["etag"]})
+    assert renamed.status == 200 and renamed.headers["etag"] != read.headers["etag"]
+    stale = w.manager("PUT", w.script_path, {"source": ECHO + "# b\n", "name": read.json["name"]},
+                      headers={"If-Match": read.headers["etag"]})
+    assert_error(stale, 412, "version_mismatch")
+    assert "renamed since it was read" in stale.json["error"]["message"]
+    now = w.manager("GET", w.script_path)
+    assert now.json["name"] == "renamed" and now.json["source"] == read.json["source"]
+    # With the ETag read after the rename the save goes through.
+    saved = w.manager("PUT", w.script_path, {"source": ECHO + "# b\n"},
+                      headers={"If-Match": now.headers["etag"]})
+    assert saved.status == 200 and saved.json["name"] == "renamed"
+    # A bare version (an ETag of an earlier release) still checks the version.
+    assert_error(w.manager("PUT", w.script_path, {"source": ECHO}, headers={"If-Match": '"1"'}),
+                 412, "version_mismatch")
+    bare = w.manager("PUT", w.script_path, {"source": ECHO}, headers={"If-Match": '"2"'})
+    assert bare.status == 200 and bare.json["version"] == 3
+    assert_error(w.manager("PUT", w.script_path, {"source": ECHO},
+                           headers={"If-Match": '"3-zzzz"'}), 412, "version_mismatch")
+
+
 def test_a_misspelled_or_repeated_query_parameter_changes_nothing(world) -> None:
     # Review, session 27: `?dryrun=true` (lower case) was ignored, so the
     # "dry run" downgraded the plan and disabled the guild's endpoints.
@@ -144,12 +173,17 @@ def test_scripts_crud_compile_errors_and_versions(world) -> None:
     assert_error(w.stranger("POST", base, {"name": "x", "source": ECHO}), 404, "guild_not_found")
     shown = w.manager("GET", w.script_path)
     assert shown.status == 200 and shown.json["source"] == ECHO and shown.json["version"] == 1
-    assert shown.headers["etag"] == '"1"'
+    # The ETag is the revision: the version and a tag of the name (it used to
+    # be the version alone, which a rename did not change: review, session 27).
+    tag = hashlib.sha256(shown.json["name"].encode()).hexdigest()[:8]
+    assert shown.headers["etag"] == f'"1-{tag}"'
     # Two editors read version 1; the first save wins, the second gets 412.
-    first = w.owner("PUT", w.script_path, {"source": ECHO + "# a\n"}, headers={"If-Match": '"1"'})
-    assert first.status == 200 and first.json["version"] == 2 and first.headers["etag"] == '"2"'
+    first = w.owner("PUT", w.script_path, {"source": ECHO + "# a\n"},
+                    headers={"If-Match": shown.headers["etag"]})
+    assert first.status == 200 and first.json["version"] == 2
+    assert first.headers["etag"] == f'"2-{tag}"'
     second = w.manager("PUT", w.script_path, {"source": ECHO + "# b\n"},
-                       headers={"If-Match": '"1"'})
+                       headers={"If-Match": shown.headers["etag"]})
     assert_error(second, 412, "version_mismatch")
     assert w.owner("GET", w.script_path).json["source"] == ECHO + "# a\n"
     assert w.manager("PUT", w.script_path, {"name": "renamed"}).json["name"] == "renamed"

@@ -259,6 +259,36 @@ def test_owner_journey(browser: Any, site: Site) -> None:
     ctx.close()
 
 
+def test_a_save_made_elsewhere_meanwhile_is_not_overwritten_unseen(browser: Any,
+                                                                   site: Site) -> None:
+    # Review, session 27: the editor sent no version, so its save silently
+    # replaced a version an admin API client had saved after the page opened.
+    from service import core
+    gid = site.guild("pro")
+    sid = site.script(gid, SOURCE)
+    ctx = context(browser, site)
+    page = ctx.new_page()
+    watch = Watch(page)
+    page.goto(site.link(MANAGER))
+    page.goto(f"/dashboard/{gid}/scripts/{sid}?tab=source")
+    theirs, mine = SOURCE + "# theirs\n", SOURCE + "# mine"
+    site.bind()
+    core.update_script(core.Actor.user(OWNER), gid, sid, theirs)       # elsewhere, meanwhile
+    page.fill("#source", mine)
+    with page.expect_navigation():
+        page.click("text=Save new version")
+    assert "someone else saved or renamed this script" in page.inner_text("#save-conflict")
+    assert page.input_value("#source") == mine                        # nothing typed is lost
+    assert core.show_script(core.Actor.user(OWNER), gid, sid)["source"] == theirs
+    with page.expect_navigation():                                     # seen: saved on purpose
+        page.click("text=Save new version")
+    assert "Saved: a new version is live." in page.inner_text("main")
+    shown = core.show_script(core.Actor.user(OWNER), gid, sid)
+    assert shown["source"] == mine and shown["version"] == 3
+    assert watch.problems == [] and watch.dialogs == []
+    ctx.close()
+
+
 def test_readable_at_375px(browser: Any, site: Site) -> None:
     gid = site.guild("pro")
     sid = site.script(gid, SOURCE)
