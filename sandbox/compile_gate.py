@@ -113,7 +113,16 @@ def check_source(text: str, scope: str = "") -> Verdict:
         if key in _verdicts:
             _verdicts.move_to_end(key)
             return _verdicts[key]
+        left = _crashed.get(scope, 0.0) - time.monotonic()
+    if left > 0:
+        return Verdict(_failed(f"a compile of this guild's scripts crashed; saves are refused "
+                               f"for {math.ceil(left)} s more"))
     errors, lasting = _run_child(text)
+    if errors is _CRASHED:
+        with _lock:
+            _crashed[scope] = time.monotonic() + CRASH_COOLDOWN_S
+            while len(_crashed) > VERDICT_CACHE:
+                del _crashed[next(iter(_crashed))]
     verdict = Verdict(errors)
     if lasting:
         with _lock:
@@ -145,6 +154,14 @@ def _sandbox_ids() -> tuple[int, int]:
 
 
 _server = compile_server.Client()
+#: The errors of a compile process that crashed (a signal other than the CPU
+#: timer's): it may be a probe of a memory bug in the compiler.
+_CRASHED = (CompileError(1, 1, "the script could not be compiled (compile process failed)"),)
+#: After a crash, that guild's saves are refused this long: each crash retires
+#: the compile server (a new interpreter for everyone's next compile), and one
+#: guild crashing in a loop made every other guild's saves wait for one.
+CRASH_COOLDOWN_S = 60.0
+_crashed: dict[str, float] = {}
 
 
 def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
@@ -163,7 +180,6 @@ def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
     except compile_server.ServerGone as exc:
         return _failed(str(exc)), False
     except TimeoutError:
-        _server.restart()   # wedged: the compiles it runs end with it
         return _failed("the compile server did not answer"), False
     except OSError as exc:
         return _failed(f"compile process could not start: {exc.strerror}"), False
@@ -184,9 +200,10 @@ def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
             # from a new server (new addresses, new stack canary), so retrying
             # learns nothing of this one's layout. The saver is told no more
             # than that it failed.
-            _server.retire()
-        log.warning("save-time compile process ended with %s",
-                    f"signal {sig}" if sig else f"exit status {code}")
+            _server.retire(WALL_TIMEOUT_S + ANSWER_GRACE_S)
+            log.warning("save-time compile process ended with signal %d", sig)
+            return _CRASHED, False
+        log.warning("save-time compile process ended with exit status %d", code)
         return _failed("compile process failed"), False
     if len(answer) > MAX_ANSWER_BYTES:
         return _failed("compile process answered too much"), False
@@ -216,14 +233,18 @@ def _ask_server(params: dict[str, Any], source: bytes) -> tuple[bytes, bytes]:
         raise
     try:
         try:
-            _server.request(params, data_child.fileno(), status_child.fileno())
+            server = _server.request(params, data_child.fileno(), status_child.fileno())
         finally:
             data_child.close()
             status_child.close()
         deadline = time.monotonic() + float(params["wall"]) + ANSWER_GRACE_S
-        answer = _exchange(data, source, deadline)
-        data.close()   # a process that writes on past what is believed gets EPIPE
-        return answer, _read(status, deadline, 4096, until_eof=True)
+        try:
+            answer = _exchange(data, source, deadline)
+            data.close()   # a process that writes on past what is believed gets EPIPE
+            return answer, _read(status, deadline, 4096, until_eof=True)
+        except TimeoutError:
+            _server.restart(server)   # wedged: the compiles it runs end with it
+            raise
     finally:
         data.close()
         status.close()

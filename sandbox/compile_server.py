@@ -62,8 +62,9 @@ class Client:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
-        #: Servers told to retire: they finish their compiles, then exit.
-        self._retired: list[subprocess.Popen[bytes]] = []
+        #: Servers told to retire, with the time by which they must have exited:
+        #: they finish their compiles, then exit (or are killed past it).
+        self._retired: list[tuple[subprocess.Popen[bytes], float]] = []
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
@@ -75,8 +76,19 @@ class Client:
             self._ctl.close()
         self._ctl, self._proc, self._retired = None, None, []
 
+    def _prune(self) -> None:
+        now, kept = time.monotonic(), []
+        for proc, deadline in self._retired:
+            if proc.poll() is not None:
+                continue
+            if now > deadline:   # wedged: its compiles are past every limit
+                proc.kill()
+                proc.wait()
+                continue
+            kept.append((proc, deadline))
+        self._retired = kept
+
     def _start(self) -> socket.socket:
-        self._retired = [proc for proc in self._retired if proc.poll() is None]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         payload = json.dumps({"path": [p for p in sys.path if isinstance(p, str)],
                               "max_running": self.max_running})
@@ -93,30 +105,40 @@ class Client:
         self._ctl = ours
         return ours
 
-    def request(self, params: dict[str, Any], data_fd: int, status_fd: int) -> None:
-        """Ask the server to fork a compile on these sockets (starting it if needed)."""
+    def request(self, params: dict[str, Any], data_fd: int,
+                status_fd: int) -> subprocess.Popen[bytes] | None:
+        """Ask the server to fork a compile on these sockets (starting it if needed);
+        returns the server asked (for `restart`)."""
         message = json.dumps(params).encode()
         with self._lock:
+            self._prune()
             for attempt in (1, 2):
                 ctl = self._ctl if self._ctl is not None else self._start()
                 try:
                     socket.send_fds(ctl, [message], [data_fd, status_fd])
-                    return
+                    return self._proc
                 except OSError as exc:
                     self._stop()
                     if attempt == 2:
                         raise ServerGone(f"compile process could not start: "
                                          f"{exc.strerror}") from exc
+        raise AssertionError("unreachable")
 
-    def restart(self) -> None:
-        """Stop the server (it did not answer in time): its compiles end with it
-        (they die with their parent); the next request starts another."""
+    def restart(self, server: subprocess.Popen[bytes] | None) -> None:
+        """Stop ``server`` (it did not answer in time), the current one or a
+        retired one: its compiles end with it (they die with their parent); a
+        request after the current one's stop starts another."""
         with self._lock:
-            self._stop()
+            if server is not None and server is self._proc:
+                self._stop()
+            elif server is not None and server.poll() is None:
+                server.kill()
+                server.wait()
 
-    def retire(self) -> None:
-        """Let the server finish the compiles it runs and exit; the next request
-        starts another (a fresh interpreter: new addresses, new stack canary)."""
+    def retire(self, grace_s: float) -> None:
+        """Let the server finish the compiles it runs and exit, within ``grace_s``
+        (or be killed); the next request starts another (a fresh interpreter:
+        new addresses, new stack canary)."""
         with self._lock:
             if self._ctl is None or self._proc is None:
                 return
@@ -126,7 +148,7 @@ class Client:
                 self._stop()
                 return
             self._ctl.close()
-            self._retired.append(self._proc)
+            self._retired.append((self._proc, time.monotonic() + grace_s))
             self._ctl, self._proc = None, None
 
     def _stop(self) -> None:

@@ -38,6 +38,7 @@ from pydantic import ValidationError as PydanticError
 
 from models.db import database
 from service.api.readers import ReadProcesses
+from service.api.spec import operation_of
 from service.core.access import Actor
 from service.core.errors import CoreError
 from service.core.tokencache import TokenCache
@@ -165,6 +166,12 @@ class APIHandler(BaseHandler):
         except LimitsUnavailable:
             raise BusyError("Rate limits cannot be checked right now; retry shortly.",
                             headers={"Retry-After": "1"}) from None
+        # A call that takes no query parameters refuses any (after the token, like
+        # every other input): `DELETE .../managers/U?dryRun=true` removed the
+        # manager (review, session 27). Those that take some check them (`query`).
+        op = operation_of(type(self), (self.request.method or "").lower())
+        if op is not None and op.query is None and self.request.query:
+            raise ApiError(400, "invalid_input", "this call takes no query parameters")
 
     async def _limited(self, limits: RateLimits, ip: str) -> None:
         """Authentication and the per-token limit (`prepare`).  Raises `LimitsUnavailable`."""

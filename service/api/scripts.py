@@ -10,7 +10,8 @@ from service.core import pages, scripts
 
 #: A script source is at most 256 KB; JSON escaping may grow it, the core checks the real size.
 SCRIPT_BODY_CAP = 1024 * 1024
-_ETAG = re.compile(r'\s*(?:W/)?"?([0-9]{1,18}(?:-[0-9a-f]{8})?)"?\s*')
+#: A strong ETag (If-Match compares strongly: RFC 9110 13.1.1; a weak one never matches).
+_ETAG = re.compile(r'\s*"?([0-9]{1,18}(?:-[0-9a-f]{8})?)"?\s*')
 
 
 def expected_revision(header: str | None) -> str | None:

@@ -50,8 +50,10 @@ def resolve_script(call: Call) -> tuple[str, str]:
     if _SCRIPT_ID.fullmatch(text):
         found = [s for s in scripts if s["logicScriptId"] == text]
     else:
+        # Exactly as typed, else as names are compared (any normal form or case).
+        key = core.scripts.name_key
         found = [s for s in scripts if s["name"] == text] or \
-                [s for s in scripts if s["name"].casefold() == text.casefold()]
+                [s for s in scripts if key(s["name"]) == key(text)]
     if not found:
         raise core.NotFoundError(f"no script {text!r} in this server; /logic script list shows them",
                                  code="script_not_found")

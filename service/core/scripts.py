@@ -110,31 +110,54 @@ def validate_source(source: str | bytes, guild_id: str = "") -> str:
 #: messages and pages; these reorder or hide what is around it (review,
 #: session 27: a right-to-left override reversed the rest of a channel line).
 _REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+#: Characters that show nothing although they are letters or marks (Unicode's
+#: default-ignorable code points outside Cf, Hangul fillers, the braille
+#: blank): two names must not differ only by something nobody can see.
+_INVISIBLE = re.compile("[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164"
+                        "\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef]")
+#: Combining marks in a row past this pile up over the lines around the name.
+_MAX_MARKS_IN_A_ROW = 4
+_MARKS = re.compile("[%s]{%d,}" % ("".join(
+    chr(c) for c in range(0x300, 0x370)) + "\u0483-\u0489\u1ab0-\u1aff\u1dc0-\u1dff"
+    "\u20d0-\u20ff\ufe20-\ufe2f", _MAX_MARKS_IN_A_ROW + 1))
+
+
+def name_key(name: str) -> str:
+    """What two names are compared by: NFKC, case-folded ("Deploy", "deploy"
+    and "ｄｅｐｌｏｙ" are one name to a guild; so are names stored before names
+    were normalised, in any form)."""
+    return unicodedata.normalize("NFKC", name).casefold()
 
 
 def _validate_name(name: str) -> str:
-    """The name, NFC-normalised (so "école" typed two ways is one name)."""
+    """The name, NFC-normalised; refused: control, format, separator (a space
+    other than U+0020), private-use and unassigned characters, characters that
+    show nothing, more than four combining marks in a row."""
     name = unicodedata.normalize("NFC", (name or "").strip())
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
         name = ""
-    if not name or len(name) > MAX_NAME_CHARS or any(
-            unicodedata.category(c) in _REFUSED_CATEGORIES for c in name):
+    if (not name or len(name) > MAX_NAME_CHARS or _INVISIBLE.search(name)
+            or _MARKS.search(name) or any(
+                unicodedata.category(c) in _REFUSED_CATEGORIES
+                or (unicodedata.category(c) == "Zs" and c != " ") for c in name)):
         raise ValidationError(f"script name must be 1-{MAX_NAME_CHARS} printable characters",
                               code="invalid_name")
     return name
 
 
 def _refuse_duplicate_name(guild_id: str, name: str, except_id: int | None = None) -> None:
-    """Names are unique among a guild's live scripts (a chat command looks scripts up by name)."""
-    query = Script.select(Script.public_id).where(
-        (Script.guild == guild_id) & (Script.name == name) & Script.deleted_at.is_null())
+    """Names are unique among a guild's live scripts (a chat command looks scripts up
+    by name), compared by `name_key`."""
+    key = name_key(name)
+    query = Script.select(Script.public_id, Script.name).where(
+        (Script.guild == guild_id) & Script.deleted_at.is_null())
     if except_id is not None:
         query = query.where(Script.id != except_id)
-    clash = query.first()
+    clash = next((row for row in query if name_key(str(row.name)) == key), None)
     if clash is not None:
-        raise ConflictError(f"guild {guild_id} already has a script named {name!r} "
+        raise ConflictError(f"guild {guild_id} already has a script named {clash.name!r} "
                             f"({clash.public_id})", code="script_name_taken")
 
 

@@ -121,6 +121,9 @@ def test_a_save_made_against_the_old_name_cannot_undo_a_rename(world) -> None:
     assert bare.status == 200 and bare.json["version"] == 3
     assert_error(w.manager("PUT", w.script_path, {"source": ECHO},
                            headers={"If-Match": '"3-zzzz"'}), 412, "version_mismatch")
+    weak = "W/" + w.manager("GET", w.script_path).headers["etag"]     # never matches
+    assert_error(w.manager("PUT", w.script_path, {"source": ECHO}, headers={"If-Match": weak}),
+                 412, "version_mismatch")
 
 
 def test_a_misspelled_or_repeated_query_parameter_changes_nothing(world) -> None:
@@ -138,6 +141,14 @@ def test_a_misspelled_or_repeated_query_parameter_changes_nothing(world) -> None
     assert w.owner("GET", g).json["plan"] == "pro"
     assert_error(w.owner("GET", f"{g}/scripts?limt=5"), 400, "invalid_input")
     assert w.owner("GET", f"{g}/scripts?limit=5").status == 200
+    # A call that takes no query parameters refuses any: the second pass of the
+    # review removed a manager with `DELETE .../managers/U?dryRun=true`.
+    managers = f"{g}/managers/{MANAGER_ID}"
+    assert_error(w.owner("DELETE", managers + "?dryRun=true"), 400, "invalid_input")
+    assert MANAGER_ID in w.owner("GET", g).json["managers"]
+    assert_error(w.owner("PUT", w.script_path + "?dryRun=true", {"source": ECHO + "# x\n"}),
+                 400, "invalid_input")
+    assert w.owner("GET", w.script_path).json["version"] == 1
 
 
 def test_managers_are_the_owners_to_change(world) -> None:

@@ -114,6 +114,21 @@ def test_a_name_that_looks_like_a_link_is_not_one_in_the_channel(
     assert "://" not in content and "https:\u200b//evil.example/claim-\u00e9" in content
 
 
+def test_a_name_stored_decomposed_before_normalising_is_found(
+        platform: Platform, make_guild: Any, bind: Any) -> None:
+    # Second pass of the review, session 27: a name stored decomposed by an
+    # earlier release was found neither as stored nor as typed composed.
+    from models import Script
+    g: Guild = make_guild()
+    bind()
+    Script.update(name="cafe\u0301-prod").where(Script.public_id == g.script_id).execute()
+    for typed in ("cafe\u0301-prod", "caf\u00e9-prod", "CAF\u00c9-PROD"):
+        content, ephemeral = message(platform.command("logic", "script", "show",
+                                                      guild_id=g.guild_id, user_id=OWNER,
+                                                      script=typed))
+        assert g.script_id in content, (typed, content)
+
+
 def test_enable_and_disable_refused_to_a_stranger(platform: Platform, make_guild: Any,
                                                   http_env: Any, bind: Any) -> None:
     g: Guild = make_guild(enabled=False)

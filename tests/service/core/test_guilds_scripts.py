@@ -120,6 +120,28 @@ def test_names_hold_no_invisible_or_layout_characters_and_are_one_form(db):
     assert clash.value.code == "script_name_taken"
     assert first["name"] == "\u00e9cole"
     assert core.create_script(OWNER, gid, "日本語 ✓ Ünïcödé", SOURCE)["name"] == "日本語 ✓ Ünïcödé"
+    # The second pass: characters that show nothing, other spaces, piles of marks.
+    for name in ("deploy\ufe0f", "dep\u034floy", "\u3164", "\u2800", "a\u00a0b", "a\u3000b",
+                 "x" + "\u0301" * 6, "\u115fname"):
+        with pytest.raises(core.ValidationError) as err:
+            core.create_script(OWNER, gid, name, SOURCE)
+        assert err.value.code == "invalid_name", repr(name)
+    # Names are one name whatever their case or compatibility form.
+    core.create_script(OWNER, gid, "Deploy", SOURCE)
+    for twin in ("deploy", "DEPLOY", "\uff24eploy"):                  # fullwidth D
+        with pytest.raises(core.ConflictError):
+            core.create_script(OWNER, gid, twin, SOURCE)
+    core.create_script(OWNER, gid, "file", SOURCE)
+    with pytest.raises(core.ConflictError):
+        core.create_script(OWNER, gid, "\ufb01le", SOURCE)             # the fi ligature
+
+
+def test_a_name_stored_decomposed_before_normalising_still_clashes(db):
+    gid = make_guild()
+    sid = make_script(gid)
+    Script.update(name="cafe\u0301-prod").where(Script.public_id == sid).execute()
+    with pytest.raises(core.ConflictError):
+        core.create_script(OWNER, gid, "caf\u00e9-prod", SOURCE)
 
 
 def test_compile_errors_list_line_and_column(db, monkeypatch):
