@@ -39,8 +39,10 @@ class ConsoleHandler(ScriptHandler):
     """`POST .../test` (the console's form) and `POST .../replay` (a history record)."""
 
     async def post(self, guild_id: str, script_id: str) -> None:
-        form = {k: self.get_body_argument(k, "") for k in ("method", "headers", "body",
-                                                           "kind", "query")}
+        form = {k: self.get_body_argument(k, "") for k in ("method", "headers", "kind", "query")}
+        # The body as typed (Tornado strips an argument's surrounding whitespace
+        # by default): a text body's spaces and final newline are the test's.
+        form["body"] = self.get_body_argument("body", "", strip=False).replace("\r\n", "\n")
         form["method"] = form["method"] or "POST"
         form["kind"] = "text" if form["kind"] == "text" else "json"
         try:

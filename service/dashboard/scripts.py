@@ -127,7 +127,9 @@ class SourceHandler(ScriptHandler):
     """`POST .../source`: save a new version; compile errors come back at their lines."""
 
     async def post(self, guild_id: str, script_id: str) -> None:
-        source = self.get_body_argument("source", "").replace("\r\n", "\n")
+        # As typed: Tornado strips an argument's surrounding whitespace by
+        # default, which took the final newline off every save.
+        source = self.get_body_argument("source", "", strip=False).replace("\r\n", "\n")
         # What the editor was opened on: a save made meanwhile elsewhere (the
         # API, another tab) is not overwritten unseen (review, session 27).
         revision = self.get_body_argument("revision", "") or None

@@ -271,7 +271,7 @@ def test_a_save_made_elsewhere_meanwhile_is_not_overwritten_unseen(browser: Any,
     watch = Watch(page)
     page.goto(site.link(MANAGER))
     page.goto(f"/dashboard/{gid}/scripts/{sid}?tab=source")
-    theirs, mine = SOURCE + "# theirs\n", SOURCE + "# mine"
+    theirs, mine = SOURCE + "# theirs\n", SOURCE + "# mine\n"
     site.bind()
     core.update_script(core.Actor.user(OWNER), gid, sid, theirs)       # elsewhere, meanwhile
     page.fill("#source", mine)

@@ -398,6 +398,27 @@ def test_a_new_cookie_secret_ends_every_session(tmp_path: Path) -> None:
         second.db.close()
 
 
+def test_the_console_sends_a_text_body_and_the_editor_saves_source_as_typed(
+        site: Site, client: Client) -> None:
+    # Tornado strips a form argument's surrounding whitespace by default: a
+    # save lost the source's final newline, a text test body its spaces.
+    from service import core
+    echo = "on endpoint(event):\n    event.reply({'body': event.body})\n"
+    gid = site.guild("pro")
+    sid = site.script(gid, SOURCE)
+    client.login(site.link(OWNER))
+    page = f"/dashboard/{gid}/scripts/{sid}"
+    resp = client.post(f"{page}/source", {"source": echo.replace("\n", "\r\n"),
+                                          "_xsrf": client.xsrf()})
+    assert resp.status == 303
+    site.bind()
+    assert core.show_script(core.Actor.user(OWNER), gid, sid)["source"] == echo
+    resp = client.post(f"{page}/test", {"body": "  two spaces\n", "kind": "text",
+                                        "_xsrf": client.xsrf()})
+    assert resp.status == 200
+    assert b"  two spaces\\n" in resp.body, resp.body[-3000:]
+
+
 def test_console_refusals_are_explained_and_strangers_learn_nothing(site: Site, client: Client) -> None:
     gid = site.guild("pro")
     sid = site.script(gid, SOURCE)
