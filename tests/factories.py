@@ -15,6 +15,19 @@ SOURCE = "on endpoint(event):\n    event.reply({'ok': True})\n"
 _guilds = iter(range(10_000, 99_999))
 
 
+def large_source(tag: str = "", count: int = 850) -> str:
+    """~250 KB (at 850) of ordinary functions (~70,000 tokens), then SOURCE: a
+    save-time compile of 0.6-2 s of CPU, within the 5 s budget."""
+    block = (f"def handler_{tag}{{i}}(event, data):\n    total = 0\n"
+             "    for item in data.get('items', []):\n"
+             "        if item.get('price', 0) > 10:\n"
+             "            total += item['price'] * item.get('qty', 1)\n"
+             "        else:\n            total -= 1\n"
+             "    result = {{'total': total, 'name': 'handler_{i}', 'ok': total > 0}}\n"
+             "    return result\n\n")
+    return "".join(block.format(i=i) for i in range(count)) + SOURCE
+
+
 def make_guild(plan: str = "pro", guild_id: str | None = None, manager: bool = True) -> str:
     """A guild owned by OWNER (with MANAGER) on `plan`; returns its id."""
     gid = guild_id or str(next(_guilds))

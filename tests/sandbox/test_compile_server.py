@@ -15,20 +15,14 @@ import pytest
 
 from sandbox import compile_gate, compile_server
 from service.http.priority import background_executor
+from tests.factories import large_source
 
 SOURCE = "on endpoint(event):\n    event.reply('ok')\n"
 
 
 def _slow_source(tag: str) -> str:
     # ~250 KB of ordinary functions: 0.5-2 s of CPU, time to look at the process.
-    block = (f"def handler_{tag}_{{i}}(event, data):\n    total = 0\n"
-             "    for item in data.get('items', []):\n"
-             "        if item.get('price', 0) > 10:\n"
-             "            total += item['price'] * item.get('qty', 1)\n"
-             "        else:\n            total -= 1\n"
-             "    result = {{'total': total, 'name': 'handler_{i}', 'ok': total > 0}}\n"
-             "    return result\n\n")
-    return "".join(block.format(i=i) for i in range(840)) + SOURCE
+    return large_source(tag + "_", 840)
 
 
 def _server_pid() -> int:

@@ -10,7 +10,7 @@ import pytest
 from models import Script
 from sandbox import compile_gate, limits
 from service import core
-from tests.factories import OWNER, SOURCE, STRANGER, make_guild
+from tests.factories import OWNER, SOURCE, STRANGER, large_source, make_guild
 
 LAMBDA_BOMB = "f = lambda: 0\n" * 10000 + SOURCE  # 140 KB; CPython alone takes ~3 s, 20,000: 10-20 s
 
@@ -128,14 +128,7 @@ def test_an_ordinary_large_script_compiles_within_the_budget(db: Any) -> None:
     # ~250 KB of ordinary functions (~70,000 tokens): 0.6-1.9 s of CPU in the
     # gate on an idle host, over 3 s on a virtual machine with busy neighbours
     # (the budget is 5 s).
-    block = ("def handler_{i}(event, data):\n    total = 0\n"
-             "    for item in data.get('items', []):\n"
-             "        if item.get('price', 0) > 10:\n"
-             "            total += item['price'] * item.get('qty', 1)\n"
-             "        else:\n            total -= 1\n"
-             "    result = {{'total': total, 'name': 'handler_{i}', 'ok': total > 0}}\n"
-             "    return result\n\n")
-    source = "".join(block.format(i=i) for i in range(850)) + SOURCE
+    source = large_source()
     assert 240_000 < len(source) < 262_144
     gid = make_guild()
     view = core.create_script(OWNER, gid, "large", source)
