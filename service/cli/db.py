@@ -5,7 +5,7 @@ from typing import Any
 
 import click
 
-from service.cli.base import core, State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
+from service.cli.base import EXIT_ERROR, CommandError, core, State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
 
 
 @cli.group()
@@ -19,10 +19,14 @@ def db() -> None:
 def db_upgrade(state: State, as_json: bool) -> None:
     """Bring the database to this release's schema (idempotent)."""
     from models.db import database
-    from models.migrate import Runner
+    from models.migrate import Runner, SchemaBehindError
     state.open_database(check_schema=False)
     runner = Runner(database.obj)
     before = runner.current_version()
+    if before > runner.latest:
+        # Not "current": a start-up check (ExecStartPre) must not pass on a
+        # database this release cannot serve (review, session 27).
+        raise CommandError(str(SchemaBehindError(before, runner.latest)), EXIT_ERROR)
     applied = runner.upgrade()
     data = {"from": before, "to": runner.current_version(), "applied": applied}
     emit(data, as_json, lambda d: (f"database schema upgraded from version {d['from']} to {d['to']}"

@@ -56,12 +56,34 @@ def _run_dir(processes: int) -> str | None:
 
 
 def _reloader(state: State) -> Callable[[], Any]:
-    """Re-reads the configuration file and the environment with the same flags (SIGHUP)."""
+    """Re-reads the configuration file and the environment with the same flags (SIGHUP),
+    and refuses (`SettingsError`: the running fronts stay) what `serve` refuses at start:
+    no cookie secret, a database that cannot be opened or is not at this release's
+    schema (review, session 27: a reload without the cookie secret signed sessions with
+    an empty key, and one to an empty database file answered 500 while ready)."""
     def reload() -> Any:
-        from service.settings import load_settings
+        from models.db import describe_url, open_database
+        from models.migrate import Runner, SchemaBehindError
+        from service.settings import SettingsError, load_settings
 
         overrides = {"database.url": state.database_url, **state.overrides}
-        return load_settings(state.config, os.environ, overrides)
+        fresh = load_settings(state.config, os.environ, overrides)
+        if not fresh.server.cookie_secret:
+            raise SettingsError("server.cookie_secret is not set")
+        url = fresh.database.url
+        try:
+            db = open_database(url)
+            try:
+                db.connect(reuse_if_open=True)
+                Runner(db).check()
+            finally:
+                db.close()
+        except SchemaBehindError as err:
+            raise SettingsError(str(err)) from None
+        except Exception as err:  # driver errors: one line, never a traceback
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise SettingsError(f"cannot open database {describe_url(url)}: {first}") from None
+        return fresh
     return reload
 
 

@@ -121,6 +121,13 @@ class Arbiter:
 
     def _bind(self) -> None:
         server = self.settings.server
+        if server.port:
+            # SO_REUSEPORT lets another process of the same user share a port
+            # that is in use: a second installation started on it took half of
+            # the first one's requests (review, session 27). A plain bind first
+            # fails as a single process does ("Address already in use").
+            for probe in bind_sockets(server.port, server.host, family=socket.AF_UNSPEC):
+                probe.close()
         first = bind_sockets(server.port, server.host, family=socket.AF_UNSPEC, reuse_port=True)
         self.port = first[0].getsockname()[1]
         self.slots = [Slot(first)]

@@ -134,6 +134,21 @@ def test_env_config_file_and_text_output(tmp_path):
     assert logic("db", "upgrade", url=False, code=2) == "logic: error: config: unknown key server.hots"
 
 
+def test_upgrade_refuses_a_database_newer_than_the_release(tmp_path):
+    # Review, session 27: it said "schema is current (version 99)" and exited 0,
+    # so a start-up check (ExecStartPre) passed on a database this release
+    # cannot serve.
+    import sqlite3
+    logic = Logic(f"sqlite:///{tmp_path}/new.db", tmp_path)
+    logic("db", "upgrade")
+    with sqlite3.connect(tmp_path / "new.db") as conn:
+        conn.execute("INSERT INTO schema_version VALUES (99, 'future', '2030-01-01')")
+    expected = (f"logic: error: database schema is at version 99, newer than this release "
+                f"({LATEST}): upgrade the software")
+    assert logic("db", "upgrade", code=1) == expected
+    assert logic("script", "list", "1", code=1) == expected
+
+
 def test_commands_refuse_a_partly_migrated_database(tmp_path):
     from models.db import connect, database
     from models.migrate import Runner

@@ -116,6 +116,24 @@ def test_serve_reports_a_port_in_use(tmp_path: Path) -> None:
     assert proc.stderr == f"logic: error: cannot serve on 127.0.0.1:{port}: Address already in use\n"
 
 
+def test_serve_with_front_processes_refuses_a_port_another_installation_shares(
+        tmp_path: Path) -> None:
+    # Review, session 27: the fronts bind with SO_REUSEPORT, so a second
+    # installation started on a port in use (its listeners shareable as the
+    # fronts' are) took half of the first one's requests, logging "ready".
+    db = f"sqlite:///{tmp_path / 'x.db'}"
+    subprocess.run([LOGIC, "--database-url", db, "db", "upgrade"], check=True, capture_output=True)
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([LOGIC, "--database-url", db, "serve", "--port", str(port),
+                               "--processes", "2"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr == f"logic: error: cannot serve on 127.0.0.1:{port}: Address already in use\n"
+
+
 @pytest.mark.parametrize("processes", ["1", "2"])
 def test_a_journal_that_cannot_be_used_is_named(tmp_path: Path, processes: str) -> None:
     db = f"sqlite:///{tmp_path / 'x.db'}"
@@ -176,3 +194,33 @@ def test_help_states_each_numbers_range(args: list[str], shown: str) -> None:
     proc = subprocess.run([LOGIC, *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert shown in " ".join(proc.stdout.split())
+
+
+def test_a_reload_refuses_what_serve_refuses_at_start(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review, session 27: SIGHUP applied a configuration without the cookie
+    # secret (sessions signed with an empty key) or with a database of no
+    # schema (every invoke 500 while /readyz said ready). The reload now
+    # raises what `serve` would say, and the arbiter keeps its fronts (as for
+    # any configuration error: tests/service/http/test_processes.py).
+    from service.cli.base import State
+    from service.cli.serve import _reloader
+    from service.settings import SettingsError
+    good = tmp_path / "good.db"
+    subprocess.run([LOGIC, "--database-url", f"sqlite:///{good}", "db", "upgrade"], check=True,
+                   capture_output=True)
+    config = tmp_path / "logic.toml"
+    config.write_text(f'[database]\nurl = "sqlite:///{good}"\n')
+    reload = _reloader(State(config=str(config)))
+    assert reload().database.url == f"sqlite:///{good}"
+    (tmp_path / "empty.db").touch()
+    config.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "empty.db"}"\n')
+    with pytest.raises(SettingsError, match=r"database schema is at version 0, this release "):
+        reload()
+    config.write_text('[database]\nurl = "postgresql://nobody@127.0.0.1:1/none"\n')
+    with pytest.raises(SettingsError, match=r"^cannot open database "):
+        reload()
+    config.write_text(f'[database]\nurl = "sqlite:///{good}"\n')
+    monkeypatch.delenv("LOGIC_SERVER_COOKIE_SECRET")
+    with pytest.raises(SettingsError, match="server.cookie_secret is not set"):
+        reload()
