@@ -84,7 +84,9 @@ def open_front(settings: Settings, journal_dir: str | None, *,
     Raises `SchemaBehindError`, `JournalInUse`.
     """
     from models.db import connect
+    from models.installation import installation_id
     from models.migrate import Runner
+    from service.http.journal_owner import bind_to_installation
 
     database = connect(settings.database.url)
     if check_schema:
@@ -92,6 +94,8 @@ def open_front(settings: Settings, journal_dir: str | None, *,
     journal = None
     if settings.records.journal != "off" and journal_dir is not None:
         journal = Journal(journal_dir, fsync=settings.records.fsync)
+        if check_schema:   # the first process of a start: no front journals in use
+            bind_to_installation(journal.directory, installation_id())
         replay_journal(journal)  # records a crashed process answered but had not written
         if check_schema:
             for sub in sorted(journal.directory.glob(f"{FRONT_JOURNAL}*")):

@@ -47,6 +47,35 @@ def test_records_of_answered_requests_survive_sigkill(make_server, make_endpoint
     assert restarted.request("/healthz", method="GET").status == 200
 
 
+def test_a_journal_of_another_database_is_set_aside_not_replayed(
+        make_server, make_endpoint, read_history, bind, tmp_path: Path) -> None:
+    # Review, session 27: the journal names endpoints by row id, so a journal
+    # left by another installation (another database) was replayed into
+    # whatever endpoint had that id here: one guild's bodies in another's
+    # history. Here the database becomes "another" by a new installation id.
+    from models.installation import renew_installation_id
+
+    journal = tmp_path / "journal"
+    extra = f'[records]\njournal = "{journal}"'
+    server: Server = make_server(extra=extra)
+    ep = make_endpoint(source=ECHO, plan="bench")
+    for n in range(20):
+        assert server.request(ep.path, json_body={"n": n}, secret=ep.secret).status == 200
+    server.kill()   # leaves journaled records behind, as in the test above
+    bind()
+    before = len(read_history(ep))
+    renew_installation_id()
+    restarted: Server = make_server(extra=extra)
+    assert wait_until(lambda: "was written for another database" in restarted.log), \
+        restarted.log
+    quarantined = [p for d in journal.glob("quarantine-*") for p in d.iterdir()]
+    assert quarantined and all(p.name.endswith(".journal") for p in quarantined)
+    assert "journaled requests" not in restarted.log   # no "replayed N journaled requests"
+    assert len(read_history(ep)) == before        # nothing of it written here
+    assert (journal / "installation").read_text() != ""
+    assert restarted.request(ep.path, json_body={"n": 99}, secret=ep.secret).status == 200
+
+
 def test_the_journal_directory_and_its_files_are_private(make_server, make_endpoint,
                                                          tmp_path: Path) -> None:
     """docs/security.md: the directory is created 0700, its files 0600 (they
