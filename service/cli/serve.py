@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
@@ -102,19 +104,47 @@ def serve(state: State, host: str | None, port: int | None, workers: int | None,
     state.open_database()  # refuses a database that is behind, with one line
     _configure_logging()
     run_dir = _run_dir(settings.server.process_count)
-    from service.http.arbiter import FrontStartError
-    from service.http.journal import JournalUnusable
     from service.http.server import serve as run
 
-    try:
+    with _serve_errors(settings):
         run(settings, reload=_reloader(state), run_dir=run_dir)
+
+
+@contextlib.contextmanager
+def _serve_errors(settings: Any) -> Iterator[None]:
+    """What keeps a start from serving, as one line: the journal (named), the address."""
+    from service.http.arbiter import FrontStartError
+    from service.http.journal import JournalInUse, JournalUnusable
+
+    try:
+        yield
     except JournalUnusable as err:
         raise CommandError(str(err), EXIT_USAGE) from None
+    except JournalInUse as err:
+        raise CommandError(str(err), EXIT_ERROR) from None
     except OSError as err:
         where = f"{settings.server.host}:{settings.server.port}"
         raise CommandError(f"cannot serve on {where}: {err.strerror or err}", EXIT_ERROR) from None
     except FrontStartError as err:
         raise CommandError(str(err), EXIT_ERROR) from None
+
+
+def _can_serve(settings: Any) -> None:
+    """Raise what would keep `serve` from starting, before anything is changed: the
+    address in use, the journal another process holds (review, session 27: a second
+    `logic demo` made a new secret, so the first one's printed curl line got 401,
+    and only then failed)."""
+    from tornado.netutil import bind_sockets
+
+    from service.http.journal import Journal
+    from service.http.server import journal_path
+    if settings.server.port:   # 0: any free port
+        for probe in bind_sockets(settings.server.port, settings.server.host,
+                                  family=socket.AF_UNSPEC):
+            probe.close()
+    directory = journal_path(settings)
+    if settings.records.journal != "off" and directory is not None:
+        Journal(directory).close()
 
 
 @cli.command()
@@ -129,6 +159,8 @@ def demo(state: State, host: str | None, port: int | None, workers: int | None,
     _apply(state, host, port, workers, processes)
     settings = with_cookie_secret(state.settings)
     state.open_database(check_schema=False)
+    with _serve_errors(settings):
+        _can_serve(settings)
     info = setup_demo(settings)
     click.echo(f"Demo endpoint: {info.url}")
     click.echo(f"Secret (shown once, keep it safe): {info.secret}")
@@ -137,4 +169,5 @@ def demo(state: State, host: str | None, port: int | None, workers: int | None,
     click.echo(f"Dashboard (one-time login link for the demo owner): {info.login_url}")
     click.echo("Stop with Ctrl-C.")
     _configure_logging()
-    run(settings, run_dir=_run_dir(settings.server.process_count))
+    with _serve_errors(settings):
+        run(settings, run_dir=_run_dir(settings.server.process_count))

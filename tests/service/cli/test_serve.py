@@ -85,6 +85,31 @@ def test_demo_serves_a_working_endpoint_and_a_rerun_rotates_the_secret(tmp_path:
         assert _stop(proc) == 0
 
 
+def test_a_second_demo_changes_nothing_and_says_why(tmp_path: Path) -> None:
+    # Review, session 27: a second `logic demo` made a new secret (the first
+    # one's printed curl line then got 401) and only then failed, saying
+    # "could not write the output".
+    db = f"sqlite:///{tmp_path / 'demo.db'}"
+    port = _free_port()
+    proc, url, secret, _ = _run_demo(db, port)
+    try:
+        second = subprocess.run([LOGIC, "--database-url", db, "demo", "--port", str(port)],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and second.stdout == ""
+        assert second.stderr == (f"logic: error: cannot serve on 127.0.0.1:{port}: "
+                                 "Address already in use\n")
+        path = url.split(str(port), 1)[1]
+        assert _post(port, path, secret, {"score": 2}) == (200, {"ok": True, "double": 4})
+        other = subprocess.run([LOGIC, "--database-url", db, "demo", "--port",
+                                str(_free_port())], capture_output=True, text=True, timeout=60)
+        assert other.returncode == 1 and other.stdout == ""
+        assert "records journal" in other.stderr and "used by another process" in other.stderr
+        assert "cannot serve on" not in other.stderr
+        assert _post(port, path, secret, {"score": 3}) == (200, {"ok": True, "double": 6})
+    finally:
+        assert _stop(proc) == 0
+
+
 def test_serve_refuses_a_database_that_is_behind(tmp_path: Path) -> None:
     proc = subprocess.run([LOGIC, "--database-url", f"sqlite:///{tmp_path / 'new.db'}", "serve",
                            "--port", str(_free_port())], capture_output=True, text=True, timeout=60)
