@@ -100,7 +100,9 @@ def _note_inactive(reported: Any) -> None:
 
 
 def check_source(text: str, scope: str = "") -> Verdict:
-    """Compile ``text`` in a sandboxed one-shot process, within budget.
+    """Compile ``text`` in a sandboxed process forked for it by the compile server,
+    within budget. After a compile of the guild crashed, its saves are refused
+    for ``CRASH_COOLDOWN_S`` (each crash retires the server).
 
     ``scope`` (the guild) keys the remembered verdicts: a save answered at
     once because the same text was saved before would tell one guild what
@@ -169,7 +171,8 @@ def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
     uid, gid = _sandbox_ids()
     params = {"cpu": limits.COMPILE_CPU_BUDGET_S, "mem": limits.COMPILE_MEMORY_BYTES,
               "uid": uid, "gid": gid, "wall": WALL_TIMEOUT_S,
-              # At least the nice value of the thread that asks (service.http.priority).
+              # The nice value of the thread that asks (service.http.priority); where
+              # it is below the server's and not root, the server's.
               "nice": os.getpriority(os.PRIO_PROCESS, threading.get_native_id())}
     source = text.encode("utf-8", "surrogatepass")
     if len(source) > MAX_SOURCE_BYTES:   # the compiler's own answer, without a process

@@ -5,7 +5,8 @@ from typing import Any
 
 import click
 
-from service.cli.base import EXIT_ERROR, CommandError, core, State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
+from service.cli.base import (EXIT_ERROR, CommandError, State, actor_of, as_option, cli, core,
+                              emit, json_option, pass_state, run_core)
 
 
 @cli.group()
