@@ -117,7 +117,7 @@ def check_source(text: str, scope: str = "") -> Verdict:
             return _verdicts[key]
         left = _crashed.get(scope, 0.0) - time.monotonic()
     if left > 0:
-        return Verdict(_failed(f"a compile of this guild's scripts crashed; saves are refused "
+        return Verdict(_failed(f"a compile of this guild's scripts failed; saves are refused "
                                f"for {math.ceil(left)} s more"))
     errors, lasting = _run_child(text)
     if errors is _CRASHED:
@@ -158,7 +158,7 @@ def _sandbox_ids() -> tuple[int, int]:
 _server = compile_server.Client()
 #: The errors of a compile process that crashed (a signal other than the CPU
 #: timer's): it may be a probe of a memory bug in the compiler.
-_CRASHED = (CompileError(1, 1, "the script could not be compiled (compile process failed)"),)
+_CRASHED = _failed("compile process failed")
 #: After a crash, that guild's saves are refused this long: each crash retires
 #: the compile server (a new interpreter for everyone's next compile), and one
 #: guild crashing in a loop made every other guild's saves wait for one.

@@ -113,7 +113,7 @@ class State:
 
     def open_database(self, check_schema: bool = True) -> None:
         """Connect the models; refuse a database that is behind."""
-        from models.db import DatabaseURLError, connect, describe_url
+        from models.db import DatabaseURLError, connect
         from models.migrate import Runner, SchemaBehindError
         from service.core import secrets
         url = self.settings.database.url
@@ -129,9 +129,14 @@ class State:
         except SchemaBehindError as err:
             raise CommandError(str(err), EXIT_ERROR) from None
         except Exception as err:  # driver errors: one line, never a traceback
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise CommandError(f"cannot open database {describe_url(url)}: {first}",
-                               EXIT_ERROR) from None
+            raise CommandError(cannot_open(url, err), EXIT_ERROR) from None
+
+
+def cannot_open(url: str, err: BaseException) -> str:
+    """A driver's error as one line, naming the database without its password."""
+    from models.db import describe_url
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return f"cannot open database {describe_url(url)}: {first}"
 
 
 pass_state = click.make_pass_decorator(State)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
 
-from service.cli.base import EXIT_ERROR, EXIT_USAGE, CommandError, State, WholeNumber, cli, pass_state
+from service.cli.base import (EXIT_ERROR, EXIT_USAGE, CommandError, State, WholeNumber,
+                              cannot_open, cli, pass_state)
 
 
 def _configure_logging() -> None:
@@ -57,6 +57,11 @@ def _run_dir(processes: int) -> str | None:
     return make_run_dir()
 
 
+NO_COOKIE_SECRET = ("server.cookie_secret is not set: the dashboard signs its sessions with it; "
+                    "set it in the configuration file or LOGIC_SERVER_COOKIE_SECRET (at least "
+                    "32 random characters)")
+
+
 def _reloader(state: State) -> Callable[[], Any]:
     """Re-reads the configuration file and the environment with the same flags (SIGHUP),
     and refuses (`SettingsError`: the running fronts stay) what `serve` refuses at start:
@@ -64,14 +69,14 @@ def _reloader(state: State) -> Callable[[], Any]:
     schema (review, session 27: a reload without the cookie secret signed sessions with
     an empty key, and one to an empty database file answered 500 while ready)."""
     def reload() -> Any:
-        from models.db import describe_url, open_database
+        from models.db import open_database
         from models.migrate import Runner, SchemaBehindError
         from service.settings import SettingsError, load_settings
 
         overrides = {"database.url": state.database_url, **state.overrides}
         fresh = load_settings(state.config, os.environ, overrides)
         if not fresh.server.cookie_secret:
-            raise SettingsError("server.cookie_secret is not set")
+            raise SettingsError(NO_COOKIE_SECRET)
         url = fresh.database.url
         try:
             db = open_database(url)
@@ -83,8 +88,7 @@ def _reloader(state: State) -> Callable[[], Any]:
         except SchemaBehindError as err:
             raise SettingsError(str(err)) from None
         except Exception as err:  # driver errors: one line, never a traceback
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise SettingsError(f"cannot open database {describe_url(url)}: {first}") from None
+            raise SettingsError(cannot_open(url, err)) from None
         return fresh
     return reload
 
@@ -98,9 +102,7 @@ def serve(state: State, host: str | None, port: int | None, workers: int | None,
     _apply(state, host, port, workers, processes)
     settings = state.settings
     if not settings.server.cookie_secret:
-        raise CommandError("server.cookie_secret is not set: the dashboard signs its sessions "
-                           "with it; set it in the configuration file or LOGIC_SERVER_COOKIE_SECRET "
-                           "(at least 32 random characters)", EXIT_USAGE)
+        raise CommandError(NO_COOKIE_SECRET, EXIT_USAGE)
     state.open_database()  # refuses a database that is behind, with one line
     _configure_logging()
     run_dir = _run_dir(settings.server.process_count)
@@ -134,17 +136,12 @@ def _can_serve(settings: Any) -> None:
     address in use, the journal another process holds (review, session 27: a second
     `logic demo` made a new secret, so the first one's printed curl line got 401,
     and only then failed)."""
-    from tornado.netutil import bind_sockets
-
     from service.http.journal import Journal
+    from service.http.ports import refuse_a_port_in_use
     from service.http.server import journal_path
-    if settings.server.port:   # 0: any free port
-        for probe in bind_sockets(settings.server.port, settings.server.host,
-                                  family=socket.AF_UNSPEC):
-            probe.close()
-    directory = journal_path(settings)
-    if settings.records.journal != "off" and directory is not None:
-        Journal(directory).close()
+    refuse_a_port_in_use(settings.server.host, settings.server.port)
+    if settings.records.journal != "off":
+        Journal(journal_path(settings)).close()
 
 
 @cli.command()

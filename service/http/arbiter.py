@@ -27,14 +27,12 @@ import os
 import select
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Callable
 
-from tornado.netutil import bind_sockets
-
 from service.http.front import Front, Slot, front_main
 from service.http.metrics import mark_front_dead, prepare_multiprocess_dir
+from service.http.ports import bind_shared
 from service.http.run_dir import METRICS_ENV, make_run_dir
 from service.http.server import HANDOFF_SIGNAL, journal_path, open_front
 from service.http.shared_windows import SharedWindows
@@ -121,19 +119,9 @@ class Arbiter:
 
     def _bind(self) -> None:
         server = self.settings.server
-        if server.port:
-            # SO_REUSEPORT lets another process of the same user share a port
-            # that is in use: a second installation started on it took half of
-            # the first one's requests (review, session 27). A plain bind first
-            # fails as a single process does ("Address already in use").
-            for probe in bind_sockets(server.port, server.host, family=socket.AF_UNSPEC):
-                probe.close()
-        first = bind_sockets(server.port, server.host, family=socket.AF_UNSPEC, reuse_port=True)
-        self.port = first[0].getsockname()[1]
-        self.slots = [Slot(first)]
-        for _ in range(1, self.count):
-            self.slots.append(Slot(bind_sockets(self.port, server.host, family=socket.AF_UNSPEC,
-                                                 reuse_port=True)))
+        self.slots = [Slot(sockets) for sockets in bind_shared(server.host, server.port,
+                                                                self.count)]
+        self.port = self.slots[0].sockets[0].getsockname()[1]
 
     def _install_signals(self) -> None:
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -151,7 +151,7 @@ def test_a_crashed_compile_is_not_remembered_and_the_next_comes_from_a_new_serve
         "the script could not be compiled (compile process failed)"]
     refused = compile_gate.check_source("v = 1\n" + SOURCE, scope="killed")
     assert refused.errors[0].message.startswith(
-        "the script could not be compiled (a compile of this guild's scripts crashed; saves "
+        "the script could not be compiled (a compile of this guild's scripts failed; saves "
         "are refused for ")
     assert compile_gate.check_source("v = 1\n" + SOURCE, scope="another guild").ok
     assert compile_gate._server._proc is not None and compile_gate._server._proc.pid != server
