@@ -38,20 +38,65 @@ database = DatabaseProxy()
 SQLITE_BUSY_TIMEOUT_S = 10.0
 
 
+class MissingDatabaseFile(OperationalError):
+    """A SQLite database opened to be used, not made, whose file is not there
+    (a mistyped path, or a file removed while the service ran)."""
+
+
 class _PrivateSqlite(SqliteDatabase):
     """A SQLite database whose file, when this creates it, only its owner can
     read (mode 0600; SQLite gives its -wal and -shm files the same mode): it
     holds secrets' verifiers, API token hashes and request history. A file
-    that already exists keeps the mode the operator gave it."""
+    that already exists keeps the mode the operator gave it.
+
+    Opened with ``create=False``, a missing file is `MissingDatabaseFile`
+    instead of a new empty database: a mistyped path must not start a service
+    that answers every endpoint "not found", nor leave an empty file behind."""
+
+    def __init__(self, path: str, create: bool = True, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.create = create
+        #: (device, inode) of the file the first connection opened.
+        self._identity: tuple[int, int] | None = None
+
+    def file_replaced(self) -> bool:
+        """Whether the file at the path is gone or another file than the one
+        the first connection opened (removed, or a copy moved over it while
+        the service ran): open connections would go on writing to the old one."""
+        if self._identity is None or not self._is_file():
+            return False
+        try:
+            st = os.stat(self.database)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != self._identity
+
+    def _is_file(self) -> bool:
+        path = self.database
+        return bool(path) and path != ":memory:" and not path.startswith("file:")
+
+    def connect(self, reuse_if_open: bool = False) -> bool:
+        # Here, not in `_connect`: peewee maps what `_connect` raises onto its
+        # own classes by name, which would lose this one's.
+        if not self.create and self.is_closed() and self._is_file() \
+                and not os.path.exists(self.database):
+            raise MissingDatabaseFile(f"{self.database}: no such database file")
+        return bool(super().connect(reuse_if_open))
 
     def _connect(self) -> Any:
-        path = self.database
-        if path and path != ":memory:" and not path.startswith("file:"):
+        if self.create and self._is_file():
             try:
-                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+                os.close(os.open(self.database, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
             except OSError:   # it exists, or cannot be made: SQLite says which
                 pass
-        return super()._connect()  # type: ignore[misc]
+        conn = super()._connect()  # type: ignore[misc]
+        if self._identity is None and self._is_file():
+            try:
+                st = os.stat(self.database)
+                self._identity = (st.st_dev, st.st_ino)
+            except OSError:
+                pass
+        return conn
 
 
 class BaseModel(Model):
@@ -104,9 +149,11 @@ def describe_url(url: str) -> str:
     return f"{parts.scheme}://{user}{host}{port}{parts.path}"
 
 
-def open_database(url: str) -> Database:
+def open_database(url: str, create: bool = True) -> Database:
     """Return an unconnected peewee `Database` for `url` (no proxy change).
-    A `DatabaseURLError`'s message never holds the URL's password."""
+    A `DatabaseURLError`'s message never holds the URL's password. With
+    ``create=False`` a SQLite file that does not exist is not made: connecting
+    raises `MissingDatabaseFile`."""
     try:
         parsed = urlparse(url)
     except ValueError:   # its text quotes what it choked on: maybe the password
@@ -119,6 +166,7 @@ def open_database(url: str) -> Database:
             raise DatabaseURLError(f"database url {describe_url(url)!r}: missing file path (sqlite:///logic.db)")
         return _PrivateSqlite(
             path,
+            create=create,
             pragmas={
                 "journal_mode": "wal",
                 "foreign_keys": 1,
@@ -167,9 +215,9 @@ def open_database(url: str) -> Database:
     raise DatabaseURLError(f"database url {describe_url(url)!r}: unsupported scheme (use sqlite:// or postgresql://)")
 
 
-def connect(url: str) -> Database:
+def connect(url: str, create: bool = True) -> Database:
     """Open the database at `url`, bind the model proxy to it and return it."""
-    db = open_database(url)
+    db = open_database(url, create)
     database.initialize(db)
     return db
 

@@ -90,7 +90,7 @@ def _start(database_url: str) -> None:
     except OSError:  # not permitted: best effort
         pass
     from models.db import connect
-    connect(database_url)
+    connect(database_url, create=False)
 
 
 def _call(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:

@@ -111,8 +111,10 @@ class State:
                 raise CommandError(str(err), EXIT_USAGE) from None
         return self._settings
 
-    def open_database(self, check_schema: bool = True) -> None:
-        """Connect the models; refuse a database that is behind."""
+    def open_database(self, check_schema: bool = True, create: bool = False) -> None:
+        """Connect the models; refuse a database that is behind. A SQLite file
+        is made only with ``create`` (`logic db upgrade`, `logic demo`): any
+        other command on a mistyped path says so and leaves no file behind."""
         from models.db import DatabaseURLError, connect
         from models.migrate import Runner, SchemaBehindError
         from service.core import secrets
@@ -120,7 +122,7 @@ class State:
         # The secrets' keyed verifier: `logic secret regenerate` stores one.
         secrets.configure(self.settings.server.cookie_secret)
         try:
-            db = connect(url)
+            db = connect(url, create)
             db.connect(reuse_if_open=True)
             if check_schema:
                 Runner(db).check()
@@ -134,7 +136,10 @@ class State:
 
 def cannot_open(url: str, err: BaseException) -> str:
     """A driver's error as one line, naming the database without its password."""
-    from models.db import describe_url
+    from models.db import MissingDatabaseFile, describe_url
+    if isinstance(err, MissingDatabaseFile):
+        return (f"cannot open database {describe_url(url)}: no such file "
+                '("logic db upgrade" makes a new database there)')
     first = (str(err).strip().splitlines() or [type(err).__name__])[0]
     return f"cannot open database {describe_url(url)}: {first}"
 

@@ -21,7 +21,7 @@ def db_upgrade(state: State, as_json: bool) -> None:
     """Bring the database to this release's schema (idempotent)."""
     from models.db import database
     from models.migrate import Runner, SchemaBehindError
-    state.open_database(check_schema=False)
+    state.open_database(check_schema=False, create=True)
     runner = Runner(database.obj)
     before = runner.current_version()
     if before > runner.latest:

@@ -79,7 +79,7 @@ def _reloader(state: State) -> Callable[[], Any]:
             raise SettingsError(NO_COOKIE_SECRET)
         url = fresh.database.url
         try:
-            db = open_database(url)
+            db = open_database(url, create=False)
             try:
                 db.connect(reuse_if_open=True)
                 Runner(db).check()
@@ -155,7 +155,7 @@ def demo(state: State, host: str | None, port: int | None, workers: int | None,
 
     _apply(state, host, port, workers, processes)
     settings = with_cookie_secret(state.settings)
-    state.open_database(check_schema=False)
+    state.open_database(check_schema=False, create=True)
     with _serve_errors(settings):
         _can_serve(settings)
     info = setup_demo(settings)

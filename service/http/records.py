@@ -34,6 +34,7 @@ converted (docs/performance.md).
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections import deque
@@ -43,11 +44,31 @@ from typing import Any, Protocol
 
 from peewee import InterfaceError, OperationalError
 
+from models.db import MissingDatabaseFile
 from service.http.journal import Journal
 from service.http.journal_facts import JournaledRequest
 from service.http.record_batches import expand, mark_of
 
 log = logging.getLogger("logic.records")
+
+
+def local_reason(err: BaseException) -> str | None:
+    """The first line of a SQLite error's text (a full disk, a read-only or
+    removed file), or None for a database server's error."""
+    # The first error of the chain: a full disk ends SQLite's transaction, so
+    # what reaches here may be the rollback's "no transaction is active".
+    cause: BaseException | None = None
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            break
+        if isinstance(seen, (sqlite3.Error, MissingDatabaseFile)):
+            cause = seen
+        seen = seen.__cause__ or seen.__context__
+    if cause is None:
+        return None
+    text = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    return text[:200]
 
 #: While the database is unreachable: first retry after this, doubling up to RETRY_MAX_S.
 RETRY_S = 0.25
@@ -114,6 +135,7 @@ class RecordWriter:
         self._down_since: float | None = None
         self._dropped_at_outage = 0
         self._retry_s = RETRY_S
+        self._down_words = ("the database is unreachable", "the database is reachable")
         self._overflowing = False
 
     @property
@@ -353,15 +375,19 @@ class RecordWriter:
         if self._down_since is None:
             self._down_since = time.monotonic()
             self._dropped_at_outage = self.dropped
-            # The error's kind only: its text may carry the server's address.
-            log.warning("the database is unreachable (%s): records wait in memory (%d now, at "
-                        "most %d) and are written when it is back", type(err).__name__, size,
-                        self._max_queued)
+            local = local_reason(err)
+            self._down_words = ("writing records to the database fails", "writing records works") \
+                if local else ("the database is unreachable", "the database is reachable")
+            # A server's error: its kind only (its text may carry the server's
+            # address); a SQLite file's reason is the operator's to know.
+            log.warning("%s (%s): records wait in memory (%d now, at most %d) and are written "
+                        "when it is back", self._down_words[0], local or type(err).__name__,
+                        size, self._max_queued)
 
     def _reachable(self) -> None:
         assert self._down_since is not None
         lost = self.dropped - self._dropped_at_outage
-        log.warning("the database is reachable again after %.1f s: waiting records written%s",
+        log.warning("%s again after %.1f s: waiting records written%s", self._down_words[1],
                     time.monotonic() - self._down_since,
                     f"; {lost} dropped while the buffer was full" if lost else "")
         self._down_since = None

@@ -88,7 +88,9 @@ def open_front(settings: Settings, journal_dir: str | None, *,
     from models.migrate import Runner
     from service.http.journal_owner import bind_to_installation
 
-    database = connect(settings.database.url)
+    # Never makes a SQLite file: one removed while the service runs is an
+    # error on the next connection, not a new empty database.
+    database = connect(settings.database.url, create=False)
     if check_schema:
         Runner(database).check()  # refuses a database that is behind (SchemaBehindError)
     journal = None
@@ -163,7 +165,19 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     )
     records.start()
 
+    replaced = getattr(db, "file_replaced", None)
+    ping_state = {"replaced": False}
+
     def db_ping() -> bool:
+        if replaced is not None and replaced():
+            # Connections already open would keep writing to the removed
+            # file, lost at the next start: not ready, and said once.
+            if not ping_state["replaced"]:
+                ping_state["replaced"] = True
+                log.error("the database file %s was removed or replaced while the service "
+                          "ran: not ready; restart once the right file is in place",
+                          db.database)
+            return False
         try:
             db.execute_sql("SELECT 1")  # type: ignore[no-untyped-call]
         except Exception:  # noqa: BLE001 - any failure means "not ready"

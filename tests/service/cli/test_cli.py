@@ -114,6 +114,7 @@ def scenario(logic: Logic, tmp_path: Path) -> None:
 
 
 def test_cli_on_sqlite(tmp_path):
+    (tmp_path / "logic.db").touch()   # an empty database (a missing file: test_a_mistyped_...)
     scenario(Logic(f"sqlite:///{tmp_path}/logic.db", tmp_path), tmp_path)
 
 
@@ -147,6 +148,23 @@ def test_upgrade_refuses_a_database_newer_than_the_release(tmp_path):
                 f"({LATEST}): upgrade the software")
     assert logic("db", "upgrade", code=1) == expected
     assert logic("script", "list", "1", code=1) == expected
+
+
+def test_a_mistyped_sqlite_path_is_named_and_no_file_is_made(tmp_path):
+    # Before, any command made an empty file at a mistyped path (and said the
+    # schema was at version 0); only `db upgrade` and `demo` make a database.
+    logic = Logic(f"sqlite:///{tmp_path}/typo.db", tmp_path)
+    expected = (f'logic: error: cannot open database {tmp_path}/typo.db: no such file '
+                '("logic db upgrade" makes a new database there)')
+    assert logic("guild", "list", code=1) == expected
+    assert logic("db", "version", code=1) == expected
+    proc = subprocess.run([LOGIC, "--database-url", logic.url, "serve", "--port", "0"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**logic.env, "LOGIC_SERVER_COOKIE_SECRET": "c" * 40})
+    assert proc.returncode == 1 and proc.stderr.strip() == expected
+    assert not (tmp_path / "typo.db").exists()
+    assert logic("db", "upgrade", "--json")["to"] == LATEST
+    assert logic("guild", "list", "--json") == {"guilds": []}
 
 
 def test_commands_refuse_a_partly_migrated_database(tmp_path):

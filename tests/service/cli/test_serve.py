@@ -111,6 +111,7 @@ def test_a_second_demo_changes_nothing_and_says_why(tmp_path: Path) -> None:
 
 
 def test_serve_refuses_a_database_that_is_behind(tmp_path: Path) -> None:
+    (tmp_path / "new.db").touch()     # an empty database: schema version 0
     proc = subprocess.run([LOGIC, "--database-url", f"sqlite:///{tmp_path / 'new.db'}", "serve",
                            "--port", str(_free_port())], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
@@ -245,7 +246,58 @@ def test_a_reload_refuses_what_serve_refuses_at_start(tmp_path: Path,
     config.write_text('[database]\nurl = "postgresql://nobody@127.0.0.1:1/none"\n')
     with pytest.raises(SettingsError, match=r"^cannot open database "):
         reload()
+    config.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "typo.db"}"\n')
+    with pytest.raises(SettingsError, match=r": no such file \("):
+        reload()
+    assert not (tmp_path / "typo.db").exists()
     config.write_text(f'[database]\nurl = "sqlite:///{good}"\n')
     monkeypatch.delenv("LOGIC_SERVER_COOKIE_SECRET")
     with pytest.raises(SettingsError, match="server.cookie_secret is not set"):
         reload()
+
+
+def test_a_database_file_removed_or_replaced_while_serving_makes_the_node_not_ready(
+        tmp_path: Path) -> None:
+    # Before, connections already open went on writing to the removed file
+    # (lost at the next start) and /readyz said ready; a connection opened
+    # after the removal made a new empty database.
+    db = tmp_path / "live.db"
+    url = f"sqlite:///{db}"
+    subprocess.run([LOGIC, "--database-url", url, "db", "upgrade"], check=True,
+                   capture_output=True)
+    port = _free_port()
+    proc = subprocess.Popen([LOGIC, "--database-url", url, "serve", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "LOGIC_SERVER_COOKIE_SECRET": "c" * 40})
+
+    def ready() -> tuple[int, dict[str, object]]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/readyz")
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        conn.close()
+        return resp.status, body
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                status, body = ready()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.1)
+        assert status == 200, body
+        copy = tmp_path / "copy.db"
+        copy.write_bytes(db.read_bytes())
+        os.replace(copy, db)              # a copy moved over the file in use
+        assert ready()[0] == 503
+        os.remove(db)
+        status, body = ready()
+        assert status == 503 and body["dependencies"]["database"] == {"state": "down"}
+        assert not db.exists()            # no new empty file either
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    lines = [line for line in err.splitlines() if "was removed or replaced" in line]
+    assert len(lines) == 1 and "ERROR" in lines[0], err

@@ -329,6 +329,40 @@ def test_while_the_database_is_unreachable_records_wait_and_are_written_once_in_
     assert sum("reachable again" in m for m in messages) == 1
 
 
+def test_a_full_sqlite_file_is_named_as_such_and_records_wait_for_room(make_writer, caplog,
+                                                                       tmp_path):
+    # Before, a full disk was logged as "the database is unreachable
+    # (OperationalError)": nothing said what to do. A real SQLite file that
+    # may not grow past its pages answers what a full disk does.
+    from peewee import SqliteDatabase
+    db = SqliteDatabase(str(tmp_path / "full.db"))
+    db.execute_sql("CREATE TABLE t (v TEXT)")
+    room = {"pages": 2}
+
+    def write(items: Sequence[Any]) -> None:
+        db.execute_sql(f"PRAGMA max_page_count = {room['pages']}")
+        with db.atomic():
+            for item in items:
+                db.execute_sql("INSERT INTO t VALUES (?)", (str(item) * 2000,))
+
+    writer = make_writer(write, interval=0.02, max_batch=5)
+    with caplog.at_level(logging.WARNING, logger="logic.records"):
+        writer.start()
+        for n in range(20):
+            writer.put(n)
+        assert wait_for(lambda: writer.database_down, timeout=10.0)
+        assert writer.pending == 20 and writer.dropped == 0
+        room["pages"] = 10_000                  # space freed
+        assert wait_for(lambda: writer.written == 20, timeout=10.0)
+        writer.stop(timeout=5)
+    assert db.execute_sql("SELECT COUNT(*) FROM t").fetchone() == (20,)
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m.split(":")[0] for m in messages] == [
+        "writing records to the database fails (database or disk is full)",
+        "writing records works again after " + messages[1].split("after ")[1].split(":")[0]]
+    assert not any("unreachable" in m for m in messages)
+
+
 def test_past_the_bound_while_down_records_are_dropped_counted_and_logged_once(
         make_writer, caplog):
     sink = Sink()
