@@ -66,6 +66,10 @@ def serve(settings: Settings, *, drain_seconds: float = 30.0,
 
         Arbiter(settings, reload=reload, drain_seconds=drain_seconds, run_dir=run_dir).run()
         return
+    # One process has no arbiter to start new fronts: a SIGHUP (`systemctl
+    # reload`) must not end it undrained (the default action). Ignored from
+    # here, logged once the loop runs (`_serve`).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     database, journal = open_front(settings, journal_path(settings), check_schema=True)
     # Bind first, so a taken port fails before anything is forked. The fork
     # server and the workers close every inherited descriptor but their channel.
@@ -232,7 +236,11 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if on_ready is not None:  # a front under the arbiter (service.http.arbiter)
+    if on_ready is None:
+        loop.add_signal_handler(signal.SIGHUP, log.warning,
+                                "SIGHUP ignored: a reload needs server.processes above 1; "
+                                "restart to apply a changed configuration")
+    else:  # a front under the arbiter (service.http.arbiter)
         def hand_over() -> None:
             handoff.set()
             stop.set()

@@ -301,3 +301,39 @@ def test_a_database_file_removed_or_replaced_while_serving_makes_the_node_not_re
         _, err = proc.communicate(timeout=30)
     lines = [line for line in err.splitlines() if "was removed or replaced" in line]
     assert len(lines) == 1 and "ERROR" in lines[0], err
+
+
+def test_sighup_to_a_single_process_is_logged_and_ignored(tmp_path: Path) -> None:
+    # Before, SIGHUP (`systemctl reload`) ended a one-process service at once:
+    # requests in flight cut, no drain.
+    url = f"sqlite:///{tmp_path / 'one.db'}"
+    subprocess.run([LOGIC, "--database-url", url, "db", "upgrade"], check=True,
+                   capture_output=True)
+    port = _free_port()
+    proc = subprocess.Popen([LOGIC, "--database-url", url, "serve", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "LOGIC_SERVER_COOKIE_SECRET": "c" * 40})
+
+    def healthy() -> bool:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", "/healthz")
+            ok = conn.getresponse().status == 200
+            conn.close()
+            return ok
+        except OSError:
+            return False
+
+    try:
+        deadline = time.monotonic() + 30
+        while not healthy():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert proc.poll() is None and healthy()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert err.count("SIGHUP ignored: a reload needs server.processes above 1") == 1, err
