@@ -232,6 +232,19 @@ def revision(view: Mapping[str, Any]) -> str:
     return f"{view['version']}-{_name_tag(str(view['name']))}"
 
 
+def _refuse_stale(script: Script, expected: re.Match[str] | None) -> None:
+    """`VersionMismatchError` when the script is no longer at the revision read."""
+    if expected is None:
+        return
+    if expected[2] is not None and expected[2] != _name_tag(script.name):
+        raise VersionMismatchError(f"script {script.public_id} was renamed since it was read: "
+                                   "reload and retry")
+    if script.version != int(expected[1]):
+        raise VersionMismatchError(
+            f"script {script.public_id} changed since it was read (it is at version "
+            f"{script.version}): someone else saved first; reload and retry")
+
+
 def update_script(actor: Actor, guild_id: str, script_id: str, source: str | bytes | None = None,
                   name: str | None = None, *, expected_revision: str | None = None,
                   plans: Mapping[str, Plan] = DEFAULT_PLANS) -> dict[str, Any]:
@@ -248,12 +261,16 @@ def update_script(actor: Actor, guild_id: str, script_id: str, source: str | byt
                                    "(the ETag of a read, e.g. \"3-1a2b3c4d\")")
     text = None
     if source is not None:
-        guild_and_script(actor, guild_id, script_id, "edit scripts")   # before the compile
+        # Before the compile: who may edit, and whether the save is stale (a
+        # compile for a save that is refused anyway would be wasted).
+        _, script, _ = guild_and_script(actor, guild_id, script_id, "edit scripts")
+        _refuse_stale(script, expected)
         text = validate_source(source, guild_id)
     new_name = _validate_name(name) if name is not None else None
     with database.atomic():
         guild, script, _ = guild_and_script(actor, guild_id, script_id, "edit scripts")
         old_name = script.name
+        _refuse_stale(script, expected)
         changes: dict[str, Any] = {"updated_at": utcnow()}
         if text is not None:
             changes["source"] = text
@@ -265,11 +282,9 @@ def update_script(actor: Actor, guild_id: str, script_id: str, source: str | byt
             changes["name"] = new_name
         where = Script.id == script.id
         if expected is not None:
+            # Conditional: a save committed since the read above loses nothing.
             where = where & (Script.version == int(expected[1]))
             if expected[2] is not None:
-                if expected[2] != _name_tag(old_name):
-                    raise VersionMismatchError(f"script {script.public_id} was renamed since it "
-                                               "was read: reload and retry")
                 where = where & (Script.name == old_name)   # and not renamed meanwhile
         if not Script.update(**changes).where(where).execute():
             raise VersionMismatchError(

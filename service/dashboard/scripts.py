@@ -133,6 +133,12 @@ class SourceHandler(ScriptHandler):
         # What the editor was opened on: a save made meanwhile elsewhere (the
         # API, another tab) is not overwritten unseen (review, session 27).
         revision = self.get_body_argument("revision", "") or None
+        if revision is None:
+            # A page from before the editor said what it opened (or a form
+            # made by hand): saving it blind could replace a newer version.
+            await self.show(guild_id, script_id, tab="source", status=409, conflict="unknown",
+                            draft=source)
+            return
         try:
             await self.core_raw(core.update_script, self.actor, guild_id, script_id, source,
                                 expected_revision=revision)

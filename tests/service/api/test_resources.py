@@ -126,6 +126,21 @@ def test_a_save_made_against_the_old_name_cannot_undo_a_rename(world) -> None:
                  412, "version_mismatch")
 
 
+def test_a_stale_save_is_refused_before_its_source_is_compiled(world) -> None:
+    # Before, a save against an old ETag was compiled first: stale text with a
+    # mistake answered 422 at its line (fixing it then met 412 anyway), and
+    # stale saves spent the guild's compile time.
+    w = world()
+    read = w.manager("GET", w.script_path)
+    assert w.owner("PUT", w.script_path, {"source": ECHO + "# new\n"},
+                   headers={"If-Match": read.headers["etag"]}).status == 200
+    stale = w.manager("PUT", w.script_path, {"source": "on endpoint(event):\n    x = (\n"},
+                      headers={"If-Match": read.headers["etag"]})
+    assert_error(stale, 412, "version_mismatch")
+    assert "someone else saved first" in stale.json["error"]["message"]
+    assert w.manager("GET", w.script_path).json["source"] == ECHO + "# new\n"
+
+
 def test_a_misspelled_or_repeated_query_parameter_changes_nothing(world) -> None:
     # Review, session 27: `?dryrun=true` (lower case) was ignored, so the
     # "dry run" downgraded the plan and disabled the guild's endpoints.

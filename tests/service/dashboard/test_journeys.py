@@ -289,6 +289,34 @@ def test_a_save_made_elsewhere_meanwhile_is_not_overwritten_unseen(browser: Any,
     ctx.close()
 
 
+def test_an_editor_that_does_not_say_what_it_opened_does_not_save_blind(browser: Any,
+                                                                         site: Site) -> None:
+    # An editor page loaded before the editor carried its revision posts none:
+    # before, that save replaced whatever version was current.
+    from service import core
+    gid = site.guild("pro")
+    sid = site.script(gid, SOURCE)
+    ctx = context(browser, site)
+    page = ctx.new_page()
+    watch = Watch(page)
+    page.goto(site.link(MANAGER))
+    page.goto(f"/dashboard/{gid}/scripts/{sid}?tab=source")
+    page.evaluate("document.querySelector('input[name=revision]').remove()")
+    mine = SOURCE + "# mine\n"
+    page.fill("#source", mine)
+    with page.expect_navigation():
+        page.click("text=Save new version")
+    assert "did not say which version it was opened on" in page.inner_text("#save-conflict")
+    assert page.input_value("#source") == mine
+    assert core.show_script(core.Actor.user(OWNER), gid, sid)["version"] == 1
+    with page.expect_navigation():                  # the form now names the version
+        page.click("text=Save new version")
+    assert "Saved: a new version is live." in page.inner_text("main")
+    assert core.show_script(core.Actor.user(OWNER), gid, sid)["source"] == mine
+    assert watch.problems == [] and watch.dialogs == []
+    ctx.close()
+
+
 def test_readable_at_375px(browser: Any, site: Site) -> None:
     gid = site.guild("pro")
     sid = site.script(gid, SOURCE)
