@@ -288,11 +288,14 @@ def run_of(path: Path) -> str | None:
     return match.group(2) if match else None
 
 
-def read_segments(paths: list[Path]) -> Iterator[JournaledRequest]:
+def read_segments(paths: list[Path],
+                  damaged: list[tuple[Path, int]] | None = None) -> Iterator[JournaledRequest]:
     """The requests journaled in `paths`, each up to its first empty or torn
     entry (where the writing process stopped), or an entry that is
     unreadable or stamped with another segment number (left by an earlier
-    use of a recycled file): nothing after such an entry can be trusted."""
+    use of a recycled file): nothing after such an entry can be trusted.
+    Where an entry is unreadable (damage, not an earlier use), its file and
+    offset are added to `damaged`."""
     for path in paths:
         match = _SEGMENT.fullmatch(path.name)
         number = int(match.group(1)) if match else None
@@ -304,9 +307,15 @@ def read_segments(paths: list[Path]) -> Iterator[JournaledRequest]:
             if size == 0 or offset + 4 + size > len(data):
                 break
             facts = _entry(data[offset + 4:offset + 4 + size], number)
+            if facts is _STALE:
+                log.warning("journal %s: an entry of an earlier use of the file at byte %d; "
+                            "the rest of the file is not replayed", path.name, offset)
+                break
             if facts is None:
-                log.warning("journal %s: an unreadable or stale entry at byte %d; the rest of "
-                            "the file is not replayed", path.name, offset)
+                log.warning("journal %s: an unreadable entry at byte %d; the rest of the file "
+                            "is not replayed", path.name, offset)
+                if damaged is not None:
+                    damaged.append((path, offset))
                 break
             offset += 4 + size
             entry = JournaledRequest(facts)
@@ -315,11 +324,15 @@ def read_segments(paths: list[Path]) -> Iterator[JournaledRequest]:
             yield entry
 
 
+#: `_entry`'s answer for an entry of an earlier use of a recycled segment.
+_STALE: tuple[Any, ...] = ()
+
+
 def _entry(raw: bytes, number: int | None) -> tuple[Any, ...] | None:
-    """The facts of one entry, or None when it is unreadable or not of this
-    use of the segment. (A version before entries were stamped wrote the bare
-    list of facts: its leftover files are read as it read them, without the
-    check.)"""
+    """The facts of one entry, None when it is unreadable, `_STALE` when it is
+    not of this use of the segment. (A version before entries were stamped
+    wrote the bare list of facts: its leftover files are read as it read
+    them, without the check.)"""
     try:
         entry = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=False)
     except Exception:  # noqa: BLE001 - any undecodable bytes (TypeError: a map keyed by a list)
@@ -327,7 +340,7 @@ def _entry(raw: bytes, number: int | None) -> tuple[Any, ...] | None:
     if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], list):
         stamp, facts = entry
         if stamp != number:
-            return None
+            return _STALE
     else:
         facts = entry
     if not isinstance(facts, list) or len(facts) != len(FIELDS):

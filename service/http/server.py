@@ -35,8 +35,8 @@ from service.http.invoke import PREFIX, InvokeEndpoint
 from service.http.memory_windows import MemoryWindows
 from service.http.priority import background_executor
 from service.http.ratelimit import RateLimits
-from service.http.journal import Journal, read_segments, run_of
-from service.http.record_batches import expand
+from service.http.journal import Journal
+from service.http.journal_replay import replay_journal
 from service.http.records import RecordWriter
 from service.settings import Settings
 
@@ -293,71 +293,6 @@ def journal_path(settings: Settings) -> str:
         # Not "-journal": that is SQLite's own rollback journal file.
         return url[len("sqlite:///"):].split("?", 1)[0] + ".records-journal"
     return "logic-journal"
-
-
-def replay_journal(journal: Journal, batch: int = 5000) -> None:
-    """Write the records journaled by a process that did not stop cleanly.
-
-    All in one transaction, so a start that fails meanwhile (the database
-    unreachable) has written nothing that the next start writes again. An
-    entry that cannot be stored (a damaged file: values the service never
-    journals) is dropped alone, in a savepoint of its own, and counted: it
-    must not keep the service from starting, nor cost the others.
-    """
-    from peewee import InterfaceError, OperationalError
-
-    from models.db import database
-    from service.core import journal_marks
-    from service.core.records import write_batch
-
-    leftovers = journal.leftovers()
-    if not leftovers:
-        return
-
-    def stored(part: list[Any]) -> bool:
-        """Whether `part` was written (in a savepoint: nothing of it when not)."""
-        try:
-            with database.atomic():
-                write_batch(expand(part))
-        except (OperationalError, InterfaceError):
-            raise                       # the database: the start fails, nothing written
-        except Exception:  # noqa: BLE001 - a value no column takes
-            return False
-        return True
-
-    entries = list(read_segments(leftovers))
-    # What the writer had in the database before the crash (a mark per run).
-    done = journal_marks.marks(e.mark[0] for e in entries if e.mark is not None)
-    entries = [e for e in entries if not _written(e.mark, done)]
-    reached: dict[str, journal_marks.Mark] = {}
-    dropped = 0
-    with database.atomic():
-        for start in range(0, len(entries), batch):
-            part = entries[start:start + batch]
-            if not stored(part):        # one by one: only what fails alone is dropped
-                dropped += sum(not stored([entry]) for entry in part)
-        for entry in entries:
-            if entry.mark is not None:
-                reached[entry.mark[0]] = entry.mark   # segments are read in order
-        for mark in reached.values():   # a crash before `discard` replays nothing twice
-            journal_marks.set_mark(mark)
-    journal.discard(leftovers)
-    # A mark goes with the last segment of its run (kept while any is left).
-    left = {run_of(p) for p in journal.leftovers()}
-    named = {run_of(p) for p in leftovers}   # a run's files, entries in them or not
-    journal_marks.forget(run for run in named if run is not None and run not in left)
-    log.info("replayed %d journaled requests from %d segments", len(entries) - dropped,
-             len(leftovers))
-    if dropped:
-        log.warning("journal: %d entries could not be stored and were dropped (a damaged "
-                    "file?)", dropped)
-
-
-def _written(mark: tuple[str, int, int] | None, done: dict[str, tuple[int, int]]) -> bool:
-    """Whether the entry at `mark` was in the database before its process died."""
-    if mark is None or mark[0] not in done:
-        return False
-    return (mark[1], mark[2]) <= done[mark[0]]
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:

@@ -263,7 +263,7 @@ def test_an_entry_that_cannot_be_stored_is_dropped_alone_at_replay(db, tmp_path:
 
     from models import RequestRecord, StatBucket
     from service import core
-    from service.http.server import replay_journal
+    from service.http.journal_replay import replay_journal
     from tests.factories import OWNER, make_guild, make_script
     gid = make_guild("pro")
     sid = make_script(gid)
@@ -289,6 +289,47 @@ def test_an_entry_that_cannot_be_stored_is_dropped_alone_at_replay(db, tmp_path:
     assert journal.leftovers() == []
     replay_journal(journal, batch=2)      # nothing left: nothing written twice
     assert RequestRecord.select().count() == 4
+    journal.close()
+
+
+def test_a_damaged_segment_is_set_aside_after_what_precedes_the_damage_is_written(
+        db, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Before, a segment unreadable from some entry on was deleted with the
+    # rest of the replayed files: nothing left to look into.
+    import logging
+    import struct
+
+    from models import RequestRecord
+    from service import core
+    from service.core.invoke_target import load_target
+    from service.http.journal_replay import replay_journal
+    from tests.factories import OWNER, make_guild, make_script
+    gid = make_guild("pro")
+    sid = make_script(gid)
+    core.enable_endpoint(OWNER, gid, sid)
+    endpoint_id = load_target(gid, sid).endpoint_id   # type: ignore[union-attr]
+    journal = Journal(tmp_path / "j")
+    path = tmp_path / "j" / "segment-000000000991.journal"
+    entries = []
+    for n in range(4):
+        facts = list(_facts(n))
+        facts[0] = endpoint_id
+        entries.append(msgpack_entry(991, tuple(facts)))
+    entries[2] = b"\xc1" * len(entries[2])        # never valid msgpack
+    path.write_bytes(b"".join(struct.pack("<I", len(e)) + e for e in entries) + bytes(4))
+    damaged = bytes(path.read_bytes())
+    with caplog.at_level(logging.ERROR, logger="logic.server"):
+        replay_journal(journal)
+    assert sorted(r.request_id for r in RequestRecord.select()) == ["req_0", "req_1"]
+    aside = tmp_path / "j" / "damaged-segment-000000000991.journal"
+    assert not path.exists() and aside.read_bytes() == damaged
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == [
+        "journal segment-000000000991.journal: unreadable from byte "
+        f"{8 + len(entries[0]) + len(entries[1])} (damaged: the entries before it were "
+        "written, the rest is lost)"]
+    assert journal.leftovers() == []
+    replay_journal(journal)                       # set aside: never replayed again
+    assert RequestRecord.select().count() == 2 and aside.exists()
     journal.close()
 
 
@@ -425,7 +466,7 @@ def test_a_crash_between_two_batches_of_a_turn_writes_nothing_twice(
     from models.migrate import Runner
     from service import core
     from service.core.invoke_target import load_target
-    from service.http.server import replay_journal
+    from service.http.journal_replay import replay_journal
     from tests.factories import OWNER, make_guild, make_script
     db = connect(db_url)
     Runner(db).upgrade()
@@ -466,7 +507,7 @@ def test_the_mark_of_a_run_killed_with_nothing_left_to_write_goes_with_its_files
     runs whose files still held entries."""
     from models import JournalMark
     from service.core.journal_marks import set_mark
-    from service.http.server import replay_journal
+    from service.http.journal_replay import replay_journal
     dead = Journal(tmp_path / "j")
     with dead.lock:
         dead.append(_facts(1))
