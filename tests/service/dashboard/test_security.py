@@ -408,8 +408,10 @@ def test_the_console_sends_a_text_body_and_the_editor_saves_source_as_typed(
     sid = site.script(gid, SOURCE)
     client.login(site.link(OWNER))
     page = f"/dashboard/{gid}/scripts/{sid}"
+    site.bind()       # the editor form carries the revision it was opened on
+    revision = core.scripts.revision(core.show_script(core.Actor.user(OWNER), gid, sid))
     resp = client.post(f"{page}/source", {"source": echo.replace("\n", "\r\n"),
-                                          "_xsrf": client.xsrf()})
+                                          "revision": revision, "_xsrf": client.xsrf()})
     assert resp.status == 303
     site.bind()
     assert core.show_script(core.Actor.user(OWNER), gid, sid)["source"] == echo
@@ -485,8 +487,13 @@ def test_a_managers_flood_of_slow_saves_never_holds_another_users_page(site: Sit
 
     from tests.service.api.test_fair_calls import _slow_source
 
+    from service import core
     attacked, other = site.guild(), site.guild(managers=())
-    sid = site.script(attacked, SOURCE)
+    # One script per save: each form carries its own script's revision, so
+    # all four are saved (as four editor tabs would).
+    sids = [site.script(attacked, SOURCE, name=f"scores{n}") for n in range(4)]
+    revisions = [core.scripts.revision(core.show_script(core.Actor.user(OWNER), attacked, sid))
+                 for sid in sids]
     manager = Client(site.server)
     manager.login(site.link(MANAGER))
     token = manager.xsrf()
@@ -497,8 +504,8 @@ def test_a_managers_flood_of_slow_saves_never_holds_another_users_page(site: Sit
 
     def save(seed: int) -> None:
         resp = Client(site.server, dict(manager.cookies)).post(
-            f"/dashboard/{attacked}/scripts/{sid}/source",
-            {"source": _slow_source(seed), "_xsrf": token})
+            f"/dashboard/{attacked}/scripts/{sids[seed]}/source",
+            {"source": _slow_source(seed), "revision": revisions[seed], "_xsrf": token})
         finished.append(time.monotonic())
         statuses.append(resp.status)
 
