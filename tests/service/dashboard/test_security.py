@@ -240,11 +240,16 @@ def test_roles_manager_has_no_secret_button_and_a_stranger_gets_404(site: Site) 
         assert resp.status == 404 and resp.body == missing.body.replace(
             missing.headers["x-request-id"].encode(), resp.headers["x-request-id"].encode())
     token = stranger.xsrf()
+    from service import core
+    site.bind()       # a save naming the right revision: the role check is what refuses it
+    revision = core.scripts.revision(core.show_script(core.Actor.user(OWNER), gid, sid))
     for path, form in ((f"{page}/secret", {}), (f"{page}/endpoint", {"enabled": "on"}),
-                       (f"{page}/whitelist", {"cidrs": ""}), (f"{page}/source", {"source": SOURCE}),
+                       (f"{page}/whitelist", {"cidrs": ""}),
+                       (f"{page}/source", {"source": SOURCE + "# x\n", "revision": revision}),
                        (f"/dashboard/{gid}/managers", {"action": "add", "user_id": "1"})):
         assert stranger.post(path, {**form, "_xsrf": token}).status == 404, path
     assert b"Guild " + gid.encode() not in stranger.get("/dashboard").body
+    assert core.show_script(core.Actor.user(OWNER), gid, sid)["version"] == 1
 
 
 def test_script_replies_and_output_render_as_text(site: Site, client: Client) -> None:
