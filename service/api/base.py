@@ -36,7 +36,6 @@ from pydantic import BaseModel
 from tornado.web import stream_request_body
 from pydantic import ValidationError as PydanticError
 
-from models.db import database
 from service.api.readers import ReadProcesses
 from service.api.spec import operation_of
 from service.core.access import Actor

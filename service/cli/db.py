@@ -1,12 +1,7 @@
 """`logic db`: the database schema (upgrade, version)."""
 from __future__ import annotations
 
-from typing import Any
-
-import click
-
-from service.cli.base import (EXIT_ERROR, CommandError, State, actor_of, as_option, cli, core,
-                              emit, json_option, pass_state, run_core)
+from service.cli.base import EXIT_ERROR, CommandError, State, cli, emit, json_option, pass_state
 
 
 @cli.group()

@@ -5,7 +5,7 @@ from typing import Any
 
 import click
 
-from service.cli.base import core, State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
+from service.cli.base import core, State, cli, emit, json_option, pass_state, run_core
 
 
 @cli.group()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor

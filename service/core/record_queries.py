@@ -8,18 +8,16 @@ answers (`ERROR_STATUS`).
 """
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any, Mapping
 
-from models import Endpoint, ErrorRecord, RequestRecord
-from models.clock import iso
-from service.core.access import Actor, guild_and_script
+from models import ErrorRecord, RequestRecord
+from service.core.access import Actor
 from service.core.errors import NotFoundError, QuotaError, ValidationError
 from service.core.inputs import ascii_digits, stored_request_id, user_time
 from service.core.reads import _endpoint_and_plan, error_view, in_history, record_view
 from service.core.records import ERROR_KEEP
-from service.plans import DEFAULT_PLANS, Plan, resolve_plan
+from service.plans import DEFAULT_PLANS, Plan
 
 #: The status each error kind answers the caller.
 ERROR_STATUS: Mapping[str, int] = {"script_error": 500, "script_timeout": 504,

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from sandbox.checks import check_source as _check
-from service.core.errors import CompileError, ValidationError
+from service.core.errors import CompileError
 
 
 def _line(f: Any) -> str:

@@ -27,7 +27,6 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from typing import Any
 
 from service.core.secrets import LEGACY_PREFIX, is_fast, verify_fast
 from service.http.ratelimit import RateLimits

@@ -17,7 +17,6 @@ ends it (one info line). What the limiter does meanwhile is
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
