@@ -288,7 +288,13 @@ def redact_all(redactors: list[Redactor], value: Any) -> Any:
 _SECRET_SHAPES = re.compile(r"(lsk|lat)_[A-Za-z0-9_\-]{6,}|(?i:\b(bearer|basic)\s+)[^\s'\",;]+")
 
 
-_AFTER_LOGIN = re.compile(r"(?is)(login/).*")
+_AFTER_LOGIN = re.compile(r"(?is)(login[/\\%]).*")
+#: A `login` segment's end: `/`, `\` (which browsers read as `/`), or a `%`
+#: still encoded after the decoding rounds below.
+_LOGIN_SEGMENT = re.compile(r"(?i)login[/\\%]")
+#: Rounds of percent-decoding a path gets before it is looked at (a link
+#: encoded twice by a link rewriter: `/login%252F...`).
+_DECODE_ROUNDS = 4
 #: What a decoded path may not show as it is: anything but printable ASCII
 #: (and the "…" that marks a cut): control characters of C0 and C1, line and
 #: paragraph separators, bidirectional controls.
@@ -297,17 +303,24 @@ _CONTROL = re.compile("[^\x21-\x7e\u2026]")
 
 def loggable_path(path: str) -> str:
     """A request path as an access line may show it: what follows a `login/`
-    segment, in any letter case and percent-encoded or not, may be a login
-    link's token (`//login/...` from a base URL ending in "/", a link typed in
-    capitals, `/%6Cogin/...`), and is cut. A path cut after decoding is shown
+    (or `login\\`) segment, in any letter case and percent-encoded or not,
+    even twice over, may be a login link's token (`//login/...` from a base
+    URL ending in "/", a link typed in capitals, `/%6Cogin/...`,
+    `/login%252F...`), and is cut. A path cut after decoding is shown
     decoded, all but its printable ASCII encoded again (no forged log lines,
     no terminal escapes, no reordered text)."""
-    if "%" in path:
-        decoded = unquote(path)
-        if "login/" in decoded.lower():
-            return _CONTROL.sub(lambda m: quote(m.group(), safe=""),
-                                _AFTER_LOGIN.sub(r"\1…", decoded))
-    if "login/" in path.lower():
+    decoded = path
+    for _ in range(_DECODE_ROUNDS):
+        if "%" not in decoded:
+            break
+        once = unquote(decoded)
+        if once == decoded:
+            break
+        decoded = once
+    if decoded is not path and _LOGIN_SEGMENT.search(decoded):
+        return _CONTROL.sub(lambda m: quote(m.group(), safe=""),
+                            _AFTER_LOGIN.sub(r"\1…", decoded))
+    if _LOGIN_SEGMENT.search(path):
         return _AFTER_LOGIN.sub(r"\1…", path)
     return path
 
