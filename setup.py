@@ -1,13 +1,15 @@
 """Build script: everything is in setup.cfg except the C extension list.
 
-Both extensions are optional: when one cannot be compiled the install still
+Every extension is optional: when one cannot be compiled the install still
 succeeds. Without ``sandbox._memguard`` the pool falls back to tracemalloc
 (reported at start-up and in ``pool.hardening``); without ``sandbox._frameshape``
 the pool measures workers' frames with the same walk in Python (slower); without
 ``sandbox._typepatch`` ``collections.deque.index`` stays CPython's (see
 ``sandbox/cpython_fixes.py``); without
 ``service.http._scan`` the records journal looks for the presented secret
-with the same checks in Python (slower on the request path).
+with the same checks in Python (slower on the request path); without
+``service.http._bodycount`` a large JSON body's values are counted with a
+regular expression (slower).
 """
 from setuptools import Extension, setup
 
@@ -40,6 +42,12 @@ setup(
         Extension(
             "service.http._scan",
             sources=["service/http/_scan.c"],
+            extra_compile_args=["-O2", "-std=gnu11"],
+            optional=True,
+        ),
+        Extension(
+            "service.http._bodycount",
+            sources=["service/http/_bodycount.c"],
             extra_compile_args=["-O2", "-std=gnu11"],
             optional=True,
         ),

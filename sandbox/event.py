@@ -45,7 +45,12 @@ FORBIDDEN_HEADERS = frozenset({
 FORBIDDEN_PREFIXES = ("proxy-", "x-accel-", "x-sendfile", "x-litespeed-", "x-lighttpd-",
                       # Device-bound session credentials, under their draft and their
                       # shipped names: a session bound to the origin of the dashboard.
-                      "sec-session-", "secure-session-")
+                      "sec-session-", "secure-session-",
+                      # The service's own headers: every RateLimit name (the drafts'
+                      # `RateLimit` and `RateLimit-Policy` too), the service's hint
+                      # (`X-Logic-Hint`; review, session 28: a script could send one
+                      # a caller would take for the service's).
+                      "ratelimit", "x-logic-")
 _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789"
                          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import parse_qsl
@@ -73,8 +73,52 @@ def visible_headers(headers: HTTPHeaders | dict[str, str]) -> dict[str, str]:
     return out
 
 
+#: At most this many fields in a form body or parameters in a query string:
+#: each costs ~1-2 us to split and decode on the event loop, so 209,600
+#: fields in a 1 MiB form took 458 ms (review, session 28).
+MAX_FORM_FIELDS = 1000
+#: At most this many values (object keys included) in a JSON body: `json`
+#: builds a Python object for each (up to ~0.3 us a value: a 1 MiB body of
+#: 349,000 empty lists took 90 ms of the event loop and ~28 MB while queued).
+MAX_BODY_VALUES = 50_000
+
+_json_values: Callable[[str], int]
+try:  # the optional C extension (setup.py); the twin below otherwise
+    from service.http._bodycount import json_values as _json_values
+except ImportError:  # pragma: no cover - exercised only where it cannot be built
+    _json_values = None  # type: ignore[assignment]
+
+#: A JSON string, escapes included, or one left open at the end of the text.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
+
+
+#: A '[' or '{' whose next character past white space is not a closer.
+_NONEMPTY_OPENER = re.compile(r"[\[{](?=[ \t\n\r]*[^\]} \t\n\r])")
+
+
+def json_values_py(text: str) -> int:
+    """`_bodycount.json_values` in Python: where a value starts, outside
+    strings (the first value, one after each ',' and ':', one after each
+    non-empty '[' or '{'): the values a valid JSON text holds, keys included."""
+    bare = _JSON_STRING.sub('""', text)
+    return (1 + bare.count(",") + bare.count(":")
+            + sum(1 for _ in _NONEMPTY_OPENER.finditer(bare)))
+
+
+def json_values(text: str) -> int:
+    """How many values (keys included) the JSON `text` holds, before parsing it."""
+    return _json_values(text) if _json_values is not None else json_values_py(text)
+
+
 def parse_query(query: str) -> dict[str, str | list[str]]:
-    """Query arguments: a string, or a list when the name repeats."""
+    """Query arguments: a string, or a list when the name repeats. Raises
+    `InvalidBodyError` past `MAX_FORM_FIELDS` fields (counted before any is
+    decoded)."""
+    # A field takes at least one character and a separator: a text this
+    # short cannot hold more (no count on the hot path).
+    if len(query) > 2 * MAX_FORM_FIELDS and query.count("&") >= MAX_FORM_FIELDS:
+        raise InvalidBodyError(f"The request has more than {MAX_FORM_FIELDS:,} form fields or "
+                               "query parameters.")
     out: dict[str, str | list[str]] = {}
     for name, value in parse_qsl(query, keep_blank_values=True):
         prev = out.get(name)
@@ -127,6 +171,11 @@ def parse_body(content_type: str, raw: bytes) -> tuple[Any, str | bytes]:
         return parse_query(text), text
     if mtype.startswith("text/"):
         return text, text
+    # A value takes at least one character and a separator: a shorter text
+    # cannot hold more values than the bound (no count on the hot path).
+    if len(text) >= 2 * MAX_BODY_VALUES and json_values(text) > MAX_BODY_VALUES:
+        raise InvalidBodyError(f"The request body holds more than {MAX_BODY_VALUES:,} JSON "
+                               "values; send fewer, or the data as one string.")
     try:
         body = _JSON.decode(text)
     except _NumberOutOfRange as exc:
@@ -228,6 +277,15 @@ def iso_timestamp(started: float) -> str:
         assert whole is not None
         prefix = _stamp_second[second] = whole[:-4]
     return f"{prefix}{micro // 1000:03d}Z"
+
+
+def query_for_history(query: str) -> dict[str, str | list[str]]:
+    """A refused request's query as history keeps it: parsed, or none past
+    `MAX_FORM_FIELDS` (that request was answered 400 for it)."""
+    try:
+        return parse_query(query) if query else {}
+    except InvalidBodyError:
+        return {}
 
 
 def build_event(method: str, query: str, headers: HTTPHeaders | dict[str, str], raw: bytes,

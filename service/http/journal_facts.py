@@ -21,7 +21,7 @@ from service.core.record_items import (BODY_CAP, OUTPUT_CAP, TEXT_CAP, joined_he
 from service.core.records import ErrorRecordIn, RequestRecordIn, StatHit
 from service.core.secrets import SECRET_PREFIX
 from service.http.auth import presented_secret
-from service.http.event import parse_query, visible_headers
+from service.http.event import query_for_history, visible_headers
 from service.http.redaction import (REDACTED, SCAN_CHARS, Redactor, hides, shape_redactors,
                                     shape_secrets, shaped)
 
@@ -74,7 +74,7 @@ def request_facts(req: Any) -> tuple[Any, ...]:
     facts = (
         target.endpoint_id, plan.history, plan.error_logs, True, req.request_id,
         req.started, req.finished, req.status, ip, req.method or "POST",
-        event["query"] if event else parse_query(req.query),
+        event["query"] if event else query_for_history(req.query),
         event["headers"] if event else visible_headers(headers),
         req.raw_body, headers.get("user-agent", ""),
         req.response_headers, req.response_body,

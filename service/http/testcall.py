@@ -45,7 +45,7 @@ from service.http.redaction import Redactor, redact_all, shaped_redactors
 from service.http.base import error_body
 from service.http.errors import (OUTCOME_ERRORS, BusyError, PayloadTooLargeError,
                                  RateLimitedError, ServiceError)
-from service.http.event import build_event, parse_query
+from service.http.event import build_event, query_for_history
 from service.http.ratelimit import LimitsUnavailable
 from service.http.script_run import REPLY_HEADERS, SERVICE_SET
 
@@ -167,7 +167,7 @@ class _Run:
             error = f"{outcome.error_kind}: {outcome.error_message or ''}".strip()
         elif result.error_code:
             error = result.error_code
-        query = parse_query(request.query) if request.query else {}
+        query = query_for_history(request.query)
         message = (outcome.error_message or "") if outcome is not None else ""
         traceback = outcome.traceback if outcome is not None else None
         # A test call presents no secret: any secret or token it carries (the

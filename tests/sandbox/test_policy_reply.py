@@ -123,7 +123,7 @@ DOCUMENTED_BY_PREFIX = [
     "X-Accel-Redirect", "X-Accel-Buffering", "X-Accel-Charset",
     "X-Sendfile", "X-Sendfile-Type", "X-LiteSpeed-Location", "X-Lighttpd-Send-File",
     "Sec-Session-Registration", "Sec-Session-Challenge", "Secure-Session-Registration",
-    "Secure-Session-Id",
+    "Secure-Session-Id", "RateLimit", "RateLimit-Policy", "X-Logic-Hint",
 ]
 FORBIDDEN = DOCUMENTED + DOCUMENTED_BY_PREFIX + ["proxy-connection", "transfer-encoding",
                                                  "CONTENT-LENGTH", "set-COOKIE", "x-ACCEL-redirect"]

@@ -100,6 +100,8 @@ def test_a_content_length_with_many_leading_zeros_is_a_length(server: Server,
     "Use-As-Dictionary", "Sec-Session-Registration", "Activate-Storage-Access", "No-Vary-Search",
     # Device-bound sessions: the draft names and the shipped ones (red-team pass, session 23).
     "Sec-Session-Challenge", "Secure-Session-Registration", "Secure-Session-Challenge",
+    # The service's own names (review, session 28): its hint, every RateLimit header.
+    "X-Logic-Hint", "RateLimit", "RateLimit-Policy",
 ])
 def test_script_cannot_send_proxy_control_or_origin_wide_headers(server: Server, make_endpoint,
                                                                  name: str) -> None:

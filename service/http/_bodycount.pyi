@@ -1,0 +1,3 @@
+"""Type stub for the C extension ``service/http/_bodycount.c``."""
+
+def json_values(text: str, /) -> int: ...
