@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlparse, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlparse, urlsplit
 
 from peewee import (Database, DatabaseProxy, InterfaceError, Model, OperationalError,
                     PostgresqlDatabase, SqliteDatabase)
@@ -40,7 +41,8 @@ SQLITE_BUSY_TIMEOUT_S = 10.0
 
 class MissingDatabaseFile(OperationalError):
     """A SQLite database opened to be used, not made, whose file is not there
-    (a mistyped path, or a file removed while the service ran)."""
+    (a mistyped path), or no longer the file this process opened (removed, or
+    another file moved over it while the service ran)."""
 
 
 class _PrivateSqlite(SqliteDatabase):
@@ -50,50 +52,89 @@ class _PrivateSqlite(SqliteDatabase):
     that already exists keeps the mode the operator gave it.
 
     Opened with ``create=False``, a missing file is `MissingDatabaseFile`
-    instead of a new empty database: a mistyped path must not start a service
-    that answers every endpoint "not found", nor leave an empty file behind."""
+    instead of a new empty database (the file is opened with SQLite's
+    ``mode=rw``, so not even a file removed between the check and the open
+    is made again): a mistyped path must not start a service that answers
+    every endpoint "not found", nor leave an empty file behind.
 
-    def __init__(self, path: str, create: bool = True, **kwargs: Any) -> None:
+    The first connection records the file's identity (or ``identity`` gives
+    it: another process's, the service's reading processes); a later
+    connection to a path that now holds another file, or none, is refused:
+    it would open that file with the WAL the old file's connections still
+    write (`<path>-wal` is found by name), which corrupts it."""
+
+    def __init__(self, path: str, create: bool = True,
+                 identity: tuple[int, int] | None = None, **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
         self.create = create
         #: (device, inode) of the file the first connection opened.
-        self._identity: tuple[int, int] | None = None
+        self.identity: tuple[int, int] | None = identity
+
+    def _is_file(self) -> bool:
+        path = self.database
+        return bool(path) and path != ":memory:"
 
     def file_replaced(self) -> bool:
-        """Whether the file at the path is gone or another file than the one
-        the first connection opened (removed, or a copy moved over it while
-        the service ran): open connections would go on writing to the old one."""
-        if self._identity is None or not self._is_file():
+        """Whether the file at the path is gone, or is another file than the
+        one the first connection opened."""
+        if self.identity is None or not self._is_file():
             return False
         try:
             st = os.stat(self.database)
         except OSError:
             return True
-        return (st.st_dev, st.st_ino) != self._identity
-
-    def _is_file(self) -> bool:
-        path = self.database
-        return bool(path) and path != ":memory:" and not path.startswith("file:")
+        return (st.st_dev, st.st_ino) != self.identity
 
     def connect(self, reuse_if_open: bool = False) -> bool:
         # Here, not in `_connect`: peewee maps what `_connect` raises onto its
         # own classes by name, which would lose this one's.
-        if not self.create and self.is_closed() and self._is_file() \
-                and not os.path.exists(self.database):
-            raise MissingDatabaseFile(f"{self.database}: no such database file")
+        if self.is_closed() and self._is_file():
+            self._refuse_a_gone_file()
         return bool(super().connect(reuse_if_open))
 
+    def _refuse_a_gone_file(self) -> None:
+        path = self.database
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            if self.create:
+                return
+            folder = os.path.dirname(path) or "."
+            if self.identity is None and not os.path.isdir(folder):
+                raise MissingDatabaseFile(f"{path}: no such directory {folder}") from None
+            raise MissingDatabaseFile(
+                f"{path}: no such database file" if self.identity is None
+                else f"{path}: the database file was removed while the service ran") from None
+        except OSError:
+            return   # a permission or a path problem: SQLite says which
+        if self.identity is not None and (st.st_dev, st.st_ino) != self.identity:
+            raise MissingDatabaseFile(f"{path}: another file was put in place of the database "
+                                      "while the service ran")
+
     def _connect(self) -> Any:
-        if self.create and self._is_file():
+        if not self._is_file():
+            return super()._connect()  # type: ignore[misc]
+        if self.create:
             try:
                 os.close(os.open(self.database, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
             except OSError:   # it exists, or cannot be made: SQLite says which
                 pass
-        conn = super()._connect()  # type: ignore[misc]
-        if self._identity is None and self._is_file():
+            conn = super()._connect()  # type: ignore[misc]
+        else:
+            # mode=rw: never made, even if removed since the check in `connect`.
+            uri = "file:" + quote(os.path.abspath(self.database)) + "?mode=rw"
+            conn = sqlite3.connect(uri, uri=True, timeout=self._timeout,  # type: ignore[attr-defined]
+                                   isolation_level=None,
+                                   **self.connect_params)
+            try:
+                self._add_conn_hooks(conn)  # type: ignore[attr-defined]
+            except Exception:
+                conn.close()
+                raise
+        if self.identity is None:
             try:
                 st = os.stat(self.database)
-                self._identity = (st.st_dev, st.st_ino)
+                self.identity = (st.st_dev, st.st_ino)
             except OSError:
                 pass
         return conn
@@ -149,11 +190,13 @@ def describe_url(url: str) -> str:
     return f"{parts.scheme}://{user}{host}{port}{parts.path}"
 
 
-def open_database(url: str, create: bool = True) -> Database:
+def open_database(url: str, create: bool = True,
+                  identity: tuple[int, int] | None = None) -> Database:
     """Return an unconnected peewee `Database` for `url` (no proxy change).
     A `DatabaseURLError`'s message never holds the URL's password. With
     ``create=False`` a SQLite file that does not exist is not made: connecting
-    raises `MissingDatabaseFile`."""
+    raises `MissingDatabaseFile`; ``identity``: the SQLite file's (device,
+    inode) as another process opened it, for `file_replaced`."""
     try:
         parsed = urlparse(url)
     except ValueError:   # its text quotes what it choked on: maybe the password
@@ -164,9 +207,14 @@ def open_database(url: str, create: bool = True) -> Database:
         path = unquote(parsed.path[1:]) if parsed.path.startswith("/") else parsed.path
         if not path:
             raise DatabaseURLError(f"database url {describe_url(url)!r}: missing file path (sqlite:///logic.db)")
+        if path.startswith("file:"):
+            # SQLite would read it as a URI of its own, with its own modes.
+            raise DatabaseURLError(f"database url {describe_url(url)!r}: give the file's path "
+                                   "(sqlite:///logic.db), not a file: URI")
         return _PrivateSqlite(
             path,
             create=create,
+            identity=identity,
             pragmas={
                 "journal_mode": "wal",
                 "foreign_keys": 1,
@@ -215,9 +263,9 @@ def open_database(url: str, create: bool = True) -> Database:
     raise DatabaseURLError(f"database url {describe_url(url)!r}: unsupported scheme (use sqlite:// or postgresql://)")
 
 
-def connect(url: str, create: bool = True) -> Database:
+def connect(url: str, create: bool = True, identity: tuple[int, int] | None = None) -> Database:
     """Open the database at `url`, bind the model proxy to it and return it."""
-    db = open_database(url, create)
+    db = open_database(url, create, identity)
     database.initialize(db)
     return db
 

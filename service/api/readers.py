@@ -56,7 +56,7 @@ class ReadProcesses:
         if self._executor is None:
             self._executor = ProcessPoolExecutor(
                 max_workers=self.processes, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_start, initargs=(self._url,))
+                initializer=_start, initargs=(self._url, _file_identity()))
         return self._executor
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -83,14 +83,21 @@ class ReadProcesses:
             self._executor = None
 
 
-def _start(database_url: str) -> None:
+def _file_identity() -> tuple[int, int] | None:
+    """The SQLite file the service opened: a reading process started after
+    another file was put in its place refuses it (`models.db`)."""
+    from models.db import database
+    return getattr(database.obj, "identity", None)
+
+
+def _start(database_url: str, identity: tuple[int, int] | None = None) -> None:
     """In a new reading process: lower priority, the service's database."""
     try:
         os.nice(READ_NICENESS)
     except OSError:  # not permitted: best effort
         pass
     from models.db import connect
-    connect(database_url, create=False)
+    connect(database_url, create=False, identity=identity)
 
 
 def _call(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:

@@ -138,8 +138,10 @@ def cannot_open(url: str, err: BaseException) -> str:
     """A driver's error as one line, naming the database without its password."""
     from models.db import MissingDatabaseFile, describe_url
     if isinstance(err, MissingDatabaseFile):
-        return (f"cannot open database {describe_url(url)}: no such file "
-                '("logic db upgrade" makes a new database there)')
+        reason = str(err).rsplit(": ", 1)[-1]     # "<path>: <reason>"
+        if reason == "no such database file":
+            reason = 'no such file ("logic db upgrade" makes a new database there)'
+        return f"cannot open database {describe_url(url)}: {reason}"
     first = (str(err).strip().splitlines() or [type(err).__name__])[0]
     return f"cannot open database {describe_url(url)}: {first}"
 

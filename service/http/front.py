@@ -18,6 +18,8 @@ import signal
 import socket
 from dataclasses import dataclass
 
+from peewee import DatabaseError
+
 from models.migrate import SchemaBehindError
 from service.http.journal import JournalInUse
 from service.http.server import FRONT_JOURNAL, HANDOFF_SIGNAL, journal_path, open_front, run_front
@@ -79,7 +81,8 @@ def front_main(settings: Settings, slot: int, journal: int, sockets: list[socket
     try:
         directory = os.path.join(journal_path(settings), f"{FRONT_JOURNAL}{journal}")
         database, front_journal = open_front(settings, directory, check_schema=False)
-    except (JournalInUse, SchemaBehindError, OSError) as err:
+    except (JournalInUse, SchemaBehindError, OSError, DatabaseError) as err:
+        # DatabaseError: e.g. the SQLite file removed or replaced since the start.
         log.error("front %d cannot start: %s", slot, err)
         return EXIT_BOOT
     def ready() -> None:

@@ -22,7 +22,7 @@ from peewee import Database
 from tornado.netutil import bind_sockets
 
 from models.change_feed import CHANNEL, TOKENS_CHANNEL, ChangeFeed
-from models.db import is_postgres
+from models.db import MissingDatabaseFile, is_postgres
 from sandbox.hardening import make_undumpable
 from sandbox.budget import WORKER_FDS
 from sandbox.pool import Pool
@@ -67,14 +67,25 @@ def serve(settings: Settings, *, drain_seconds: float = 30.0,
         Arbiter(settings, reload=reload, drain_seconds=drain_seconds, run_dir=run_dir).run()
         return
     # One process has no arbiter to start new fronts: a SIGHUP (`systemctl
-    # reload`) must not end it undrained (the default action). Ignored from
-    # here, logged once the loop runs (`_serve`).
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # reload`) must not end it undrained (the default action). A handler, not
+    # SIG_IGN: the sandbox's processes reset handlers (an ignored signal would
+    # stay ignored in them, across exec too); the loop's replaces it (`_run`).
+    signal.signal(signal.SIGHUP, _sighup_ignored)
     database, journal = open_front(settings, journal_path(settings), check_schema=True)
     # Bind first, so a taken port fails before anything is forked. The fork
     # server and the workers close every inherited descriptor but their channel.
     sockets = bind_sockets(settings.server.port, settings.server.host, family=socket.AF_UNSPEC)
     run_front(settings, database, sockets, journal, drain_seconds)
+
+
+def _sighup_ignored(signum: int, frame: Any) -> None:
+    log.warning("SIGHUP ignored: a reload needs server.processes above 1; restart to apply "
+                "a changed configuration")
+
+
+#: The SQLite file (device, inode) each database URL named when the first
+#: process of this start opened it (inherited by the fronts it forks).
+_FILE_IDENTITY: dict[str, tuple[int, int]] = {}
 
 
 def open_front(settings: Settings, journal_dir: str | None, *,
@@ -93,10 +104,16 @@ def open_front(settings: Settings, journal_dir: str | None, *,
     from service.http.journal_owner import bind_to_installation
 
     # Never makes a SQLite file: one removed while the service runs is an
-    # error on the next connection, not a new empty database.
-    database = connect(settings.database.url, create=False)
+    # error on the next connection, not a new empty database. A front forked
+    # later (a replacement, a reload) knows the file the first process
+    # opened, and refuses another one put in its place meanwhile.
+    url = settings.database.url
+    database = connect(url, create=False, identity=_FILE_IDENTITY.get(url))
     if check_schema:
         Runner(database).check()  # refuses a database that is behind (SchemaBehindError)
+        identity = getattr(database, "identity", None)
+        if identity is not None:
+            _FILE_IDENTITY[url] = identity
     journal = None
     if settings.records.journal != "off" and journal_dir is not None:
         journal = Journal(journal_dir, fsync=settings.records.fsync)
@@ -160,8 +177,18 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     # Below the loop's priority: a flood of unknown secrets takes only CPU
     # the loop does not want, so it cannot slow authenticated requests.
     executor = background_executor(2, "logic-argon2")
+    replaced = getattr(db, "file_replaced", None)
+
+    def store(items: Any, mark: Any = None) -> None:
+        if replaced is not None and replaced():
+            # The connections open would write to the old file, lost at the
+            # next start: held (and journaled) as for an unreachable database.
+            raise MissingDatabaseFile(f"{db.database}: the database file was removed or "
+                                      "replaced while the service ran")
+        write_batch(items, mark)
+
     records = RecordWriter(
-        write_batch,
+        store,
         on_thread_start=lambda: db.connect(reuse_if_open=True),
         on_thread_stop=db.close,
         journal=journal,
@@ -169,19 +196,22 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     )
     records.start()
 
-    replaced = getattr(db, "file_replaced", None)
     ping_state = {"replaced": False}
 
     def db_ping() -> bool:
         if replaced is not None and replaced():
-            # Connections already open would keep writing to the removed
-            # file, lost at the next start: not ready, and said once.
+            # Not ready, said once per episode (docs/deployment.md: stop the
+            # node before putting a file in place).
             if not ping_state["replaced"]:
                 ping_state["replaced"] = True
                 log.error("the database file %s was removed or replaced while the service "
-                          "ran: not ready; restart once the right file is in place",
-                          db.database)
+                          "ran: not ready; stop the service before putting the right file "
+                          "in place", db.database)
             return False
+        if ping_state["replaced"]:
+            ping_state["replaced"] = False
+            log.warning("the database file %s is the one the service opened again: ready",
+                        db.database)
         try:
             db.execute_sql("SELECT 1")  # type: ignore[no-untyped-call]
         except Exception:  # noqa: BLE001 - any failure means "not ready"
@@ -237,9 +267,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if on_ready is None:
-        loop.add_signal_handler(signal.SIGHUP, log.warning,
-                                "SIGHUP ignored: a reload needs server.processes above 1; "
-                                "restart to apply a changed configuration")
+        loop.add_signal_handler(signal.SIGHUP, _sighup_ignored, signal.SIGHUP, None)
     else:  # a front under the arbiter (service.http.arbiter)
         def hand_over() -> None:
             handoff.set()

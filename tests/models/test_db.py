@@ -100,3 +100,35 @@ def test_a_new_sqlite_file_is_private_and_an_existing_one_keeps_its_mode(tmp_pat
     db.close()
     database.initialize(None)
     assert stat.S_IMODE(os.stat(shared).st_mode) == 0o640
+
+
+def test_a_file_removed_between_the_check_and_the_open_is_not_made_again(tmp_path):
+    # Review, session 28: `create=False` checked that the file existed, then
+    # opened it in SQLite's default mode, which makes a missing file: a file
+    # removed in between came back empty. The open itself is `mode=rw` now.
+    import sqlite3
+    path = tmp_path / "gone.db"
+    db = open_database(f"sqlite:///{path}", create=False)
+    with pytest.raises(sqlite3.OperationalError, match="unable to open database file"):
+        db._connect()                     # past the check in connect(), as in the race
+    assert not path.exists()
+
+
+def test_a_connection_to_another_file_put_in_place_is_refused(tmp_path):
+    # Review, session 28: a connection opened after a copy was moved over the
+    # file opened the copy with the old file's WAL, which corrupted it.
+    from models.db import MissingDatabaseFile
+    path = tmp_path / "live.db"
+    first = open_database(f"sqlite:///{path}")
+    first.connect()
+    first.execute_sql("CREATE TABLE t (x)")
+    first.close()
+    (tmp_path / "copy.db").write_bytes(path.read_bytes())
+    (tmp_path / "copy.db").replace(path)
+    assert first.file_replaced()
+    with pytest.raises(MissingDatabaseFile, match="another file was put in place"):
+        first.connect()
+    # Another process of the same service, told the identity, refuses it too.
+    other = open_database(f"sqlite:///{path}", create=False, identity=first.identity)
+    with pytest.raises(MissingDatabaseFile, match="another file was put in place"):
+        other.connect()

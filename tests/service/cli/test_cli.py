@@ -165,6 +165,15 @@ def test_a_mistyped_sqlite_path_is_named_and_no_file_is_made(tmp_path):
     assert not (tmp_path / "typo.db").exists()
     assert logic("db", "upgrade", "--json")["to"] == LATEST
     assert logic("guild", "list", "--json") == {"guilds": []}
+    # Review, session 28: a path in a missing directory is named as such, and
+    # a file: URI (which SQLite would read with modes of its own) is refused.
+    nodir = Logic(f"sqlite:///{tmp_path}/nodir/x.db", tmp_path)
+    assert nodir("guild", "list", code=1) == (
+        f"logic: error: cannot open database {tmp_path}/nodir/x.db: no such directory "
+        f"{tmp_path}/nodir")
+    uri = Logic("sqlite:///file:typo3.db", tmp_path)
+    assert "not a file: URI" in uri("guild", "list", code=2)
+    assert not (tmp_path / "typo3.db").exists() and not (tmp_path / "nodir").exists()
 
 
 def test_commands_refuse_a_partly_migrated_database(tmp_path):

@@ -256,51 +256,110 @@ def test_a_reload_refuses_what_serve_refuses_at_start(tmp_path: Path,
         reload()
 
 
-def test_a_database_file_removed_or_replaced_while_serving_makes_the_node_not_ready(
+def _serve_until_ready(url: str, port: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([LOGIC, "--database-url", url, "serve", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "LOGIC_SERVER_COOKIE_SECRET": "c" * 40})
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if _get(port, "/readyz")[0] == 200:
+                return proc
+        except OSError:
+            pass
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+
+
+def _get(port: int, path: str) -> tuple[int, dict[str, object]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    body = json.loads(resp.read())
+    conn.close()
+    return resp.status, body
+
+
+def test_a_database_file_replaced_while_serving_is_neither_written_nor_corrupted(
         tmp_path: Path) -> None:
-    # Before, connections already open went on writing to the removed file
-    # (lost at the next start) and /readyz said ready; a connection opened
-    # after the removal made a new empty database.
+    # Review, session 28: with a copy moved over the file in use, new
+    # connections opened the copy with the old file's WAL (found by name) and
+    # the copy came out corrupted ("2nd reference to page 45"); /readyz said
+    # ready. Now no connection opens the new file, the records wait in the
+    # journal, the node is not ready, and the copy stays intact.
+    import sqlite3
+    db = tmp_path / "live.db"
+    url = f"sqlite:///{db}"
+    logic = [LOGIC, "--database-url", url]
+    env = {**os.environ, "LOGIC_SERVER_COOKIE_SECRET": "c" * 40}
+    for args in (["db", "upgrade"], ["guild", "create", "1", "--owner", "10", "--plan", "pro"]):
+        subprocess.run(logic + args, check=True, capture_output=True, env=env)
+    (tmp_path / "s.py").write_text("on endpoint(event):\n    event.reply({'ok': True})\n")
+    sid = json.loads(subprocess.run(logic + ["script", "create", "1", "--name", "s", "--file",
+                                             str(tmp_path / "s.py"), "--json"], check=True,
+                                    capture_output=True, text=True, env=env).stdout)
+    sid = sid["logicScriptId"]
+    subprocess.run(logic + ["endpoint", "enable", "1", sid, "--as", "10"], check=True,
+                   capture_output=True, env=env)
+    secret = json.loads(subprocess.run(logic + ["secret", "regenerate", "1", sid, "--as", "10",
+                                                "--json"], check=True, capture_output=True,
+                                       text=True, env=env).stdout)["secret"]
+    port = _free_port()
+    path = f"/endpoints/1/{sid}"
+    proc = _serve_until_ready(url, port)
+    try:
+        for n in range(3):
+            assert _post(port, path, secret, {"n": n}) == (200, {"ok": True})
+        time.sleep(1)                                 # written (the writer's 0.25 s)
+        copy = tmp_path / "copy.db"
+        with sqlite3.connect(db) as live, sqlite3.connect(copy) as backup:
+            live.backup(backup)                       # a consistent copy...
+        os.replace(copy, db)                          # ...moved over the file in use
+        assert _get(port, "/readyz")[0] == 503
+        for n in range(20):                           # remembered endpoint: still answered
+            assert _post(port, path, secret, {"n": n})[0] == 200
+        time.sleep(1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    with sqlite3.connect(db) as check:
+        assert check.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert check.execute("SELECT COUNT(*) FROM request_record").fetchone() == (3,)
+    lines = [line for line in err.splitlines() if "was removed or replaced" in line]
+    assert any("ERROR" in line for line in lines), err
+    assert any("writing records to the database fails" in line for line in lines), err
+    # The next start replays the 20 answered meanwhile from the journal.
+    proc = _serve_until_ready(url, port)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    with sqlite3.connect(db) as check:
+        assert check.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert check.execute("SELECT COUNT(*) FROM request_record").fetchone() == (23,)
+
+
+def test_a_database_file_removed_while_serving_makes_the_node_not_ready(tmp_path: Path) -> None:
+    # Before, /readyz said ready; a connection opened after the removal made
+    # a new empty database.
     db = tmp_path / "live.db"
     url = f"sqlite:///{db}"
     subprocess.run([LOGIC, "--database-url", url, "db", "upgrade"], check=True,
                    capture_output=True)
     port = _free_port()
-    proc = subprocess.Popen([LOGIC, "--database-url", url, "serve", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "LOGIC_SERVER_COOKIE_SECRET": "c" * 40})
-
-    def ready() -> tuple[int, dict[str, object]]:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        conn.request("GET", "/readyz")
-        resp = conn.getresponse()
-        body = json.loads(resp.read())
-        conn.close()
-        return resp.status, body
-
+    proc = _serve_until_ready(url, port)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                status, body = ready()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.1)
-        assert status == 200, body
-        copy = tmp_path / "copy.db"
-        copy.write_bytes(db.read_bytes())
-        os.replace(copy, db)              # a copy moved over the file in use
-        assert ready()[0] == 503
-        os.remove(db)
-        status, body = ready()
+        aside = tmp_path / "aside.db"
+        os.replace(db, aside)
+        status, body = _get(port, "/readyz")
         assert status == 503 and body["dependencies"]["database"] == {"state": "down"}
         assert not db.exists()            # no new empty file either
+        os.replace(aside, db)             # put back: the same file, ready again
+        assert _get(port, "/readyz")[0] == 200
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
-    lines = [line for line in err.splitlines() if "was removed or replaced" in line]
-    assert len(lines) == 1 and "ERROR" in lines[0], err
+    assert sum("was removed or replaced" in line and "ERROR" in line
+               for line in err.splitlines()) == 1, err
+    assert "is the one the service opened again: ready" in err
 
 
 def test_sighup_to_a_single_process_is_logged_and_ignored(tmp_path: Path) -> None:
@@ -332,6 +391,14 @@ def test_sighup_to_a_single_process_is_logged_and_ignored(tmp_path: Path) -> Non
         proc.send_signal(signal.SIGHUP)
         time.sleep(0.5)
         assert proc.poll() is None and healthy()
+        # Review, session 28: SIG_IGN set for this leaked into the sandbox's
+        # processes (the fork server, its workers, the compile server).
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert children
+        for child in children:
+            status = Path(f"/proc/{child}/status").read_text()
+            ignored = int(re.search(r"SigIgn:\s*([0-9a-f]+)", status).group(1), 16)
+            assert not ignored & 1 << (signal.SIGHUP - 1), status
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
