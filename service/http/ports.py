@@ -30,3 +30,9 @@ def bind_shared(host: str | None, port: int, count: int) -> list[list[socket.soc
     port = first[0].getsockname()[1]
     return [first] + [bind_sockets(port, host, family=socket.AF_UNSPEC, reuse_port=True)
                       for _ in range(1, count)]
+
+
+def rejoin(host: str | None, port: int) -> list[socket.socket]:
+    """A new set of listening sockets in the group `bind_shared` made (its
+    other sockets still open); raises OSError."""
+    return bind_sockets(port, host, family=socket.AF_UNSPEC, reuse_port=True)

@@ -328,6 +328,35 @@ def test_a_front_that_keeps_dying_is_replaced_with_back_off(start) -> None:
     assert server.request("/healthz", method="GET").status == 200
 
 
+def test_while_a_front_waits_to_be_replaced_every_connection_is_answered(start) -> None:
+    # Review, session 28: a dead front's listening socket stayed open in the
+    # arbiter during its back-off, and the kernel queued about half of the
+    # new connections there, unanswered until the replacement (up to 30 s,
+    # or never for a front that cannot start).
+    server = start()
+    listening = re.compile(r"front \d \(pid (\d+)\) listening")
+    victim = fronts(server)[0]
+    for kills in range(1, 8):
+        os.kill(victim, signal.SIGKILL)
+        if wait_until(lambda: "replacing in 4.0 s" in server.log, timeout=2):
+            break
+        assert wait_until(lambda: len(listening.findall(server.log)) == 2 + kills,
+                          timeout=60), server.log
+        victim = int(listening.findall(server.log)[-1])
+    assert "replacing in 4.0 s" in server.log, server.log
+    answered = 0
+    for _ in range(30):          # well within the 4 s: the dead slot has no replacement yet
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=1)
+        try:
+            conn.request("GET", "/healthz")
+            answered += conn.getresponse().status == 200
+        except OSError:
+            pass
+        finally:
+            conn.close()
+    assert answered == 30
+
+
 @SQLITE_ONLY
 def test_fronts_stop_when_the_arbiter_is_killed(start) -> None:
     server = start()
