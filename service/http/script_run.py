@@ -92,15 +92,19 @@ class ScriptRun:
     def _client_left(self) -> None:
         """The connection closed while the request waited for (or ran in) a worker.
 
-        A request still in the pool's queue leaves it at once (answered 503
-        busy, which the records keep: no script ran, the quota slot is given
-        back); one already running finishes and is answered as usual."""
+        A request still in the pool's queue leaves it at once (recorded as 503
+        busy: no script ran); one already running finishes and is answered as
+        usual. Its quota slot stays used: its body was parsed and it was
+        queued, and a client that sends and leaves must not get that work done
+        past its rate limit again and again (review, session 28)."""
         future, self.pending = self.pending, None
         if future is not None:
+            self.quota_stamp = None   # nothing to give back: the slot stays used
             self.context.pool.withdraw(future)
 
     def _busy(self) -> BusyError:
-        """503 busy: no script ran, so the request gives its quota slot back."""
+        """503 busy: no script ran, so the request gives its quota slot back
+        (unless its client left: `_client_left`)."""
         self._give_back_quota()
         return BusyError(headers={"Retry-After": "1"})
 

@@ -223,6 +223,12 @@ def test_client_leaving_while_queued_takes_its_request_out(
     records = both()
     outputs = sorted((r["status"], r["output"]) for r in records)
     assert outputs == [(200, "ran 1\n"), (503, "")], outputs
+    # Review, session 28: its quota slot stays used (its body was parsed and
+    # queued; given back, sending and leaving got that work done past the
+    # rate limit): the next request is the third one counted.
+    status, _, headers = asyncio.run(_post(server.port, ep, {"n": 3}))
+    assert status == 200
+    assert int(headers["ratelimit-limit"]) - int(headers["ratelimit-remaining"]) == 3, headers
 
 
 def test_client_leaving_while_queued_after_a_slow_check_takes_its_request_out(
