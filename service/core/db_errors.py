@@ -24,6 +24,9 @@ _LOST_TEXTS = (
     "terminating connection due to administrator command",
     "the database system is starting up", "the database system is shutting down",
     "the database system is in recovery mode", "the database system is not",
+    # models.db.MissingDatabaseFile (peewee may re-raise it as OperationalError):
+    # a SQLite file removed or replaced while the service ran.
+    "no such database file", "database file was removed", "put in place of the database",
 )
 
 

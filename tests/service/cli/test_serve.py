@@ -304,12 +304,21 @@ def test_a_database_file_replaced_while_serving_is_neither_written_nor_corrupted
     secret = json.loads(subprocess.run(logic + ["secret", "regenerate", "1", sid, "--as", "10",
                                                 "--json"], check=True, capture_output=True,
                                        text=True, env=env).stdout)["secret"]
+    token = json.loads(subprocess.run(logic + ["token", "create", "--user", "10", "--json"],
+                                      check=True, capture_output=True, text=True,
+                                      env=env).stdout)["token"]
     port = _free_port()
     path = f"/endpoints/1/{sid}"
     proc = _serve_until_ready(url, port)
     try:
         for n in range(3):
             assert _post(port, path, secret, {"n": n}) == (200, {"ok": True})
+        for _ in range(4):      # the admin API's threads open their connections now
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", "/api/v1/guilds/1/scripts",
+                         headers={"Authorization": f"Bearer {token}"})
+            assert conn.getresponse().status == 200
+            conn.close()
         time.sleep(1)                                 # written (the writer's 0.25 s)
         copy = tmp_path / "copy.db"
         with sqlite3.connect(db) as live, sqlite3.connect(copy) as backup:
@@ -318,6 +327,17 @@ def test_a_database_file_replaced_while_serving_is_neither_written_nor_corrupted
         assert _get(port, "/readyz")[0] == 503
         for n in range(20):                           # remembered endpoint: still answered
             assert _post(port, path, secret, {"n": n})[0] == 200
+        # Second review, session 28: a write through a connection opened
+        # before (the admin API's thread) went on into the old file's WAL.
+        for n in range(3):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("POST", "/api/v1/guilds/1/scripts",
+                         body=json.dumps({"name": f"new{n}", "source": "x = 1\n"}),
+                         headers={"Authorization": f"Bearer {token}",
+                                  "Content-Type": "application/json"})
+            resp = conn.getresponse()
+            assert resp.status == 503 and json.loads(resp.read())["error"]["code"] == "busy"
+            conn.close()
         time.sleep(1)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -325,6 +345,7 @@ def test_a_database_file_replaced_while_serving_is_neither_written_nor_corrupted
     with sqlite3.connect(db) as check:
         assert check.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         assert check.execute("SELECT COUNT(*) FROM request_record").fetchone() == (3,)
+        assert check.execute("SELECT COUNT(*) FROM script").fetchone() == (1,)
     lines = [line for line in err.splitlines() if "was removed or replaced" in line]
     assert any("ERROR" in line for line in lines), err
     assert any("writing records to the database fails" in line for line in lines), err
