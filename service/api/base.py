@@ -43,6 +43,7 @@ from service.core.errors import CoreError
 from service.core.tokencache import TokenCache
 from service.core.tokens import TokenIdentity, touch_api_token
 from service.http.base import BaseHandler, error_body
+from service.http.event import MAX_BODY_VALUES, too_many_values
 from service.http.ratelimit import AUTH_FAILURES_PER_MINUTE, LimitsUnavailable, RateLimits
 from service.http.errors import (AuthThrottledError, BusyError, PayloadTooLargeError,
                                  RateLimitedError, ServiceError, UnauthorizedError)
@@ -69,6 +70,20 @@ MAX_PENDING = 256
 PER_TENANT = 2 * AUTH_FAILURES_PER_MINUTE
 DEFAULT_BODY_CAP = 64 * 1024
 
+
+
+#: Values a call's own fields may add to the body it carries (a test call's
+#: method, headers, query...): its `body` alone is held to MAX_BODY_VALUES.
+BODY_FIELDS_ALLOWANCE = 256
+
+
+def _too_many_values(raw: bytes | bytearray) -> bool:
+    """Whether a JSON request body holds more values than a call may send."""
+    try:
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+    except (UnicodeDecodeError, LookupError):
+        return False      # json.loads refuses it (400) without building much
+    return too_many_values(text, allowance=BODY_FIELDS_ALLOWANCE)
 
 class ApiError(ServiceError):
     """A service-layer error as the API answers it (status and code from the core)."""
@@ -255,8 +270,14 @@ class APIHandler(BaseHandler):
         streamed body past the cap), 400 `invalid_body` / `invalid_input`."""
         if self._received > self.body_cap:
             raise PayloadTooLargeError(f"The request body is larger than {self.body_cap} bytes.")
+        raw = self._body or b"null"
+        # Counted before it is decoded on the event loop, as an invoke body is
+        # (a test call's body under `body`, plus the call's few fields).
+        if len(raw) >= 2 * MAX_BODY_VALUES and _too_many_values(raw):
+            raise ApiError(400, "invalid_body", f"The request body holds more than "
+                           f"{MAX_BODY_VALUES:,} JSON values.")
         try:
-            data = json.loads(self._body or b"null")
+            data = json.loads(raw)
         except (ValueError, RecursionError):
             raise ApiError(400, "invalid_body", "The request body is not valid JSON.") from None
         if not isinstance(data, dict):

@@ -16,7 +16,7 @@ from service.core.errors import CoreError, NotFoundError, PermissionDeniedError
 from service.dashboard.base import PageError
 from service.dashboard.scripts import ScriptHandler
 from service.http.errors import ServiceError
-from service.http.event import client_ip
+from service.http.event import MAX_BODY_VALUES, client_ip, too_many_values
 from service.http.testcall import run_test_call
 
 METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")
@@ -48,6 +48,10 @@ class ConsoleHandler(ScriptHandler):
         try:
             headers = parse_headers(form["headers"])
             if form["kind"] == "json" and form["body"].strip():
+                # Counted first: decoding it builds an object a value, on the
+                # event loop (the invoke path's cap, service/http/event.py).
+                if too_many_values(form["body"]):
+                    raise ValueError(f"the JSON body holds more than {MAX_BODY_VALUES:,} values")
                 json.loads(form["body"])
                 headers.setdefault("Content-Type", "application/json")
         except ValueError as err:

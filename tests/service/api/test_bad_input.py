@@ -83,6 +83,21 @@ def test_a_test_call_with_a_lone_surrogate_is_refused(world, server) -> None:
     assert ran.status == 200 and ran.json["status"] == 200, ran.body
 
 
+def test_a_test_calls_body_of_too_many_values_is_refused_before_it_is_decoded(world) -> None:
+    # Second review, session 28: the admin API decoded a test call's body (up
+    # to 1 MiB) on the event loop before anything counted it, past the
+    # endpoint's quota too (70-100 ms a call of empty lists).
+    w = world()
+    test = w.script_path + "/test"
+    refused = w.owner("POST", test, {"body": [[] for _ in range(60_000)]})
+    err = assert_error(refused, 400, "invalid_body")
+    assert "more than 50,000 JSON values" in err["message"]
+    ran = w.owner("POST", test, {"body": list(range(40_000))})
+    assert ran.status == 200 and ran.json["status"] == 200, ran.body[:300]
+    # Refused before the endpoint's quota is looked at: only the call that ran counts.
+    assert ran.headers["x-endpoint-ratelimit-remaining"] == "119", ran.headers
+
+
 def test_a_value_of_another_json_type_is_invalid_input_not_a_guess(world, server,
                                                                     make_token) -> None:
     """`"enabled": "off"` used to switch an endpoint off and `"operator": "on"` to

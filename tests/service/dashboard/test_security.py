@@ -438,6 +438,11 @@ def test_console_refusals_are_explained_and_strangers_learn_nothing(site: Site, 
     resp = client.post(f"{page}/test", {"method": "GET", "body": "", "kind": "text",
                                         "_xsrf": client.xsrf()})
     assert resp.status == 400 and b"Not sent: the invoke path runs POST requests only" in resp.body
+    # Second review, session 28: the console decoded a JSON body before
+    # anything counted its values (the invoke path's cap).
+    many = "[" + ",".join(["[]"] * 60_000) + "]"
+    resp = client.post(f"{page}/test", {"body": many, "kind": "json", "_xsrf": client.xsrf()})
+    assert b"Not sent: the JSON body holds more than 50,000 values." in resp.body
     resp = client.post(f"{page}/test", {"body": "[" * 5000, "kind": "json",
                                         "_xsrf": client.xsrf()})
     assert resp.status == 400 and b"Not sent: the JSON body is nested too deeply" in resp.body
