@@ -9,6 +9,7 @@ reply (script headers filtered, the service's own headers added) or a 503
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -16,6 +17,7 @@ from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, ScriptRef
 from service.http.errors import OUTCOME_ERRORS, BusyError
 from service.http.event import HINT_HEADER, body_hint, build_event
+from service.http.parse_ledger import TIMED_BYTES
 
 if TYPE_CHECKING:
     import asyncio
@@ -70,8 +72,16 @@ class ScriptRun:
         self.chunks = []
         self.raw_body = raw
         # 9. the body parses for its content type
-        self.event = event = build_event(self.method, self.query, self.headers, raw, self.ip,
-                                         self.started)
+        if len(raw) < TIMED_BYTES:
+            self.event = event = build_event(self.method, self.query, self.headers, raw,
+                                             self.ip, self.started)
+        else:   # what it costs the loop is the guild's (parse_ledger)
+            t0 = time.perf_counter()
+            try:
+                self.event = event = build_event(self.method, self.query, self.headers, raw,
+                                                 self.ip, self.started)
+            finally:
+                self.context.parse_ledger.charge(target.guild_id, time.perf_counter() - t0)
         # 10-11. a worker is free; the script runs
         limits = Limits(time_ms=target.plan.time_limit_ms, memory_kb=target.plan.memory_kb)
         ref = ScriptRef(key=target.script_id, version=target.script_version, source=target.source)
@@ -104,8 +114,11 @@ class ScriptRun:
 
     def _busy(self) -> BusyError:
         """503 busy: no script ran, so the request gives its quota slot back
-        (unless its client left: `_client_left`)."""
-        self._give_back_quota()
+        (unless its client left: `_client_left`; or its guild's large bodies
+        have cost the loop more than `parse_ledger` gives back)."""
+        target = self.target
+        if target is None or self.context.parse_ledger.refunds(target.guild_id):
+            self._give_back_quota()
         return BusyError(headers={"Retry-After": "1"})
 
     def _give_back_quota(self) -> None:
