@@ -259,11 +259,8 @@ def test_owner_journey(browser: Any, site: Site) -> None:
     ctx.close()
 
 
-def test_a_save_made_elsewhere_meanwhile_is_not_overwritten_unseen(browser: Any,
-                                                                   site: Site) -> None:
-    # Review, session 27: the editor sent no version, so its save silently
-    # replaced a version an admin API client had saved after the page opened.
-    from service import core
+def _manager_in_the_editor(browser: Any, site: Site) -> tuple[str, str, Any, Any, Watch]:
+    """A new script opened in the editor by a manager: (guild, script, context, page, watch)."""
     gid = site.guild("pro")
     sid = site.script(gid, SOURCE)
     ctx = context(browser, site)
@@ -271,6 +268,15 @@ def test_a_save_made_elsewhere_meanwhile_is_not_overwritten_unseen(browser: Any,
     watch = Watch(page)
     page.goto(site.link(MANAGER))
     page.goto(f"/dashboard/{gid}/scripts/{sid}?tab=source")
+    return gid, sid, ctx, page, watch
+
+
+def test_a_save_made_elsewhere_meanwhile_is_not_overwritten_unseen(browser: Any,
+                                                                   site: Site) -> None:
+    # Review, session 27: the editor sent no version, so its save silently
+    # replaced a version an admin API client had saved after the page opened.
+    from service import core
+    gid, sid, ctx, page, watch = _manager_in_the_editor(browser, site)
     theirs, mine = SOURCE + "# theirs\n", SOURCE + "# mine\n"
     site.bind()
     core.update_script(core.Actor.user(OWNER), gid, sid, theirs)       # elsewhere, meanwhile
@@ -294,13 +300,7 @@ def test_an_editor_that_does_not_say_what_it_opened_does_not_save_blind(browser:
     # An editor page loaded before the editor carried its revision posts none:
     # before, that save replaced whatever version was current.
     from service import core
-    gid = site.guild("pro")
-    sid = site.script(gid, SOURCE)
-    ctx = context(browser, site)
-    page = ctx.new_page()
-    watch = Watch(page)
-    page.goto(site.link(MANAGER))
-    page.goto(f"/dashboard/{gid}/scripts/{sid}?tab=source")
+    gid, sid, ctx, page, watch = _manager_in_the_editor(browser, site)
     page.evaluate("document.querySelector('input[name=revision]').remove()")
     mine = SOURCE + "# mine\n"
     page.fill("#source", mine)

@@ -250,6 +250,17 @@ def test_replay_stops_at_an_entry_msgpack_refuses_with_a_type_error(tmp_path: Pa
     assert _ids([path]) == ["req_1"]
 
 
+def _enabled_endpoint() -> int:
+    """The id of a new pro guild's enabled endpoint."""
+    from service import core
+    from service.core.invoke_target import load_target
+    from tests.factories import OWNER, make_guild, make_script
+    gid = make_guild("pro")
+    sid = make_script(gid)
+    core.enable_endpoint(OWNER, gid, sid)
+    return load_target(gid, sid).endpoint_id   # type: ignore[union-attr]
+
+
 def msgpack_entry(stamp: int, facts: tuple[Any, ...]) -> bytes:
     import msgpack  # type: ignore[import-untyped]
     return bytes(msgpack.packb([stamp, list(facts)], use_bin_type=True))
@@ -262,14 +273,8 @@ def test_an_entry_that_cannot_be_stored_is_dropped_alone_at_replay(db, tmp_path:
     import struct
 
     from models import RequestRecord, StatBucket
-    from service import core
     from service.http.journal_replay import replay_journal
-    from tests.factories import OWNER, make_guild, make_script
-    gid = make_guild("pro")
-    sid = make_script(gid)
-    core.enable_endpoint(OWNER, gid, sid)
-    from service.core.invoke_target import load_target
-    endpoint_id = load_target(gid, sid).endpoint_id   # type: ignore[union-attr]
+    endpoint_id = _enabled_endpoint()
     journal = Journal(tmp_path / "j")
     path = tmp_path / "j" / "segment-000000000990.journal"
     entries = []
@@ -300,14 +305,8 @@ def test_a_damaged_segment_is_set_aside_after_what_precedes_the_damage_is_writte
     import struct
 
     from models import RequestRecord
-    from service import core
-    from service.core.invoke_target import load_target
     from service.http.journal_replay import replay_journal
-    from tests.factories import OWNER, make_guild, make_script
-    gid = make_guild("pro")
-    sid = make_script(gid)
-    core.enable_endpoint(OWNER, gid, sid)
-    endpoint_id = load_target(gid, sid).endpoint_id   # type: ignore[union-attr]
+    endpoint_id = _enabled_endpoint()
     journal = Journal(tmp_path / "j")
     path = tmp_path / "j" / "segment-000000000991.journal"
     entries = []
