@@ -70,8 +70,6 @@ MAX_PENDING = 256
 PER_TENANT = 2 * AUTH_FAILURES_PER_MINUTE
 DEFAULT_BODY_CAP = 64 * 1024
 
-
-
 #: Values a call's own fields may add to the body it carries (a test call's
 #: method, headers, query...): its `body` alone is held to MAX_BODY_VALUES.
 BODY_FIELDS_ALLOWANCE = 256
@@ -84,6 +82,7 @@ def _too_many_values(raw: bytes | bytearray) -> bool:
     except (UnicodeDecodeError, LookupError):
         return False      # json.loads refuses it (400) without building much
     return too_many_values(text, allowance=BODY_FIELDS_ALLOWANCE)
+
 
 class ApiError(ServiceError):
     """A service-layer error as the API answers it (status and code from the core)."""
