@@ -45,8 +45,18 @@ class MissingDatabaseFile(OperationalError):
     another file moved over it while the service ran)."""
 
 
-#: Statements that write nothing to the database file (their first word).
+#: Statements that write nothing to the database file (their first word; a
+#: PRAGMA only when it sets nothing and calls nothing: `_writes`).
 _READS = ("SELECT", "PRAGMA", "BEGIN", "ROLLBACK", "SAVEPOIN", "EXPLAIN")
+
+
+def _writes(sql: str) -> bool:
+    """Whether `sql` may write to the database file (anything not known to be a read)."""
+    head = sql.lstrip()[:8].upper()
+    if not head.startswith(_READS):
+        return True
+    # `PRAGMA user_version = 7`, `PRAGMA wal_checkpoint(TRUNCATE)` write.
+    return head.startswith("PRAGMA") and ("=" in sql or "(" in sql)
 
 
 class _PrivateSqlite(SqliteDatabase):
@@ -120,7 +130,7 @@ class _PrivateSqlite(SqliteDatabase):
         # lands in `<path>-wal`, found by name, which SQLite would then read
         # with the file now at the path: corrupted (review, session 28). One
         # `stat` per write statement; reads go on from the old file.
-        if self.identity is not None and not sql.lstrip()[:8].upper().startswith(_READS):
+        if self.identity is not None and _writes(sql):
             self._refuse_a_replaced_file()
         return super().execute_sql(sql, params)  # type: ignore[no-untyped-call]
 

@@ -105,7 +105,7 @@ class InvokeRequest(ScriptRun, RequestAnswers, httputil.HTTPMessageDelegate):
     __slots__ = ("context", "conn", "peer", "request_id", "started", "method", "path", "query",
                  "headers", "ip", "target", "accepted", "quota_stamp", "chunks", "received", "rate_headers", "answered", "status",
                  "response_headers", "response_body", "error_code", "outcome", "event",
-                 "raw_body", "finished", "_counted", "pending", "waited")
+                 "raw_body", "finished", "_counted", "pending", "waited", "parse_s")
 
     def __init__(self, context: AppContext, conn: Exchange) -> None:
         self.context = context

@@ -17,7 +17,6 @@ from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, ScriptRef
 from service.http.errors import OUTCOME_ERRORS, BusyError
 from service.http.event import HINT_HEADER, body_hint, build_event
-from service.http.parse_ledger import TIMED_BYTES
 
 if TYPE_CHECKING:
     import asyncio
@@ -58,6 +57,8 @@ class ScriptRun:
     rate_headers: list[tuple[str, str]]
     pending: asyncio.Future[Outcome] | None
     waited: bool
+    #: Seconds its body took to decode (set before it can be refused busy).
+    parse_s: float
     outcome: Outcome | None
 
     if TYPE_CHECKING:  # provided by InvokeRequest
@@ -71,17 +72,12 @@ class ScriptRun:
         raw = b"".join(self.chunks)
         self.chunks = []
         self.raw_body = raw
-        # 9. the body parses for its content type
-        if len(raw) < TIMED_BYTES:
-            self.event = event = build_event(self.method, self.query, self.headers, raw,
-                                             self.ip, self.started)
-        else:   # what it costs the loop is the guild's (parse_ledger)
-            t0 = time.perf_counter()
-            try:
-                self.event = event = build_event(self.method, self.query, self.headers, raw,
-                                                 self.ip, self.started)
-            finally:
-                self.context.parse_ledger.charge(target.guild_id, time.perf_counter() - t0)
+        # 9. the body parses for its content type (timed: a 503 that gives
+        # the quota slot back charges it to the guild's parse_ledger)
+        t0 = time.perf_counter()
+        self.event = event = build_event(self.method, self.query, self.headers, raw, self.ip,
+                                         self.started)
+        self.parse_s = time.perf_counter() - t0
         # 10-11. a worker is free; the script runs
         limits = Limits(time_ms=target.plan.time_limit_ms, memory_kb=target.plan.memory_kb)
         ref = ScriptRef(key=target.script_id, version=target.script_version, source=target.source)
@@ -114,10 +110,11 @@ class ScriptRun:
 
     def _busy(self) -> BusyError:
         """503 busy: no script ran, so the request gives its quota slot back
-        (unless its client left: `_client_left`; or its guild's large bodies
-        have cost the loop more than `parse_ledger` gives back)."""
-        target = self.target
-        if target is None or self.context.parse_ledger.refunds(target.guild_id):
+        (unless its client left: `_client_left`; or the decoding of its guild's
+        refunded bodies is past what `parse_ledger` gives back)."""
+        target = self.target   # set: a request is refused busy only after its body parsed
+        if target is not None and self.context.parse_ledger.refund(target.guild_id,
+                                                                    self.parse_s):
             self._give_back_quota()
         return BusyError(headers={"Retry-After": "1"})
 

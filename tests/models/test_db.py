@@ -128,6 +128,15 @@ def test_a_connection_to_another_file_put_in_place_is_refused(tmp_path):
     assert first.file_replaced()
     with pytest.raises(MissingDatabaseFile, match="another file was put in place"):
         first.connect()
+    # Nor a write through a connection opened before, a setting PRAGMA or a
+    # checkpoint included (third review, session 28); reads go on.
+    from models.db import _writes
+    assert [_writes(sql) for sql in (
+        "SELECT 1", "  pragma data_version", "PRAGMA user_version = 7",
+        "PRAGMA wal_checkpoint(TRUNCATE)", " /* x */ INSERT INTO t VALUES (1)",
+        "WITH a AS (SELECT 1) INSERT INTO t SELECT * FROM a", "REPLACE INTO t VALUES (1)",
+        "RELEASE s1", "BEGIN IMMEDIATE")] == [
+        False, False, True, True, True, True, True, True, False]
     # Another process of the same service, told the identity, refuses it too.
     other = open_database(f"sqlite:///{path}", create=False, identity=first.identity)
     with pytest.raises(MissingDatabaseFile, match="another file was put in place"):
