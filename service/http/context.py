@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from service.http.auth import SecretVerifier
 from service.http.metrics import Metrics
 from service.http.metrics_export import Exporter
-from service.http.parse_ledger import ParseLedger
+from service.http.parse_ledger import HeldBodies, ParseLedger
 from service.http.ratelimit import RateLimits
 from service.http.records import RecordWriter
 
@@ -65,6 +65,8 @@ class AppContext:
     recent_targets: RecentTargets = field(default_factory=RecentTargets)
     #: What decoding each guild's large bodies cost the loop (its 503s' refunds).
     parse_ledger: ParseLedger = field(default_factory=ParseLedger)
+    #: Each guild's requests with a large body decoded and not yet finished.
+    held_bodies: HeldBodies = field(default_factory=HeldBodies)
     #: PostgreSQL only: the process's LISTEN connection (endpoint changes, revoked tokens).
     change_feed: ChangeFeed | None = None
     in_flight: int = 0

@@ -53,3 +53,40 @@ class ParseLedger:
         if len(spent_map) > MAX_GUILDS:
             del spent_map[next(iter(spent_map))]
         return True
+
+
+#: Bodies at least this long count as held (see `HeldBodies`).
+HELD_BYTES = 64 * 1024
+#: Requests with such bodies a guild may have decoded and not yet answered.
+MAX_HELD_PER_GUILD = 16
+
+
+class HeldBodies:
+    """Per guild: requests with a large body decoded and not yet finished.
+
+    A decoded body is kept while its request waits and runs: up to ~4 MB of
+    objects (50,000 values) and its raw MiB. The pool's queue holds 256
+    requests a worker, so one guild could keep gigabytes in a full queue
+    (review, session 28); past `MAX_HELD_PER_GUILD` a guild's next large body
+    is refused 503 `busy` before it is decoded."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, int] = {}
+
+    def take(self, guild: str) -> bool:
+        """Hold one more for `guild`, unless it holds as many as it may."""
+        held = self._held.get(guild, 0)
+        if held >= MAX_HELD_PER_GUILD:
+            return False
+        self._held[guild] = held + 1
+        return True
+
+    def release(self, guild: str) -> None:
+        held = self._held.get(guild, 0) - 1
+        if held > 0:
+            self._held[guild] = held
+        else:
+            self._held.pop(guild, None)
+
+    def held(self, guild: str) -> int:
+        return self._held.get(guild, 0)

@@ -17,6 +17,7 @@ from sandbox.errors import PoolBusyError, PoolClosedError
 from sandbox.pool import Limits, ScriptRef
 from service.http.errors import OUTCOME_ERRORS, BusyError
 from service.http.event import HINT_HEADER, body_hint, build_event
+from service.http.parse_ledger import HELD_BYTES
 
 if TYPE_CHECKING:
     import asyncio
@@ -72,20 +73,36 @@ class ScriptRun:
         raw = b"".join(self.chunks)
         self.chunks = []
         self.raw_body = raw
-        # 9. the body parses for its content type (timed: a 503 that gives
-        # the quota slot back charges it to the guild's parse_ledger)
-        t0 = time.perf_counter()
-        self.event = event = build_event(self.method, self.query, self.headers, raw, self.ip,
-                                         self.started)
-        self.parse_s = time.perf_counter() - t0
-        # 10-11. a worker is free; the script runs
-        limits = Limits(time_ms=target.plan.time_limit_ms, memory_kb=target.plan.memory_kb)
-        ref = ScriptRef(key=target.script_id, version=target.script_version, source=target.source)
+        large = len(raw) >= HELD_BYTES
+        held = self.context.held_bodies
+        if large and not held.take(target.guild_id):
+            # Its guild keeps as many large bodies decoded as it may: refused
+            # before this one is (nothing decoded, nothing to charge).
+            self.parse_s = 0.0
+            raise self._busy()
         try:
-            future = self.context.pool.submit(ref, event, limits, target.guild_id)
-        except (PoolBusyError, PoolClosedError):
-            # Closed: the service is stopping; either way, another try soon may succeed.
-            raise self._busy() from None
+            # 9. the body parses for its content type (timed: a 503 that gives
+            # the quota slot back charges it to the guild's parse_ledger)
+            t0 = time.perf_counter()
+            self.event = event = build_event(self.method, self.query, self.headers, raw,
+                                             self.ip, self.started)
+            self.parse_s = time.perf_counter() - t0
+            # 10-11. a worker is free; the script runs
+            limits = Limits(time_ms=target.plan.time_limit_ms, memory_kb=target.plan.memory_kb)
+            ref = ScriptRef(key=target.script_id, version=target.script_version,
+                            source=target.source)
+            try:
+                future = self.context.pool.submit(ref, event, limits, target.guild_id)
+            except (PoolBusyError, PoolClosedError):
+                # Closed: the service is stopping; either way, another try soon may succeed.
+                raise self._busy() from None
+        except BaseException:
+            if large:
+                held.release(target.guild_id)
+            raise
+        if large:   # held until its outcome (the pool settles every future)
+            guild = target.guild_id
+            future.add_done_callback(lambda _: held.release(guild))
         if not future.done():
             # The client leaving takes a queued request out of the pool's queue at once.
             self.pending = future

@@ -147,3 +147,34 @@ def test_a_guild_whose_bodies_keep_being_refused_busy_stops_getting_refunds(
     # With every 503 given back only the 200s and this one would count (0.5 s
     # of decoding given back is passed after ~40 large bodies or ~500 small).
     assert counted > ran + 1 + 20, (counted, ran, busy)
+
+
+def test_a_guild_holds_at_most_16_large_bodies_decoded_and_others_are_not_affected(
+        make_server, make_endpoint) -> None:
+    # Review, session 28: a queued request keeps its decoded body (up to ~4 MB
+    # of objects and its raw MiB) and the queue holds 256 requests a worker:
+    # one guild could keep gigabytes. Past 16 of its large bodies decoded and
+    # not yet answered, the next is 503 busy before it is decoded.
+    import threading
+    from service.http.parse_ledger import MAX_HELD_PER_GUILD
+    server = make_server(workers=1, queue_timeout_ms=20000)
+    spin = ("import time\non endpoint(event):\n    t = time.monotonic()\n"
+            "    while time.monotonic() - t < 0.15:\n        pass\n    event.reply(1)\n")
+    ep = make_endpoint(spin, plan="bench")
+    other = make_endpoint(spin, plan="bench")
+    body = json.dumps("x" * 70_000)                  # one value, 68 KiB
+    statuses: list[int] = []
+
+    def send() -> None:
+        statuses.append(_post(server, ep, body, "application/json").status)
+
+    flood = [threading.Thread(target=send) for _ in range(MAX_HELD_PER_GUILD + 6)]
+    for thread in flood:
+        thread.start()
+    import time
+    time.sleep(0.5)                                  # all have arrived; 16 are held
+    assert _post(server, other, body, "application/json").status == 200
+    for thread in flood:
+        thread.join(60)
+    assert sorted(statuses) == [200] * MAX_HELD_PER_GUILD + [503] * 6, statuses
+    assert _post(server, ep, body, "application/json").status == 200   # released
