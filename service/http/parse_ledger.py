@@ -1,4 +1,5 @@
-"""What decoding the bodies of refunded requests has cost the event loop, per guild.
+"""What decoding bodies costs the event loop and memory, per guild: the ledger of
+refunded requests' decoding, and the count of large bodies held (`HeldBodies`).
 
 An invoke body is decoded on the event loop before its request is queued
 (`service.http.script_run`), and a request answered 503 `busy` gives its
@@ -56,7 +57,7 @@ class ParseLedger:
 
 
 #: Bodies at least this long count as held (see `HeldBodies`).
-HELD_BYTES = 64 * 1024
+HELD_BYTES = 16 * 1024
 #: Requests with such bodies a guild may have decoded and not yet answered.
 MAX_HELD_PER_GUILD = 16
 
