@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from service.http.front import Front, Slot, front_main
 from service.http.metrics import mark_front_dead, prepare_multiprocess_dir
-from service.http.ports import bind_shared, rejoin
+from service.http.ports import bind_shared
 from service.http.run_dir import METRICS_ENV, make_run_dir
 from service.http.server import HANDOFF_SIGNAL, journal_path, open_front
 from service.http.shared_windows import SharedWindows
@@ -138,15 +138,14 @@ class Arbiter:
     def _spawn(self, slot: int, generation: int, journal: int,
                settings: Settings | None = None) -> None:
         settings = settings or self.settings
-        if not self.slots[slot].sockets:   # closed while its front was away
-            try:
-                self.slots[slot].sockets = rejoin(self.settings.server.host, self.port)
-            except OSError as err:
-                log.warning("front %d: its listening socket cannot be made again (%s); "
-                            "trying again in 1 s", slot, err.strerror)
-                self.slots[slot].respawn_at = time.monotonic() + 1.0
-                self.orphans.insert(0, journal)   # not used: the next spawn takes it
-                return
+        try:
+            self.slots[slot].rejoin(self.settings.server.host, self.port)
+        except OSError as err:
+            log.warning("front %d: its listening socket cannot be made again (%s); "
+                        "trying again in 1 s", slot, err.strerror)
+            self.slots[slot].respawn_at = time.monotonic() + 1.0
+            self.orphans.insert(0, journal)   # not used: the next spawn takes it
+            return
         ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:  # the front: never returns
@@ -256,12 +255,7 @@ class Arbiter:
                     f" in {delay:.1f} s" if delay else "")
         slot.respawn_at = time.monotonic() + delay
         if delay and any(f.slot != front.slot for f in self._live(self.generation)):
-            # Nobody would accept what the kernel queues on this slot's
-            # sockets until the replacement (up to 30 s, or never): closed,
-            # made again at the respawn (the group lives on in the others).
-            for sock in slot.sockets:
-                sock.close()
-            slot.sockets = []
+            slot.park()   # until the replacement (up to 30 s, or never)
 
     def _journal_number(self) -> int:
         """A dead front's journal first (its replacement replays it), else the lowest free."""

@@ -22,6 +22,7 @@ from peewee import DatabaseError
 
 from models.migrate import SchemaBehindError
 from service.http.journal import JournalInUse
+from service.http.ports import rejoin
 from service.http.server import FRONT_JOURNAL, HANDOFF_SIGNAL, journal_path, open_front, run_front
 from service.http.shared_windows import SharedWindows
 from service.settings import Settings
@@ -60,6 +61,19 @@ class Slot:
     sockets: list[socket.socket]
     quick_deaths: int = 0
     respawn_at: float | None = None
+
+    def park(self) -> None:
+        """Close its sockets while no front accepts on them: the kernel would
+        queue connections there, unanswered (the port's group lives on in the
+        other slots')."""
+        for sock in self.sockets:
+            sock.close()
+        self.sockets = []
+
+    def rejoin(self, host: str | None, port: int) -> None:
+        """Listening sockets again, when parked; raises OSError."""
+        if not self.sockets:
+            self.sockets = rejoin(host, port)
 
 
 #: A front that exits with this code could not start (bad database, journal in use).

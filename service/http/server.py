@@ -22,7 +22,7 @@ from peewee import Database
 from tornado.netutil import bind_sockets
 
 from models.change_feed import CHANNEL, TOKENS_CHANNEL, ChangeFeed
-from models.db import MissingDatabaseFile, is_postgres
+from models.db import is_postgres
 from sandbox.hardening import make_undumpable
 from sandbox.budget import WORKER_FDS
 from sandbox.pool import Pool
@@ -177,18 +177,11 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     # Below the loop's priority: a flood of unknown secrets takes only CPU
     # the loop does not want, so it cannot slow authenticated requests.
     executor = background_executor(2, "logic-argon2")
+    # A SQLite file replaced while serving: models.db refuses every write
+    # (the writer holds its records, as for an unreachable database).
     replaced = getattr(db, "file_replaced", None)
-
-    def store(items: Any, mark: Any = None) -> None:
-        if replaced is not None and replaced():
-            # The connections open would write to the old file, lost at the
-            # next start: held (and journaled) as for an unreachable database.
-            raise MissingDatabaseFile(f"{db.database}: the database file was removed or "
-                                      "replaced while the service ran")
-        write_batch(items, mark)
-
     records = RecordWriter(
-        store,
+        write_batch,
         on_thread_start=lambda: db.connect(reuse_if_open=True),
         on_thread_stop=db.close,
         journal=journal,
