@@ -119,6 +119,11 @@ class Inbox(Compiling, Supervisor):
             return
         if (t == "res") != (req.kind == "job"):
             raise ProtocolError(f"{t!r} answers a {req.kind!r} request")
+        if req.where is not None and self._loop is not None and self._loop.time() >= req.deadline:
+            # Read only after its deadline (the loop stalled), from a script the
+            # worker's timer saw run past its limit: the time-out it would have had.
+            self._timeout(w, req, self._loop.time())
+            return
         w.req = None
         self._busy -= 1
         w.jobs += 1

@@ -375,21 +375,22 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
         if not w.flush(self._loop):
             self._worker_lost(w)
 
-    def _on_readable(self, w: WorkerHandle) -> None:
+    def _on_readable(self, w: WorkerHandle) -> bool:
+        """Read what the worker sent and act on it; False when nothing was there."""
         try:
             data = w.sock.recv(65536)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         if not data:
             self._worker_lost(w)
-            return
+            return True
         try:
             for msg in w.reader.feed(data):
                 self._on_message(w, protocol.check_reply(msg))
                 if not w.alive:
-                    return
+                    return True
         except ProtocolError as exc:
             log.error("sandbox worker %d sent an invalid frame (%s); killing it", w.pid, exc.message)
             self._c["crashes"] += 1
@@ -397,3 +398,4 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
                 self._note_crash(w.req, "sandbox worker sent an invalid reply", self._loop.time())
             self._replace(w, failure("crash", "sandbox worker sent an invalid reply",
                                      self._elapsed(w)), backoff=False)
+        return True

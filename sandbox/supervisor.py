@@ -57,7 +57,7 @@ class Supervisor(Ticking):
     _growers: dict[WorkerHandle, None]
 
     # provided by Pool
-    def _on_readable(self, w: WorkerHandle) -> None:
+    def _on_readable(self, w: WorkerHandle) -> bool:
         raise NotImplementedError
 
     def _dispatch(self, w: WorkerHandle, req: RequestState) -> None:

@@ -19,7 +19,7 @@ from collections import OrderedDict, deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sandbox import limits
+from sandbox import limits, protocol
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import PoolBusyError
 from sandbox.outcome import Outcome, failure
@@ -32,6 +32,8 @@ log = logging.getLogger("sandbox.pool")
 TICK_S = 0.005           # deadline ticker period while work is in flight
 HOUSEKEEPING_S = 1.0     # RSS checks and spawn retries
 RSS_CHECKS_PER_ROUND = 64  # idle workers whose /proc size one housekeeping round reads
+#: Reads of a worker's channel before its job is timed out (a whole reply frame, 64 KiB a read).
+READS_BEFORE_TIMEOUT = protocol.MAX_REPLY_BYTES // 65536 + 1
 
 
 class Ticking:
@@ -61,6 +63,8 @@ class Ticking:
 
         def _unhome(self, req: RequestState) -> None: ...
 
+        def _on_readable(self, w: WorkerHandle) -> bool: ...
+
         def _retire_idle(self, now: float) -> None: ...
 
         def _request_spawn(self, slot: int) -> None: ...
@@ -86,9 +90,12 @@ class Ticking:
             if not w.alive or (req is None and w.ready):
                 del watched[w]
             elif req is not None:
-                if now >= req.deadline:
-                    self._timeout(w, req, now)
-                else:
+                if now >= req.deadline and not self._answered(w, req):
+                    if now >= req.deadline:   # a "compiled" read meanwhile moves it
+                        self._timeout(w, req, now)
+                    else:
+                        pending = True
+                elif w.req is not None:
                     pending = True
             else:
                 if now - w.spawned_at > self.spawn_timeout:
@@ -120,6 +127,19 @@ class Ticking:
                     req.future.set_exception(PoolBusyError("no sandbox worker can be started"))
         if pending or waiting or self._homeless:
             self._ensure_tick()
+
+    def _answered(self, w: WorkerHandle, req: RequestState) -> bool:
+        """Whether ``req`` got its answer from what ``w`` had already sent.
+
+        The loop's turns can stall (a large body decoded, the records writer
+        holding the interpreter), and a tick due in the same turn runs before
+        the worker's reader: a reply that came in time then waits unread while
+        the tick finds the deadline passed. Read it first; a script the worker's
+        own timer saw pass its limit is a time-out all the same (``Inbox``)."""
+        for _ in range(READS_BEFORE_TIMEOUT):
+            if not (w.alive and w.req is req) or not self._on_readable(w):
+                break
+        return not (w.alive and w.req is req)
 
     def _make_room(self, guild: str) -> None:
         """The queue is full: the guild with the longest queue gives up its newest
