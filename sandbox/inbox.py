@@ -6,20 +6,24 @@ answer, ``sandbox.compiling``), ``where`` (where a script was
 when its time ran out, for the timeout's error record), ``res`` / ``xres``
 (the answer: the request resolves and the worker is parked or replaced).
 Anything else, or any of these out of turn, is a ``ProtocolError``: the
-worker is killed (see ``Pool._on_readable``).
+worker is killed (``Inbox._on_readable``).
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from sandbox import protocol
 from sandbox.budget import WORKER_BYTES
 from sandbox.channel import WorkerHandle
 from sandbox.compiling import Compiling
 from sandbox.errors import ProtocolError
 from sandbox.limits import COMPILE_BUDGET_MS, MAX_RSS_GROWTH_BYTES, RESTART_COST_S
-from sandbox.outcome import from_result
+from sandbox.outcome import failure, from_result
 from sandbox.supervisor import Supervisor
+
+log = logging.getLogger("sandbox.pool")
 
 
 class Inbox(Compiling, Supervisor):
@@ -52,6 +56,31 @@ class Inbox(Compiling, Supervisor):
         steps["total"] += (time.monotonic() - w.asked_at) * 1000.0 if w.asked_at else 0.0
         for k, v in (ms or {}).items():
             steps[k] += v
+
+    def _on_readable(self, w: WorkerHandle) -> bool:
+        """Read what the worker sent and act on it; False when nothing was there."""
+        try:
+            data = w.sock.recv(65536)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self._worker_lost(w)
+            return True
+        try:
+            for msg in w.reader.feed(data):
+                self._on_message(w, protocol.check_reply(msg))
+                if not w.alive:
+                    return True
+        except ProtocolError as exc:
+            log.error("sandbox worker %d sent an invalid frame (%s); killing it", w.pid, exc.message)
+            self._c["crashes"] += 1
+            if w.req is not None and self._loop is not None:
+                self._note_crash(w.req, "sandbox worker sent an invalid reply", self._loop.time())
+            self._replace(w, failure("crash", "sandbox worker sent an invalid reply",
+                                     self._elapsed(w)), backoff=False)
+        return True
 
     def _on_message(self, w: WorkerHandle, msg: dict[str, Any]) -> None:
         t = msg["t"]

@@ -32,7 +32,7 @@ import time
 from collections import OrderedDict, deque
 from typing import Any
 
-from sandbox import protocol, zygote
+from sandbox import zygote
 from sandbox.channel import RequestState, ScriptRef, WorkerHandle, readable
 from sandbox.codecache import source_digest
 from sandbox.compiling import COMPILER
@@ -374,28 +374,3 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
     def _on_writable(self, w: WorkerHandle) -> None:
         if not w.flush(self._loop):
             self._worker_lost(w)
-
-    def _on_readable(self, w: WorkerHandle) -> bool:
-        """Read what the worker sent and act on it; False when nothing was there."""
-        try:
-            data = w.sock.recv(65536)
-        except BlockingIOError:
-            return False
-        except OSError:
-            data = b""
-        if not data:
-            self._worker_lost(w)
-            return True
-        try:
-            for msg in w.reader.feed(data):
-                self._on_message(w, protocol.check_reply(msg))
-                if not w.alive:
-                    return True
-        except ProtocolError as exc:
-            log.error("sandbox worker %d sent an invalid frame (%s); killing it", w.pid, exc.message)
-            self._c["crashes"] += 1
-            if w.req is not None and self._loop is not None:
-                self._note_crash(w.req, "sandbox worker sent an invalid reply", self._loop.time())
-            self._replace(w, failure("crash", "sandbox worker sent an invalid reply",
-                                     self._elapsed(w)), backoff=False)
-        return True

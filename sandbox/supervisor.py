@@ -56,7 +56,7 @@ class Supervisor(Ticking):
     _unready: int
     _growers: dict[WorkerHandle, None]
 
-    # provided by Pool
+    # provided by Inbox and Pool
     def _on_readable(self, w: WorkerHandle) -> bool:
         raise NotImplementedError
 
