@@ -103,6 +103,12 @@ class Ticking:
                     self._replace(w, None, backoff=True)
                 pending = True
         waiting = self._timeouts
+        if waiting and now >= waiting[0][0]:
+            # Before a waiting request is answered busy: a worker may have
+            # answered during a stall, unread (it takes a waiting request now).
+            for w in [w for w in watched if w.alive and w.req is not None]:
+                if w.req is not None:
+                    self._answered(w, w.req)
         # (deadline, request): live while the request waits (queued, or for its
         # guild's worker) with that deadline; other entries are stale.
         while waiting and (not waiting[0][1].queued and not waiting[0][1].homeless

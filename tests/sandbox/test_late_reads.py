@@ -82,3 +82,18 @@ def test_the_tick_still_times_out_a_job_with_nothing_to_read() -> None:
 
     out = run_with_pool(scenario, size=1)
     assert out.status == 504 and out.error_kind == "script_timeout", out
+
+
+def test_a_request_waiting_behind_a_reply_read_late_is_not_refused_busy() -> None:
+    async def scenario(pool: Pool) -> Any:
+        script = ref(ECHO)
+        assert (await pool.run(script, event(), Limits(1000, 4096), guild="G")).status == 200
+        first = pool.submit(script, event({"n": 1}), Limits(1000, 4096), guild="G")
+        second = pool.submit(script, event({"n": 2}), Limits(1000, 4096), guild="G")
+        _stall(0.5)   # past the second's queue timeout; the first's answer waits unread
+        pool._tick()
+        return await first, await second
+
+    first, second = run_with_pool(scenario, size=1, queue_timeout_ms=200)
+    assert first.status == 200
+    assert second.status == 200 and second.body == b'{"ok":true,"double":4}', second
