@@ -7,7 +7,9 @@ source) by the pool's *compile worker*: a hardened worker that never runs a
 script and compiles the sources of one guild only (``sandbox.compiling``).
 The bytes it returns are kept here, in the service process, in an LRU bounded
 by bytes, and shipped to the workers of that guild that lack them, never to
-another guild's.
+another guild's. A guild holds at most a sixteenth of the cache (at least 2
+MiB): past it its own least recently used versions go, never another guild's
+(``sandbox.owned_lru``), so no guild can empty the cache of the others' code.
 
 A code object bypasses RestrictedPython's checks, so what is kept here must
 only ever be what the compile worker produced for exactly this source:
@@ -33,8 +35,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from sandbox.owned_lru import OwnedLRU
+
 #: Default bound of the cache (bytes of marshalled code and metadata).
 DEFAULT_MAX_BYTES = 64 << 20
+#: A guild may hold this fraction of the cache (1/N), and at least GUILD_MIN_BYTES
+#: (or the whole of a smaller cache): a few versions of the largest shippable code.
+GUILD_SHARE = 16
+GUILD_MIN_BYTES = 2 << 20
 #: Bounds of the digest memo: entries, and characters of the sources it keeps
 #: alive (mostly the very strings the service's endpoint cache holds anyway).
 _DIGESTS = 65536
@@ -98,13 +106,13 @@ CodeKey = tuple[str, str, int, bytes]
 
 class CodeCache:
     """An LRU of :class:`CompiledCode` by (guild, key, version, source digest), bounded
-    by bytes."""
+    by bytes, a sixteenth of them per guild."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_bytes = max_bytes
         self._key = os.urandom(32)
-        self._entries: OrderedDict[CodeKey, CompiledCode] = OrderedDict()
-        self._bytes = 0
+        self._entries: OwnedLRU[CodeKey, CompiledCode] = OwnedLRU(
+            max_bytes, max(max_bytes // GUILD_SHARE, min(max_bytes, GUILD_MIN_BYTES)))
         #: entries dropped because their MAC did not verify
         self.rejected = 0
 
@@ -118,7 +126,11 @@ class CodeCache:
     @property
     def size_bytes(self) -> int:
         """Bytes held now."""
-        return self._bytes
+        return self._entries.size
+
+    def held(self, guild: str) -> int:
+        """Bytes held now for ``guild``."""
+        return self._entries.held(guild)
 
     def _mac(self, key: CodeKey, code: bytes | None, events: tuple[str, ...],
              has_endpoint: bool, has_generators: bool,
@@ -139,38 +151,27 @@ class CodeCache:
         """Keep what the compile worker produced for ``key``; returns the entry."""
         entry = CompiledCode(code, events, has_endpoint, has_generators, error,
                              self._mac(key, code, events, has_endpoint, has_generators, error))
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._bytes -= old.size
-        if entry.size <= self.max_bytes:
-            self._entries[key] = entry
-            self._bytes += entry.size
-            while self._bytes > self.max_bytes:
-                _, dropped = self._entries.popitem(last=False)
-                self._bytes -= dropped.size
+        self._entries.put(key[0], key, entry, entry.size)
         return entry
 
     def get(self, key: CodeKey) -> CompiledCode | None:
         """The entry for ``key`` if it is there and its MAC verifies, else None."""
-        entry = self._entries.get(key)
+        entry = self._entries.peek(key)
         if entry is None:
             return None
         expected = self._mac(key, entry.code, entry.events, entry.has_endpoint,
                              entry.has_generators, entry.error)
         if not hmac.compare_digest(expected, entry.mac):
             self.rejected += 1
-            del self._entries[key]
-            self._bytes -= entry.size
+            self._entries.pop(key)
             return None
-        self._entries.move_to_end(key)
+        self._entries.get(key)   # the guild's most recently used now
         return entry
 
     def entries(self) -> dict[CodeKey, CompiledCode]:
         """A copy of the entries (tests and operators)."""
-        return dict(self._entries)
+        return dict(self._entries.items())
 
     def replace_entry(self, key: CodeKey, entry: CompiledCode) -> None:
         """Put ``entry`` in place as it is, MAC and all (tests: a tampered entry)."""
-        old = self._entries.get(key)
-        self._bytes += entry.size - (old.size if old is not None else 0)
-        self._entries[key] = entry
+        self._entries.put(key[0], key, entry, entry.size)

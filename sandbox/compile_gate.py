@@ -14,8 +14,8 @@ the sandbox user when started as root, no new privileges, Landlock,
 seccomp), arms a CPU timer (``ITIMER_PROF``: SIGPROF ends it when the budget
 is spent, even inside CPython's C compiler) and the memory guard, compiles,
 and writes the verdict as JSON. The verdict is remembered per guild and
-source (an LRU keyed by both, the source by its SHA-256): saving the same
-text again costs nothing and a source over budget is never compiled twice
+source (an LRU keyed by both, the source by its SHA-256, in which a guild's
+saves push out only its own verdicts): saving the same text again costs nothing and a source over budget is never compiled twice
 for a guild by this process.
 """
 from __future__ import annotations
@@ -31,17 +31,20 @@ import signal
 import socket
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from sandbox import compile_server, landlock, limits
 from sandbox.compiler import MAX_ERRORS, MAX_MESSAGE_CHARS, MAX_SOURCE_BYTES, CompileError
+from sandbox.owned_lru import OwnedLRU
 
 #: Wall-clock limit of the whole child: start-up, imports and the CPU budget,
 #: generous because the host may be busy; the CPU budget is the real limit.
 WALL_TIMEOUT_S = 30.0
-VERDICT_CACHE = 256
+#: Remembered verdicts: in all, and of one guild (``sandbox.owned_lru``: a
+#: guild's saves never push another guild's verdicts out).
+VERDICT_CACHE = 4096
+VERDICTS_PER_GUILD = 16
 #: The compile process's answer is at most `MAX_ERRORS` short errors (the
 #: compiler bounds them); anything longer is not believed, nor kept.
 MAX_ANSWER_BYTES = 64 * 1024
@@ -65,7 +68,12 @@ class Verdict:
         return not self.errors
 
 
-_verdicts: OrderedDict[tuple[str, bytes], Verdict] = OrderedDict()
+def new_verdicts() -> OwnedLRU[tuple[str, bytes], Verdict]:
+    """An empty store of remembered verdicts."""
+    return OwnedLRU(VERDICT_CACHE, VERDICTS_PER_GUILD)
+
+
+_verdicts = new_verdicts()
 _lock = threading.Lock()
 log = logging.getLogger("sandbox.compile_gate")
 #: Layers a compile process said did not take effect, with the reason (each
@@ -112,9 +120,9 @@ def check_source(text: str, scope: str = "") -> Verdict:
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
     key = (scope, digest)
     with _lock:
-        if key in _verdicts:
-            _verdicts.move_to_end(key)
-            return _verdicts[key]
+        known = _verdicts.get(key)
+        if known is not None:
+            return known
         left = _crashed.get(scope, 0.0) - time.monotonic()
     if left > 0:
         return Verdict(_failed(f"a compile of this guild's scripts failed; saves are refused "
@@ -122,15 +130,17 @@ def check_source(text: str, scope: str = "") -> Verdict:
     errors, lasting = _run_child(text)
     if errors is _CRASHED:
         with _lock:
-            _crashed[scope] = time.monotonic() + CRASH_COOLDOWN_S
+            now = time.monotonic()
+            _crashed[scope] = now + CRASH_COOLDOWN_S
+            if len(_crashed) > VERDICT_CACHE:   # cool-downs that ended go first
+                for ended in [g for g, until in _crashed.items() if until <= now]:
+                    del _crashed[ended]
             while len(_crashed) > VERDICT_CACHE:
                 del _crashed[next(iter(_crashed))]
     verdict = Verdict(errors)
     if lasting:
         with _lock:
-            _verdicts[key] = verdict
-            if len(_verdicts) > VERDICT_CACHE:
-                _verdicts.popitem(last=False)
+            _verdicts.put(scope, key, verdict)
     return verdict
 
 

@@ -408,3 +408,20 @@ def test_the_queue_of_compiles_for_the_cache_is_bounded() -> None:
     # (one of each batch may already be with the compile worker, off the queue)
     assert BACKGROUND_COMPILES - 1 <= by_count <= BACKGROUND_COMPILES
     assert chars <= limit and by_chars >= limit // ((1 << 20) + 2) - 1
+
+
+def test_one_guild_compiling_many_versions_keeps_the_other_guilds_code() -> None:
+    # A guild that compiled 70 large versions emptied the shared cache: another
+    # guild's next new worker compiled its script again (0.8 s of its own time)
+    # and a guild could tell that others had compiled (review, session 29).
+    cache = CodeCache()
+    theirs = ("B", "logic_b", 1, b"b" * 32)
+    cache.put(theirs, b"y" * 200_000, ("endpoint",), True, False, None)
+    for version in range(200):
+        cache.put(("A", "logic_a", version, b"a" * 32), b"x" * 1_000_000, ("endpoint",), True,
+                  False, None)
+    entry = cache.get(theirs)
+    assert entry is not None and entry.code == b"y" * 200_000
+    assert cache.held("A") <= cache.max_bytes // 16
+    assert cache.get(("A", "logic_a", 199, b"a" * 32)) is not None   # its newest stay
+    assert cache.get(("A", "logic_a", 0, b"a" * 32)) is None

@@ -33,7 +33,7 @@ def test_a_compile_bomb_is_refused_at_save_with_a_compile_error(db: Any) -> None
 
 
 def _counting_children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    monkeypatch.setattr(compile_gate, "_verdicts", type(compile_gate._verdicts)())
+    monkeypatch.setattr(compile_gate, "_verdicts", compile_gate.new_verdicts())
     children: list[str] = []
     real = compile_gate._run_child
 
@@ -135,9 +135,27 @@ def test_an_ordinary_large_script_compiles_within_the_budget(db: Any) -> None:
     assert view["sourceBytes"] == len(source)
 
 
+def test_another_guilds_saves_do_not_push_a_guilds_verdicts_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # One shared list of 256 verdicts: 256 saves of one guild pushed the others'
+    # out, so a guild re-saving its own text could tell (a compile, or not)
+    # whether any other guild had saved meanwhile (review, session 29).
+    children = _counting_children(monkeypatch)
+    assert compile_gate.check_source("x = 'theirs'\n", "B").ok
+    for i in range(300):
+        assert compile_gate.check_source(f"x = {i}\n", "A").ok
+    compiled = len(children)
+    assert compile_gate.check_source("x = 'theirs'\n", "B").ok
+    assert len(children) == compiled          # still remembered: not compiled again
+    assert compile_gate.check_source("x = 299\n", "A").ok
+    assert len(children) == compiled          # A's newest are remembered ...
+    assert compile_gate.check_source("x = 0\n", "A").ok
+    assert len(children) == compiled + 1      # ... its oldest made room for them
+
+
 def test_memory_over_the_compile_cap_is_refused(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(limits, "COMPILE_MEMORY_BYTES", 2 << 20)
-    monkeypatch.setattr(compile_gate, "_verdicts", type(compile_gate._verdicts)())
+    monkeypatch.setattr(compile_gate, "_verdicts", compile_gate.new_verdicts())
     gid = make_guild()
     with pytest.raises(core.ValidationError) as err:
         core.create_script(OWNER, gid, "big", _ordinary_functions(300))
