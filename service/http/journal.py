@@ -123,15 +123,27 @@ class Journal:
         self._sealed: list[_Segment] = []   # sealed, not yet handed out by `seal`
         self._pending: dict[Path, _Segment] = {}  # handed out, batch not yet written
         self._free: list[_Segment] = []
-        self._segment: _Segment | None = None   # None: none could be made (a full disk)
+        #: None: not made yet (`begin`, else the first append) or none could be (a full disk).
+        self._segment: _Segment | None = None
         self._retry_at = 0.0
         self._last_errno = 0
-        try:
-            self._segment = self._open_next()
-        except OSError as err:
-            log.warning("records journal %s: cannot make a segment (%s); answered requests "
-                        "are journaled again once one can be made", self.directory,
-                        err.strerror or err)
+
+    def begin(self) -> None:
+        """Make the first segment, after the start-up's replay: a start that
+        fails or is killed before it (a database locked or down) then leaves
+        nothing behind, where each such start once left another 8 MiB file;
+        and the live segment is never among what the replay or the
+        installation check moves or deletes."""
+        with self._lock:
+            if self._segment is not None:
+                return
+            try:
+                self._segment = self._open_next()
+            except OSError as err:
+                self._retry_at, self._last_errno = time.monotonic() + 1.0, err.errno or errno.EIO
+                log.warning("records journal %s: cannot make a segment (%s); answered requests "
+                            "are journaled again once one can be made", self.directory,
+                            err.strerror or err)
 
     @property
     def lock(self) -> threading.Lock:

@@ -125,6 +125,7 @@ def open_front(settings: Settings, journal_dir: str | None, *,
                 front = Journal(sub, fsync=False)
                 replay_journal(front)
                 front.close()
+        journal.begin()
     database.close()
     return database, journal
 

@@ -76,6 +76,99 @@ def test_a_journal_of_another_database_is_set_aside_not_replayed(
     assert restarted.request(ep.path, json_body={"n": 99}, secret=ep.secret).status == 200
 
 
+def _segments(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("segment-"))
+
+
+def test_a_journal_set_aside_takes_none_of_the_new_runs_own_segments(
+        make_server, make_endpoint, read_history, bind, tmp_path: Path) -> None:
+    # The start made its own segment before it set another database's journal
+    # aside, and moved it too: what it then journaled was in the quarantine,
+    # never replayed after its own crash (review, session 29).
+    from models.installation import renew_installation_id
+
+    journal = tmp_path / "journal"
+    extra = f'[records]\njournal = "{journal}"'
+    server: Server = make_server(extra=extra)
+    ep = make_endpoint(source=ECHO, plan="bench")
+    for n in range(5):
+        assert server.request(ep.path, json_body={"n": n}, secret=ep.secret).status == 200
+    server.kill()
+    left = _segments(journal)
+    renew_installation_id()
+    restarted: Server = make_server(extra=extra)
+    assert wait_until(lambda: "was written for another database" in restarted.log)
+    (quarantine,) = journal.glob("quarantine-*")
+    assert sorted(p.name for p in quarantine.iterdir()) == left
+    bind()
+    before = len(read_history(ep))
+    for n in range(30):
+        assert restarted.request(ep.path, json_body={"n": n}, secret=ep.secret).status == 200
+    restarted.kill()
+    again: Server = make_server(extra=extra)
+    assert wait_until(lambda: len(read_history(ep)) == before + 30, timeout=20), \
+        (len(read_history(ep)), before, again.log)
+
+
+def _locked(directory: Path) -> bool:
+    """Whether a process holds the journal in `directory`."""
+    import fcntl
+    try:
+        fd = os.open(directory / "lock", os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_starts_killed_during_their_replay_leave_no_segments_behind(
+        make_server, make_endpoint, read_history, http_env, tmp_path: Path) -> None:
+    # Each start made its 8 MiB segment before it replayed; a start killed
+    # while its replay waited for a locked database left one more file, so a
+    # restart loop grew the directory by 8 MiB a start (review, session 29).
+    import sqlite3
+    import time
+
+    from tests.service.http.harness import LOGIC
+
+    if not http_env.database_url.startswith("sqlite:///"):
+        pytest.skip("the database is locked through its SQLite file")
+    journal = tmp_path / "journal"
+    extra = f'[records]\njournal = "{journal}"'
+    server: Server = make_server(extra=extra)
+    ep = make_endpoint(source=ECHO, plan="bench")
+    for n in range(20):
+        assert server.request(ep.path, json_body={"n": n}, secret=ep.secret).status == 200
+    server.kill()
+    left = _segments(journal)
+    assert left
+    lock = sqlite3.connect(http_env.database_url[len("sqlite:///"):], isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")   # the replay's writes wait (10 s busy timeout)
+    try:
+        for _ in range(3):
+            proc = subprocess.Popen([LOGIC, "--database-url", http_env.database_url, "--config",
+                                     str(server.config), "serve", "--port", "0"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                assert wait_until(lambda: _locked(journal), timeout=30)
+                time.sleep(0.5)        # in its replay, waiting for the database
+            finally:
+                proc.kill()
+                proc.wait()
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    assert _segments(journal) == left
+    restarted: Server = make_server(extra=extra)
+    assert wait_until(lambda: len(read_history(ep)) >= 20, timeout=20), restarted.log
+    assert len(_segments(journal)) <= len(left) + 1
+
+
 def test_the_journal_directory_and_its_files_are_private(make_server, make_endpoint,
                                                          tmp_path: Path) -> None:
     """docs/security.md: the directory is created 0700, its files 0600 (they
