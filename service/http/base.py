@@ -21,6 +21,7 @@ from tornado.web import HTTPError, RequestHandler, stream_request_body
 
 from service.core.db_errors import connection_lost
 from service.http.errors import STATUS_CODES, BusyError, NotFoundError, ServiceError
+from service.http.redaction import loggable_path
 
 if TYPE_CHECKING:
     from service.http.context import AppContext
@@ -185,8 +186,8 @@ class BaseHandler(RequestHandler):
             _outages(self.request_id, "busy", "the database is unreachable "
                      f"({type(lost).__name__}): requests that need it get 503 busy")
             return
-        log.error("%s uncaught exception on %s", self.request_id, self.request.path,
-                  exc_info=(typ, value, tb))
+        log.error("%s uncaught exception on %s", self.request_id,
+                  loggable_path(self.request.path), exc_info=(typ, value, tb))
 
 
 def lost_connection_error(exc: BaseException | None) -> BaseException | None:

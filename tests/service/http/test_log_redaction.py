@@ -103,3 +103,28 @@ def test_script_replies_and_timeouts_write_no_line_per_request(make_server, make
     assert srv.request("/healthz", method="GET").status == 200
     lines = srv.log_lines[before:]
     assert not [line for line in lines if "WARNING" in line or "INFO" in line], lines
+
+
+def test_an_uncaught_exception_is_logged_without_a_login_token(service_log) -> None:
+    # The access line cut a login link's token; the line of an uncaught
+    # exception printed the path whole (review, session 29).
+    from unittest.mock import MagicMock
+
+    from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
+    from tornado.web import Application
+
+    from service.http.base import BaseHandler
+
+    token = secrets.token_urlsafe(32)
+    request = HTTPServerRequest(start_line=RequestStartLine("GET", f"/login%2F{token}/x",
+                                                            "HTTP/1.1"),
+                                headers=HTTPHeaders({"Host": "127.0.0.1"}),
+                                connection=MagicMock())
+    handler = BaseHandler(Application(), request, context=MagicMock())
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as err:
+        handler.log_exception(RuntimeError, err, err.__traceback__)
+    text = service_log.getvalue()
+    assert "uncaught exception on /login/…" in text and "boom" in text
+    assert token not in text
