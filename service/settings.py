@@ -36,6 +36,7 @@ class ServerSettings:
     max_pipelined: int = 64
     write_buffer_bytes: int = 262144
     socket_send_buffer_bytes: int = 131072   # SO_SNDBUF; 0: the kernel's autotuning
+    socket_receive_buffer_bytes: int = 131072   # SO_RCVBUF; 0: the kernel's autotuning
     #: Front processes sharing the port (SO_REUSEPORT); None ("auto"): one per CPU.
     processes: int | None = 1
     #: With several fronts: one whose event loop gives no sign of life this long is killed.
@@ -138,6 +139,7 @@ _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
                "max_pipelined": to.int_between(1, 100_000),
                "write_buffer_bytes": to.int_between(4096, 1 << 30),
                "socket_send_buffer_bytes": to.int_between(0, 1 << 26),
+               "socket_receive_buffer_bytes": to.int_between(0, 1 << 26),
                "processes": to.processes,
                "front_timeout_s": to.int_between(2, 3600)},
     "database": {"url": to.db_url, "outage_serve_s": to.int_between(0, 86_400)},

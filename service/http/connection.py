@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 from tornado import httputil
 
-from service.http.deadlines import set_send_buffer, sweep
+from service.http.deadlines import set_buffers, sweep
 from service.http.exchange import Exchange
 from service.http.wire import CONTINUE, PeerContext, ServerLimits, http_date, log
 
@@ -128,8 +128,8 @@ class Connection(asyncio.Protocol):
         self.context = PeerContext(transport.get_extra_info("peername"))
         sock = transport.get_extra_info("socket")
         self._fd = sock.fileno() if sock is not None and hasattr(termios, "TIOCOUTQ") else -1
-        if sock is not None and self.limits.socket_send_buffer:
-            set_send_buffer(sock, self.limits.socket_send_buffer)
+        if sock is not None:
+            set_buffers(sock, self.limits.socket_send_buffer, self.limits.socket_receive_buffer)
         self.deadline = self.loop.time() + self.limits.idle_timeout
         transport.set_write_buffer_limits(high=self.limits.write_high_water)  # type: ignore[attr-defined]
         if not self.server.admit(self):

@@ -29,15 +29,19 @@ if TYPE_CHECKING:
 _RESET = struct.pack("ii", 1, 0)
 
 
-def set_send_buffer(sock: socket.socket, size: int) -> None:
-    """Bound the kernel's send buffer of an accepted socket (SO_SNDBUF; the
-    kernel doubles it for its bookkeeping): with autotuning, a client that
-    reads nothing pinned up to tcp_wmem's maximum (4 MiB) besides our own
-    `write_high_water`."""
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
-    except OSError:
-        pass
+def set_buffers(sock: socket.socket, send: int, receive: int) -> None:
+    """Bound the kernel's buffers of an accepted socket (SO_SNDBUF, SO_RCVBUF;
+    0 leaves one to autotuning; the kernel doubles each for its bookkeeping):
+    with autotuning, a client that reads nothing pinned up to tcp_wmem's
+    maximum (4 MiB) besides our own `write_high_water`, and one that grew our
+    receive buffer with a few large bodies, then sent requests while reading
+    nothing (reading paused), kept ~1.2 MiB queued in it (review, session 29)."""
+    for option, size in ((socket.SO_SNDBUF, send), (socket.SO_RCVBUF, receive)):
+        if size:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, size)
+            except OSError:
+                pass
 
 
 def drop(conn: Connection) -> None:

@@ -9,6 +9,7 @@ delivery (`service.http.connection`).
 from __future__ import annotations
 
 import traceback
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 import httptools  # type: ignore[import-untyped,unused-ignore]
@@ -21,8 +22,22 @@ from service.http.wire import REQUEST_LINE, ParseAbort, log
 if TYPE_CHECKING:
     from service.http.listener import HTTP1Server
 
-#: Bytes parsed at a time, so that a large read cannot queue unbounded requests.
-_SLICE = 16384
+#: Bytes parsed at a time, so that a large read cannot queue unbounded
+#: requests: heads (and chunked bodies) a kilobyte at a time, 256 bytes while
+#: requests wait their turn, so that past `max_pipelined` at most that much of
+#: further heads is parsed (a 16 KiB slice of 41-byte requests once queued ~800
+#: steps); a body of known length up to its end, 16 KiB at a time.
+_SLICE = 1024
+_SMALL_SLICE = 256
+_BODY_SLICE = 16384
+#: Requests one connection may begin before the loop serves the others: past
+#: it, the rest of what it sent waits for the loop's next turn (review, session
+#: 29: one client pipelining requests answered at once, 404s, held the loop for
+#: as long as it sent, and every other client waited ~9 s).
+REQUESTS_PER_TURN = 32
+#: Body bytes of requests waiting their turn before parsing stops (chunks of one
+#: request queued one after another are one step: tiny chunks queued thousands).
+QUEUED_BODY_BYTES = 65536
 #: Whitespace around a header's tokens (RFC 9110 5.6.3: space and tab only;
 #: `str.strip()` would also take Latin-1's NBSP and NEL, which llhttp keeps).
 _OWS = " \t"
@@ -44,6 +59,11 @@ class ParsingConnection(Connection):
         super().__init__(server)
         self.parser = httptools.HttpRequestParser(self)
         self._begun = 0  # requests begun so far
+        self._turn_begun = 0  # ... when this turn of the loop began (REQUESTS_PER_TURN)
+        self._turn_waits = False  # the next turn is asked for
+        self._in_body = False  # between a head's end and its request's end
+        self._body_left: int | None = None  # of a body of known length (None: chunked)
+        self._queued_body = 0  # body bytes in queued steps
         #: Steps (about two per request) allowed to wait before parsing stops.
         self._max_queue = 2 * self.limits.max_pipelined
 
@@ -62,32 +82,67 @@ class ParsingConnection(Connection):
 
     def _feed(self, data: bytes) -> None:
         """Parse `data` a slice at a time; hold the rest back (reading paused)
-        while too many requests wait for their turn or answers are not read."""
+        while too many requests wait for their turn or answers are not read,
+        or until the loop's next turn once this connection began
+        REQUESTS_PER_TURN requests in this one."""
         if self._manual is not None:
             self._feed_manual(data)
             return
-        if len(data) <= _SLICE:
-            self._feed_slice(data)
+        waiting = self._queue or self._blocked or self._write_paused
+        if len(data) <= _SLICE and not waiting:
+            self._feed_slice(data)   # a request's whole head and body, most often
+            if self._begun - self._turn_begun >= REQUESTS_PER_TURN:
+                self._end_turn()
             return
         self._feeding = True
         try:
             view = memoryview(data)
             start = 0
             while start < len(data):
-                piece = bytes(view[start:start + _SLICE])
+                piece = bytes(view[start:start + self._piece()])
                 start += len(piece)
                 self._feed_slice(piece)
-                if self.lingering or self._broken or start >= len(data):
+                if self.lingering or self._broken:
                     return
                 if self._manual is not None:
                     self._feed_manual(bytes(view[start:]))
                     return
-                if self._write_paused or len(self._queue) >= self._max_queue:
-                    self._stash = bytes(view[start:])
-                    self._pause_reading()
+                if self._write_paused or len(self._queue) >= self._max_queue \
+                        or self._queued_body >= QUEUED_BODY_BYTES:
+                    if start < len(data):
+                        self._stash = bytes(view[start:])
+                        self._pause_reading()
+                    return
+                if self._begun - self._turn_begun >= REQUESTS_PER_TURN:
+                    if start < len(data):
+                        self._stash = bytes(view[start:])
+                    self._end_turn()
                     return
         finally:
             self._feeding = False
+
+    def _piece(self) -> int:
+        """How many bytes to parse next (see _SLICE)."""
+        if self._in_body and self._body_left is not None:
+            return max(1, min(self._body_left, _BODY_SLICE))
+        if self._queue or self._blocked or self._write_paused:
+            return _SMALL_SLICE
+        return _SLICE
+
+    def _end_turn(self) -> None:
+        """Read nothing more from this client until the loop's next turn (the
+        other connections' reads and answers run first), then go on with what
+        was held back."""
+        self._pause_reading()
+        if not self._turn_waits:
+            self._turn_waits = True
+            self.loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._turn_waits = False
+        self._turn_begun = self._begun
+        if not self.closed:
+            self._drain_queue()
 
     def _feed_slice(self, data: bytes) -> None:
         in_head = self._in_head
@@ -167,6 +222,7 @@ class ParsingConnection(Connection):
 
     # --- llhttp callbacks (inside feed_data) ----------------------------------
     def on_message_begin(self) -> None:
+        self._in_body = False
         if self.lingering or self._broken:
             raise ParseAbort(0)  # closing: what follows in the buffer is not served
         self._in_head = True
@@ -296,6 +352,8 @@ class ParsingConnection(Connection):
         ex.expect_continue = (version == "HTTP/1.1"
                               and headers.get("expect", "").lower() == "100-continue")
         self.deadline = self.loop.time() + ex.body_timeout
+        self._in_body = True
+        self._body_left = ex.declared
         self._push(self._start, ex, None)
         if ex.declared is not None and ex.declared > ex.max_body:
             # The backstop comes after the handler's own checks (the invoke
@@ -311,14 +369,32 @@ class ParsingConnection(Connection):
 
     def _body_part(self, ex: Exchange, body: bytes) -> None:
         ex.received += len(body)
+        if self._body_left is not None:
+            self._body_left -= len(body)
         if ex.received > ex.body_kept or (ex.declared or 0) > ex.body_kept:
             pass   # read and dropped: the handler refuses the request for what it lacks
+        elif self._blocked or self._queue or self._write_paused:
+            # Queued as a bytearray (the one step of this request's chunks that
+            # follow each other in the queue), counted until it runs.
+            self._queued_body += len(body)
+            queue = self._queue
+            if queue and queue[-1][1] is ex and queue[-1][0] == self._body:
+                queue[-1][2].extend(body)
+            else:
+                self._push(self._body, ex, bytearray(body))
         else:
             self._push(self._body, ex, body)  # the handler's own cap answers first
         if ex.received > ex.max_body:
             raise ParseAbort(413)
 
+    def _body(self, ex: Exchange, chunk: bytes | bytearray) -> Awaitable[None] | None:
+        if isinstance(chunk, bytearray):   # it waited in the queue
+            self._queued_body -= len(chunk)
+            return super()._body(ex, bytes(chunk))
+        return super()._body(ex, chunk)
+
     def on_message_complete(self) -> None:
+        self._in_body = False
         ex = self._parsing
         assert ex is not None
         if ex.manual_body:

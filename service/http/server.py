@@ -236,7 +236,9 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                                              max_pipelined=settings.server.max_pipelined,
                                              write_high_water=settings.server.write_buffer_bytes,
                                              socket_send_buffer=(
-                                                 settings.server.socket_send_buffer_bytes)),
+                                                 settings.server.socket_send_buffer_bytes),
+                                             socket_receive_buffer=(
+                                                 settings.server.socket_receive_buffer_bytes)),
                          render_error=context.metrics.counting(render_connection_error),
                          max_connections=settings.server.max_connections,
                          max_connections_per_ip=settings.server.max_connections_per_ip,

@@ -55,6 +55,7 @@ class ServerLimits:
     #: SO_SNDBUF of each accepted socket (the kernel doubles it); 0: the kernel's
     #: autotuning (up to tcp_wmem's maximum, often 4 MiB per connection).
     socket_send_buffer: int = 128 * 1024
+    socket_receive_buffer: int = 128 * 1024
     #: While answers wait, the client must take this much of them (or all that
     #: waited) per idle_timeout, or the connection is cut (the send timeout).
     min_send_progress: int = 64 * 1024

@@ -8,6 +8,7 @@ A real `HTTP1Server` on loopback (tests.service.http.test_connection's
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import threading
 import time
@@ -80,12 +81,57 @@ def test_pipelining_depth_is_bounded_and_every_request_is_answered() -> None:
             daemon=True)
         sender.start()
         time.sleep(0.6)
-        assert _queued(running) <= 2 * RELAXED.max_pipelined + 2 * 16384 // 20
+        # Two steps a request; past the bound, at most one 256-byte piece of
+        # heads of at least 30 bytes (before: a whole 16 KiB slice's, ~800 steps).
+        assert _queued(running) <= 2 * RELAXED.max_pipelined + 2 * (256 // 30 + 1)
         assert c.read_response().body == b"slow /slow?delay=1.0"
         for n in range(count):
             r = c.read_response()
             assert (r.status, r.body) == (200, f"raw /raw/{n} ".encode()), n
         sender.join(10)
+
+
+def test_a_body_of_tiny_chunks_behind_a_slow_request_is_parsed_ahead_in_bounds() -> None:
+    # Each chunk was a queued step: 1-byte chunks queued ~2,700 steps a 16 KiB
+    # slice (review, session 29). A request's chunks now wait as one step, and
+    # parsing stops at 64 KiB of waiting body.
+    from service.http.parsing import QUEUED_BODY_BYTES
+    with serving(RELAXED) as running, running.client(timeout=20) as c:
+        c.send(build("GET", "/slow?delay=1.0"))
+        chunks = b"1\r\nx\r\n" * 200_000 + b"0\r\n\r\n"
+        head = build("POST", "/stream", {"Transfer-Encoding": "chunked"})
+        sender = threading.Thread(target=c.send, args=(head + chunks,), daemon=True)
+        sender.start()
+        time.sleep(0.6)
+
+        def waiting() -> tuple[int, int]:
+            conns = list(running.server.connections)
+            return (max((len(conn._queue) for conn in conns), default=0),
+                    max((conn._queued_body for conn in conns), default=0))
+        steps, body = running.call_sync(waiting)
+        assert steps <= 4 and 0 < body <= QUEUED_BODY_BYTES + 256
+        assert c.read_response().body == b"slow /slow?delay=1.0"
+        r = c.read_response()
+        assert r.status == 200 and r.body == hashlib.sha256(b"x" * 200_000).hexdigest().encode()
+        sender.join(10)
+
+
+def test_large_bodies_do_not_grow_the_kernels_receive_buffer() -> None:
+    # With the kernel's autotuning, a few large bodies grew a connection's
+    # receive buffer to ~1.4 MiB; a client then sending requests while reading
+    # no answer (reading paused) kept that much queued in it, 508 MiB for 256
+    # connections of one address (review, session 29).
+    with serving(RELAXED) as running, running.client(timeout=20) as c:
+        for _ in range(40):
+            r = c.request("POST", "/stream", body=b"b" * 60_000)
+            assert r.status == 200
+
+        def receive_buffers() -> list[int]:
+            return [conn.transport.get_extra_info("socket").getsockopt(
+                        socket.SOL_SOCKET, socket.SO_RCVBUF)
+                    for conn in running.server.connections if conn.transport is not None]
+        sizes = running.call_sync(receive_buffers)
+        assert sizes and max(sizes) <= 2 * RELAXED.socket_receive_buffer, sizes
 
 
 def test_a_head_that_times_out_gets_408() -> None:
