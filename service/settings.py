@@ -37,6 +37,7 @@ class ServerSettings:
     write_buffer_bytes: int = 262144
     socket_send_buffer_bytes: int = 131072   # SO_SNDBUF; 0: the kernel's autotuning
     socket_receive_buffer_bytes: int = 131072   # SO_RCVBUF; 0: the kernel's autotuning
+    buffer_budget_bytes: int = 268435456   # what connections pin together; 0: no budget
     #: Front processes sharing the port (SO_REUSEPORT); None ("auto"): one per CPU.
     processes: int | None = 1
     #: With several fronts: one whose event loop gives no sign of life this long is killed.
@@ -140,6 +141,7 @@ _SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
                "write_buffer_bytes": to.int_between(4096, 1 << 30),
                "socket_send_buffer_bytes": to.int_between(0, 1 << 26),
                "socket_receive_buffer_bytes": to.int_between(0, 1 << 26),
+               "buffer_budget_bytes": to.int_between(0, 1 << 40),
                "processes": to.processes,
                "front_timeout_s": to.int_between(2, 3600)},
     "database": {"url": to.db_url, "outage_serve_s": to.int_between(0, 86_400)},

@@ -59,6 +59,16 @@ def drop(conn: Connection) -> None:
     conn.close_now()
 
 
+def pinned(conn: Connection) -> int:
+    """Bytes `conn` holds in the server's memory: unsent answers, what was
+    received and not yet parsed, body chunks of requests waiting their turn."""
+    transport = conn.transport
+    if transport is None or conn.closed:
+        return 0
+    return (transport.get_write_buffer_size() + len(conn._stash)
+            + getattr(conn, "_queued_body", 0))
+
+
 def unsent(conn: Connection) -> int:
     """Bytes of answers not yet read by the client: ours and the kernel's."""
     transport = conn.transport

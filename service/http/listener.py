@@ -8,8 +8,11 @@ proxy, are counted only in the total; past either, the connection gets one
 503 `busy` with `Retry-After` and is closed. `max_connections = 0` derives the
 cap from the descriptor limit (raised to its hard limit first) minus a
 reserve, so the sandbox pool can always open the pipes and sockets of a
-worker it respawns. After a storm of connections closes, freed memory is
-handed back to the OS (`malloc_trim`, glibc).
+worker it respawns. What connections pin in memory together (unsent
+answers, input held back) has a budget, checked at every sweep: past it the
+connections holding most are cut. After a storm of connections closes, or
+once much of what they pinned is freed, memory is handed back to the OS
+(`malloc_trim`, glibc).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Sequence
 from tornado import httputil
 
 from service.http.connection import Connection
+from service.http.deadlines import drop, pinned
 from service.http.parsing import ParsingConnection
 from service.http.wire import ErrorRenderer, ServerLimits, log, peer_group, plain_error
 
@@ -36,6 +40,11 @@ __all__ = ["HTTP1Server", "ServerLimits"]
 BAD_REQUEST_LOG_INTERVAL = 10.0
 #: Connections at once that count as a storm (memory is handed back after one).
 STORM = 1000
+#: Bytes pinned by connections at once after whose release memory is handed
+#: back too (a few hundred slow readers held ~400 MB that stayed: review, session 29).
+TRIM_BYTES = 64 * 1024 * 1024
+#: At most one hand-back in this many seconds.
+TRIM_INTERVAL_S = 10.0
 
 
 def derived_connection_cap(reserve: int) -> int:
@@ -85,6 +94,9 @@ class HTTP1Server:
         self.head_bytes = 0
         self._heads: dict[Connection, None] = {}
         self._peak = 0  # most connections since memory was last handed back
+        self._pinned_peak = 0  # most bytes pinned by connections since then
+        self._trimmed_at = float("-inf")
+        self._over_budget = False  # cutting connections for the buffer budget
         self.prefixes = tuple(prefixes)
         self.limits = limits or ServerLimits()
         self.render_error = render_error or plain_error
@@ -186,14 +198,43 @@ class HTTP1Server:
 
     def _sweep(self) -> None:
         now = self.loop.time()
+        held = 0
         for conn in list(self.connections):
             conn.sweep(now)
-        if self._peak >= STORM and len(self._admitted) < self._peak // 4:
-            # A storm of connections is over: give the freed memory back.
-            self._peak = len(self._admitted)
+            held += pinned(conn)
+        budget = self.limits.buffer_budget_bytes
+        if budget and held > budget:
+            held = self._shed(held, budget)
+        elif self._over_budget and held < budget // 2:
+            self._over_budget = False
+        self._pinned_peak = max(self._pinned_peak, held)
+        storm = self._peak >= STORM and len(self._admitted) < self._peak // 4
+        freed = self._pinned_peak >= TRIM_BYTES and held < self._pinned_peak // 4
+        if (storm or freed) and now - self._trimmed_at >= TRIM_INTERVAL_S:
+            # A storm of connections, or of what they held, is over: give the
+            # freed memory back.
+            self._peak, self._pinned_peak, self._trimmed_at = len(self._admitted), held, now
             gc.collect()
             release_memory()
         self._sweeper = self.loop.call_later(self.limits.sweep_interval, self._sweep)
+
+    def _shed(self, held: int, budget: int) -> int:
+        """Cut the connections pinning most until what is left is under 3/4 of
+        `budget`; returns what is left."""
+        cut = 0
+        for size, conn in sorted(((pinned(c), c) for c in self.connections),
+                                 key=lambda pair: pair[0], reverse=True):
+            if held <= budget * 3 // 4 or size == 0:
+                break
+            drop(conn)
+            held -= size
+            cut += 1
+        if not self._over_budget:
+            self._over_budget = True   # one line per episode, not per sweep
+            log.warning("connections pinned more than server.buffer_budget_bytes (%d MiB) of "
+                        "unsent answers and unread input: %d holding most were cut", budget >> 20,
+                        cut)
+        return held
 
     def stop(self) -> None:
         """Stop accepting connections; open ones stay until `close_all_connections`,

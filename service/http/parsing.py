@@ -61,8 +61,6 @@ class ParsingConnection(Connection):
         self._begun = 0  # requests begun so far
         self._turn_begun = 0  # ... when this turn of the loop began (REQUESTS_PER_TURN)
         self._turn_waits = False  # the next turn is asked for
-        self._in_body = False  # between a head's end and its request's end
-        self._body_left: int | None = None  # of a body of known length (None: chunked)
         self._queued_body = 0  # body bytes in queued steps
         #: Steps (about two per request) allowed to wait before parsing stops.
         self._max_queue = 2 * self.limits.max_pipelined
@@ -88,9 +86,12 @@ class ParsingConnection(Connection):
         if self._manual is not None:
             self._feed_manual(data)
             return
-        waiting = self._queue or self._blocked or self._write_paused
-        if len(data) <= _SLICE and not waiting:
-            self._feed_slice(data)   # a request's whole head and body, most often
+        size = len(data)
+        if size <= _SLICE and self._parsing is None and not self._blocked \
+                and not self._write_paused and not self._queue or size <= self._piece():
+            # One piece: a request's whole head and body, or the body a client
+            # sent after its head, most often.
+            self._feed_slice(data)
             if self._begun - self._turn_begun >= REQUESTS_PER_TURN:
                 self._end_turn()
             return
@@ -123,8 +124,9 @@ class ParsingConnection(Connection):
 
     def _piece(self) -> int:
         """How many bytes to parse next (see _SLICE)."""
-        if self._in_body and self._body_left is not None:
-            return max(1, min(self._body_left, _BODY_SLICE))
+        ex = self._parsing
+        if ex is not None and not self._in_head and ex.declared is not None:
+            return max(1, min(ex.declared - ex.received, _BODY_SLICE))   # in its body
         if self._queue or self._blocked or self._write_paused:
             return _SMALL_SLICE
         return _SLICE
@@ -222,7 +224,6 @@ class ParsingConnection(Connection):
 
     # --- llhttp callbacks (inside feed_data) ----------------------------------
     def on_message_begin(self) -> None:
-        self._in_body = False
         if self.lingering or self._broken:
             raise ParseAbort(0)  # closing: what follows in the buffer is not served
         self._in_head = True
@@ -352,8 +353,6 @@ class ParsingConnection(Connection):
         ex.expect_continue = (version == "HTTP/1.1"
                               and headers.get("expect", "").lower() == "100-continue")
         self.deadline = self.loop.time() + ex.body_timeout
-        self._in_body = True
-        self._body_left = ex.declared
         self._push(self._start, ex, None)
         if ex.declared is not None and ex.declared > ex.max_body:
             # The backstop comes after the handler's own checks (the invoke
@@ -369,32 +368,32 @@ class ParsingConnection(Connection):
 
     def _body_part(self, ex: Exchange, body: bytes) -> None:
         ex.received += len(body)
-        if self._body_left is not None:
-            self._body_left -= len(body)
         if ex.received > ex.body_kept or (ex.declared or 0) > ex.body_kept:
             pass   # read and dropped: the handler refuses the request for what it lacks
         elif self._blocked or self._queue or self._write_paused:
-            # Queued as a bytearray (the one step of this request's chunks that
-            # follow each other in the queue), counted until it runs.
+            # Counted until it runs; chunks of a request that follow each other
+            # in the queue are one step (merged into a bytearray).
             self._queued_body += len(body)
             queue = self._queue
-            if queue and queue[-1][1] is ex and queue[-1][0] == self._body:
-                queue[-1][2].extend(body)
+            if queue and queue[-1][1] is ex and queue[-1][0] == self._waited_body:
+                step, _, part = queue[-1]
+                if not isinstance(part, bytearray):
+                    part = bytearray(part)
+                    queue[-1] = (step, ex, part)
+                part.extend(body)
             else:
-                self._push(self._body, ex, bytearray(body))
+                self._push(self._waited_body, ex, body)
         else:
             self._push(self._body, ex, body)  # the handler's own cap answers first
         if ex.received > ex.max_body:
             raise ParseAbort(413)
 
-    def _body(self, ex: Exchange, chunk: bytes | bytearray) -> Awaitable[None] | None:
-        if isinstance(chunk, bytearray):   # it waited in the queue
-            self._queued_body -= len(chunk)
-            return super()._body(ex, bytes(chunk))
-        return super()._body(ex, chunk)
+    def _waited_body(self, ex: Exchange, chunk: bytes | bytearray) -> Awaitable[None] | None:
+        """Body bytes that waited in the queue (see _body_part)."""
+        self._queued_body -= len(chunk)
+        return self._body(ex, bytes(chunk) if isinstance(chunk, bytearray) else chunk)
 
     def on_message_complete(self) -> None:
-        self._in_body = False
         ex = self._parsing
         assert ex is not None
         if ex.manual_body:

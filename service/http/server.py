@@ -238,7 +238,9 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                                              socket_send_buffer=(
                                                  settings.server.socket_send_buffer_bytes),
                                              socket_receive_buffer=(
-                                                 settings.server.socket_receive_buffer_bytes)),
+                                                 settings.server.socket_receive_buffer_bytes),
+                                             buffer_budget_bytes=(
+                                                 settings.server.buffer_budget_bytes)),
                          render_error=context.metrics.counting(render_connection_error),
                          max_connections=settings.server.max_connections,
                          max_connections_per_ip=settings.server.max_connections_per_ip,

@@ -56,6 +56,10 @@ class ServerLimits:
     #: autotuning (up to tcp_wmem's maximum, often 4 MiB per connection).
     socket_send_buffer: int = 128 * 1024
     socket_receive_buffer: int = 128 * 1024
+    #: Bytes that connections may pin together in the server's memory (unsent
+    #: answers, what was received and not yet parsed, queued body chunks),
+    #: checked at every sweep; past it those holding most are cut. 0: none.
+    buffer_budget_bytes: int = 256 * 1024 * 1024
     #: While answers wait, the client must take this much of them (or all that
     #: waited) per idle_timeout, or the connection is cut (the send timeout).
     min_send_progress: int = 64 * 1024

@@ -14,7 +14,8 @@ import threading
 import time
 
 from service.http.wire import ServerLimits
-from tests.service.http.test_connection import RELAXED, Running, build, serving, wait_until
+from tests.service.http.test_connection import (RELAXED, Client, Running, build, serving,
+                                                wait_until)
 
 
 def _buffered(running: Running) -> int:
@@ -132,6 +133,38 @@ def test_large_bodies_do_not_grow_the_kernels_receive_buffer() -> None:
                     for conn in running.server.connections if conn.transport is not None]
         sizes = running.call_sync(receive_buffers)
         assert sizes and max(sizes) <= 2 * RELAXED.socket_receive_buffer, sizes
+
+
+def test_connections_pinning_more_than_the_budget_are_cut_largest_first() -> None:
+    # Each connection's buffers were bounded, none across them: 256 slow
+    # readers of one address held ~270 MB of the server's memory, and more
+    # addresses more (review, session 29).
+    from service.http.deadlines import pinned
+    limits = ServerLimits(idle_timeout=30, body_timeout=30, sweep_interval=0.05,
+                          buffer_budget_bytes=2 * 1024 * 1024)
+    with serving(limits) as running:
+        readers = [running.client(rcvbuf=4096) for _ in range(16)]
+        try:
+            def send(c: Client) -> None:
+                try:
+                    c.send(build("GET", "/big?n=100000") * 60)
+                except OSError:
+                    pass    # cut
+            for c in readers:   # each pins its 256 KiB of unsent answers, and more
+                threading.Thread(target=send, args=(c,), daemon=True).start()
+
+            def held() -> tuple[int, int]:
+                conns = list(running.server.connections)
+                return sum(pinned(conn) for conn in conns), len(conns)
+            time.sleep(1.0)
+            total, left = running.call_sync(held)
+            assert total <= limits.buffer_budget_bytes + 512 * 1024, total
+            assert left < 16
+            with running.client() as fresh:    # the others are served meanwhile
+                assert fresh.request("GET", "/echo").status == 200
+        finally:
+            for c in readers:
+                c.close()
 
 
 def test_a_head_that_times_out_gets_408() -> None:
