@@ -66,7 +66,14 @@ class Inbox(Compiling, Supervisor):
         except OSError:
             data = b""
         if not data:
-            self._worker_lost(w)
+            req, loop = w.req, self._loop
+            if req is not None and loop is not None and loop.time() >= req.deadline:
+                # Gone past its job's deadline (the CPU backstop ended a script
+                # that ran on through a stall of the loop): the tick's verdict,
+                # a time-out, not a crash counted towards the version's quarantine.
+                self._timeout(w, req, loop.time())
+            else:
+                self._worker_lost(w)
             return True
         try:
             for msg in w.reader.feed(data):

@@ -25,6 +25,13 @@ on endpoint(event):
 """
 
 
+SPIN = """\
+on endpoint(event):
+    while True:
+        pass
+"""
+
+
 def _stall(seconds: float) -> None:
     """The loop's thread busy elsewhere: nothing of the pool runs meanwhile."""
     time.sleep(seconds)
@@ -72,6 +79,29 @@ def test_a_script_past_its_limit_read_after_a_stall_is_still_a_timeout() -> None
     out, limit = run_with_pool(scenario, size=1)
     assert out.status == 504 and out.error_kind == "script_timeout", out
     assert f"longer than {limit} ms" in (out.error_message or "")
+
+
+def test_a_script_the_cpu_backstop_ended_during_a_stall_is_a_timeout_not_a_crash() -> None:
+    # The stall outlasted the limit and the kernel's CPU backstop (limit + 3 s):
+    # read first, the worker's end read as a crash, and three of them
+    # quarantined the version (review, session 29). The tick's verdict stands.
+    async def scenario(pool: Pool) -> Any:
+        first = await pool.run(ref(SPIN), event(), Limits(100, 4096), guild="G")
+        assert first.error_kind == "script_timeout"   # its code is cached now
+        outs = []
+        for _ in range(2):
+            future = pool.submit(ref(SPIN), event(), Limits(100, 4096), guild="G")
+            _stall(4.5)
+            pool._tick()
+            outs.append(await asyncio.wait_for(future, 10))
+            await asyncio.sleep(0.5)   # a spare replaces the worker
+        return outs, pool.counters
+
+    outs, counters = run_with_pool(scenario, size=1, queue_timeout_ms=20_000)
+    for out in outs:
+        assert out.status == 504 and out.error_kind == "script_timeout", out
+        assert "stopped at line" in (out.error_message or ""), out.error_message
+    assert counters["crashes"] == 0 and counters["timeouts"] == 3
 
 
 def test_the_tick_still_times_out_a_job_with_nothing_to_read() -> None:
