@@ -204,7 +204,7 @@ class HTTP1Server:
             held += pinned(conn)
         budget = self.limits.buffer_budget_bytes
         if budget and held > budget:
-            held = self._shed(held, budget)
+            held = self._shed(held, budget, now)
         elif self._over_budget and held < budget // 2:
             self._over_budget = False
         self._pinned_peak = max(self._pinned_peak, held)
@@ -218,14 +218,24 @@ class HTTP1Server:
             release_memory()
         self._sweeper = self.loop.call_later(self.limits.sweep_interval, self._sweep)
 
-    def _shed(self, held: int, budget: int) -> int:
-        """Cut the connections pinning most until what is left is under 3/4 of
-        `budget`; returns what is left."""
+    def _shed(self, held: int, budget: int, now: float) -> int:
+        """Cut connections until what is left is under 3/4 of `budget`: first
+        those whose clients took nothing of their answers lately, largest
+        first, then the others (a client downloading a large answer at its
+        pace is not cut for another's stalled connections: review, session
+        29); returns what is left."""
+        recent = 2 * self.limits.sweep_interval
+
+        def order(pair: tuple[int, Connection]) -> tuple[bool, int]:
+            size, conn = pair
+            return now - conn._progress < recent, -size   # stalled ones first
+
         cut = 0
-        for size, conn in sorted(((pinned(c), c) for c in self.connections),
-                                 key=lambda pair: pair[0], reverse=True):
-            if held <= budget * 3 // 4 or size == 0:
+        for size, conn in sorted(((pinned(c), c) for c in self.connections), key=order):
+            if held <= budget * 3 // 4:
                 break
+            if size == 0:
+                continue
             drop(conn)
             held -= size
             cut += 1

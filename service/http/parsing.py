@@ -404,10 +404,21 @@ class ParsingConnection(Connection):
         self._push(self._complete, ex, None)
 
     def _feed_manual(self, data: bytes) -> None:
-        """The body of an Upgrade request (see on_headers_complete)."""
+        """The body of an Upgrade request (see on_headers_complete); while
+        requests wait, at most what QUEUED_BODY_BYTES leaves room for, the
+        rest held back with reading paused."""
         ex = self._manual
         assert ex is not None
-        part = data[:self._manual_left]
+        if self._stash:   # an earlier part of this read is held back already
+            self._stash += data
+            return
+        room = self._manual_left
+        if self._queue or self._blocked or self._write_paused:
+            room = min(room, max(QUEUED_BODY_BYTES - self._queued_body, 0))
+        part = data[:room]
+        if len(part) < len(data) and len(part) < self._manual_left:
+            self._stash = data[len(part):]
+            self._pause_reading()
         self._manual_left -= len(part)
         try:
             if part:

@@ -26,6 +26,13 @@ def _buffered(running: Running) -> int:
     return running.call_sync(total)
 
 
+def _send_quietly(c: Client, data: bytes) -> None:
+    try:
+        c.send(data)
+    except OSError:
+        pass    # cut, or closed by the test
+
+
 def _queued(running: Running) -> int:
     return running.call_sync(lambda: max((len(c._queue) for c in running.server.connections),
                                          default=0))
@@ -117,6 +124,31 @@ def test_a_body_of_tiny_chunks_behind_a_slow_request_is_parsed_ahead_in_bounds()
         sender.join(10)
 
 
+def test_the_body_of_an_upgrade_request_behind_a_slow_one_is_held_to_the_bound() -> None:
+    # An Upgrade request's body is read by hand, past the parser: it went to
+    # the queue a whole read at a time (229 KB waiting, review, session 29).
+    import dataclasses
+
+    from service.http.parsing import QUEUED_BODY_BYTES
+    limits = dataclasses.replace(RELAXED, max_body_bytes=64 << 20)
+    with serving(limits) as running, running.client(timeout=20) as c:
+        body = bytes(range(256)) * (8 << 12)    # 8 MiB
+        head = {"Upgrade": "websocket", "Connection": "upgrade"}
+        data = build("GET", "/slow?delay=1.5") + build("POST", "/stream", head, body=body)
+        sender = threading.Thread(target=_send_quietly, args=(c, data), daemon=True)
+        sender.start()
+        peak = 0
+        for _ in range(20):
+            time.sleep(0.05)
+            peak = max(peak, running.call_sync(lambda: max(
+                (conn._queued_body for conn in running.server.connections), default=0)))
+        assert 0 < peak <= QUEUED_BODY_BYTES + 16384, peak
+        assert c.read_response().body == b"slow /slow?delay=1.5"
+        r = c.read_response()
+        assert r.status == 200 and r.body == hashlib.sha256(body).hexdigest().encode()
+        sender.join(10)
+
+
 def test_large_bodies_do_not_grow_the_kernels_receive_buffer() -> None:
     # With the kernel's autotuning, a few large bodies grew a connection's
     # receive buffer to ~1.4 MiB; a client then sending requests while reading
@@ -145,13 +177,9 @@ def test_connections_pinning_more_than_the_budget_are_cut_largest_first() -> Non
     with serving(limits) as running:
         readers = [running.client(rcvbuf=4096) for _ in range(16)]
         try:
-            def send(c: Client) -> None:
-                try:
-                    c.send(build("GET", "/big?n=100000") * 60)
-                except OSError:
-                    pass    # cut
             for c in readers:   # each pins its 256 KiB of unsent answers, and more
-                threading.Thread(target=send, args=(c,), daemon=True).start()
+                threading.Thread(target=_send_quietly,
+                                 args=(c, build("GET", "/big?n=100000") * 60), daemon=True).start()
 
             def held() -> tuple[int, int]:
                 conns = list(running.server.connections)
@@ -164,6 +192,32 @@ def test_connections_pinning_more_than_the_budget_are_cut_largest_first() -> Non
                 assert fresh.request("GET", "/echo").status == 200
         finally:
             for c in readers:
+                c.close()
+
+
+def test_the_budget_cuts_stalled_connections_before_a_client_taking_its_answer() -> None:
+    # The largest holder was cut first: a client downloading a 4 MB answer at
+    # its pace, while 18 connections reading nothing stayed (review, session 29).
+    import dataclasses
+    limits = dataclasses.replace(RELAXED, idle_timeout=30, body_timeout=30, sweep_interval=0.05,
+                                 buffer_budget_bytes=8 * 1024 * 1024)
+    with serving(limits) as running:
+        stalled = [running.client(rcvbuf=4096, timeout=30) for _ in range(18)]
+        try:
+            for c in stalled:
+                c.send(build("GET", "/big?n=60000") * 10)
+            time.sleep(0.5)
+            with running.client(rcvbuf=65536, timeout=30) as taker:
+                taker.send(build("GET", "/big?n=4000000"))
+                got = 0
+                while got < 4_000_000:
+                    data = taker.sock.recv(65536)   # a reset would raise here
+                    assert data, got
+                    got += len(data)
+                    time.sleep(0.02)
+            assert running.connection_count() < 18   # stalled ones were cut instead
+        finally:
+            for c in stalled:
                 c.close()
 
 
