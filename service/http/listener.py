@@ -32,6 +32,7 @@ from tornado import httputil
 from service.http.connection import Connection
 from service.http.deadlines import drop, pinned
 from service.http.parsing import ParsingConnection
+from service.http.turns import Turns
 from service.http.wire import ErrorRenderer, ServerLimits, log, peer_group, plain_error
 
 __all__ = ["HTTP1Server", "ServerLimits"]
@@ -104,6 +105,7 @@ class HTTP1Server:
         self._servers: list[asyncio.AbstractServer] = []
         self._sweeper: asyncio.TimerHandle | None = None
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self.turns: Turns = None  # type: ignore[assignment]  # set by add_sockets
         self._bad = 0  # malformed requests since the last log line about them
         self._bad_logged = -BAD_REQUEST_LOG_INTERVAL
 
@@ -189,6 +191,7 @@ class HTTP1Server:
     async def add_sockets(self, sockets: Sequence[socket.socket]) -> None:
         """Serve on already bound, listening sockets (see `tornado.netutil.bind_sockets`)."""
         self.loop = asyncio.get_running_loop()
+        self.turns = Turns(self.loop, self.limits.requests_per_turn)
         for sock in sockets:
             server = await self.loop.create_server(lambda: ParsingConnection(self), sock=sock,
                                                    backlog=1024)

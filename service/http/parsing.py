@@ -60,7 +60,6 @@ class ParsingConnection(Connection):
         self.parser = httptools.HttpRequestParser(self)
         self._begun = 0  # requests begun so far
         self._turn_begun = 0  # ... when this turn of the loop began (REQUESTS_PER_TURN)
-        self._turn_waits = False  # the next turn is asked for
         self._queued_body = 0  # body bytes in queued steps
         #: Steps (about two per request) allowed to wait before parsing stops.
         self._max_queue = 2 * self.limits.max_pipelined
@@ -81,19 +80,29 @@ class ParsingConnection(Connection):
     def _feed(self, data: bytes) -> None:
         """Parse `data` a slice at a time; hold the rest back (reading paused)
         while too many requests wait for their turn or answers are not read,
-        or until the loop's next turn once this connection began
-        REQUESTS_PER_TURN requests in this one."""
+        or until a later turn of the loop once this connection began
+        REQUESTS_PER_TURN requests in this one, or all connections together
+        the front's budget (`service.http.turns`)."""
+        turns = self.server.turns
+        if turns.used >= turns.budget:
+            self._stash = data   # parsed at a later turn, in its address's turn
+            self._end_turn()
+            return
         if self._manual is not None:
             self._feed_manual(data)
             return
+        begun = self._begun
         size = len(data)
         if size <= _SLICE and self._parsing is None and not self._blocked \
                 and not self._write_paused and not self._queue or size <= self._piece():
             # One piece: a request's whole head and body, or the body a client
             # sent after its head, most often.
             self._feed_slice(data)
-            if self._begun - self._turn_begun >= REQUESTS_PER_TURN:
-                self._end_turn()
+            if self._begun != begun:
+                turns.used += self._begun - begun
+                if self._begun - self._turn_begun >= REQUESTS_PER_TURN \
+                        or turns.used >= turns.budget:
+                    self._end_turn()
             return
         self._feeding = True
         try:
@@ -114,11 +123,15 @@ class ParsingConnection(Connection):
                         self._stash = bytes(view[start:])
                         self._pause_reading()
                     return
-                if self._begun - self._turn_begun >= REQUESTS_PER_TURN:
-                    if start < len(data):
-                        self._stash = bytes(view[start:])
-                    self._end_turn()
-                    return
+                if self._begun != begun:
+                    turns.used += self._begun - begun
+                    begun = self._begun
+                    if self._begun - self._turn_begun >= REQUESTS_PER_TURN \
+                            or turns.used >= turns.budget:
+                        if start < len(data):
+                            self._stash = bytes(view[start:])
+                        self._end_turn()
+                        return
         finally:
             self._feeding = False
 
@@ -132,16 +145,14 @@ class ParsingConnection(Connection):
         return _SLICE
 
     def _end_turn(self) -> None:
-        """Read nothing more from this client until the loop's next turn (the
-        other connections' reads and answers run first), then go on with what
-        was held back."""
+        """Read nothing more from this client until a later turn of the loop
+        (the other connections' reads and answers run first, `Turns`), then
+        go on with what was held back."""
         self._pause_reading()
-        if not self._turn_waits:
-            self._turn_waits = True
-            self.loop.call_soon(self._next_turn)
+        self.server.turns.wait(self)
 
-    def _next_turn(self) -> None:
-        self._turn_waits = False
+    def next_turn(self) -> None:
+        """This connection's turn again (`Turns`)."""
         self._turn_begun = self._begun
         if not self.closed:
             self._drain_queue()

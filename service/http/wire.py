@@ -56,6 +56,9 @@ class ServerLimits:
     #: autotuning (up to tcp_wmem's maximum, often 4 MiB per connection).
     socket_send_buffer: int = 128 * 1024
     socket_receive_buffer: int = 128 * 1024
+    #: Requests all connections may begin in one turn of the event loop
+    #: (`service.http.turns`); past it the rest wait, round robin by address.
+    requests_per_turn: int = 128
     #: Bytes that connections may pin together in the server's memory (unsent
     #: answers, what was received and not yet parsed, queued body chunks),
     #: checked at every sweep; past it those holding most are cut. 0: none.
