@@ -9,8 +9,8 @@ proxy, are counted only in the total; past either, the connection gets one
 cap from the descriptor limit (raised to its hard limit first) minus a
 reserve, so the sandbox pool can always open the pipes and sockets of a
 worker it respawns. What connections pin in memory together (unsent
-answers, input held back) has a budget, checked at every sweep: past it the
-connections holding most are cut. After a storm of connections closes, or
+answers, input held back) has a budget, checked at every sweep: past it
+connections are cut, stalled ones first. After a storm of connections closes, or
 once much of what they pinned is freed, memory is handed back to the OS
 (`malloc_trim`, glibc).
 """
@@ -245,8 +245,8 @@ class HTTP1Server:
         if not self._over_budget:
             self._over_budget = True   # one line per episode, not per sweep
             log.warning("connections pinned more than server.buffer_budget_bytes (%d MiB) of "
-                        "unsent answers and unread input: %d holding most were cut", budget >> 20,
-                        cut)
+                        "unsent answers and unread input: %d were cut, those whose clients took "
+                        "none of their answers lately first", budget >> 20, cut)
         return held
 
     def stop(self) -> None:

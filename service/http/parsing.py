@@ -112,6 +112,10 @@ class ParsingConnection(Connection):
                 piece = bytes(view[start:start + self._piece()])
                 start += len(piece)
                 self._feed_slice(piece)
+                began = self._begun != begun   # this piece began requests
+                if began:
+                    turns.used += self._begun - begun
+                    begun = self._begun
                 if self.lingering or self._broken:
                     return
                 if self._manual is not None:
@@ -123,15 +127,12 @@ class ParsingConnection(Connection):
                         self._stash = bytes(view[start:])
                         self._pause_reading()
                     return
-                if self._begun != begun:
-                    turns.used += self._begun - begun
-                    begun = self._begun
-                    if self._begun - self._turn_begun >= REQUESTS_PER_TURN \
-                            or turns.used >= turns.budget:
-                        if start < len(data):
-                            self._stash = bytes(view[start:])
-                        self._end_turn()
-                        return
+                if began and (self._begun - self._turn_begun >= REQUESTS_PER_TURN
+                              or turns.used >= turns.budget):
+                    if start < len(data):
+                        self._stash = bytes(view[start:])
+                    self._end_turn()
+                    return
         finally:
             self._feeding = False
 
