@@ -21,6 +21,8 @@ import asyncio
 from collections import OrderedDict, deque
 from typing import Protocol
 
+from service.http.wire import log
+
 
 class Waiter(Protocol):
     peer_key: str
@@ -34,7 +36,7 @@ class Turns:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, budget: int) -> None:
         self.loop = loop
-        self.budget = budget
+        self.budget = max(1, budget)
         #: Requests begun in this turn (read by the parser: `used >= budget`).
         self.used = 0
         self._scheduled = False
@@ -64,16 +66,20 @@ class Turns:
         self._scheduled = False
         self.used = 0
         waiting = self._waiting
-        while waiting and self.used < self.budget:
-            key, group = next(iter(waiting.items()))
-            conn = group.popleft()
-            if group:
-                waiting.move_to_end(key)   # its next connection after the other addresses'
-            else:
-                del waiting[key]
-            self._queued.discard(conn)
-            if not conn.closed:
-                conn.next_turn()   # may spend, and wait again (at the back)
-        if waiting and not self._scheduled:
-            self._scheduled = True
-            self.loop.call_soon(self._turn)
+        try:
+            while waiting and self.used < self.budget:
+                key, group = next(iter(waiting.items()))
+                conn = group.popleft()
+                if group:
+                    waiting.move_to_end(key)   # its next connection after the other addresses'
+                else:
+                    del waiting[key]
+                self._queued.discard(conn)
+                if not conn.closed:
+                    conn.next_turn()   # may spend, and wait again (at the back)
+        except Exception:  # noqa: BLE001 - one connection's fault must not stall the others
+            log.exception("a connection's turn failed")
+        finally:
+            if waiting and not self._scheduled:
+                self._scheduled = True
+                self.loop.call_soon(self._turn)

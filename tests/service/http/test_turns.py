@@ -136,3 +136,33 @@ def test_many_connections_of_one_address_do_not_hold_up_another_address(
     finally:
         stop.set()
         flood.join(10)
+
+
+def test_a_connection_whose_turn_fails_does_not_stall_the_others() -> None:
+    # The waiting connections are served from one callback a turn: one that
+    # raised there left the rest paused until someone else had to wait (a
+    # review's note, session 29). The others go on at the next turn.
+    import asyncio
+
+    from service.http.turns import Turns
+
+    class Conn:
+        def __init__(self, key: str, fail: bool = False) -> None:
+            self.peer_key, self.closed, self.fail, self.turns = key, False, fail, 0
+
+        def next_turn(self) -> None:
+            self.turns += 1
+            if self.fail:
+                raise RuntimeError("boom")
+
+    async def main() -> list[int]:
+        turns = Turns(asyncio.get_running_loop(), budget=0)   # at least 1 all the same
+        assert turns.budget == 1
+        conns = [Conn("a", fail=True), Conn("b"), Conn("c")]
+        for conn in conns:
+            turns.wait(conn)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return [conn.turns for conn in conns] + [turns.waiting]
+
+    assert asyncio.run(main()) == [1, 1, 1, 0]
