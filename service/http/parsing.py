@@ -9,35 +9,20 @@ delivery (`service.http.connection`).
 from __future__ import annotations
 
 import traceback
-from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 import httptools  # type: ignore[import-untyped,unused-ignore]
 from tornado import httputil
 
-from service.http.connection import Connection
 from service.http.exchange import Exchange
+from service.http.feeding import QUEUED_BODY_BYTES, REQUESTS_PER_TURN, Feeding
+
+__all__ = ["ParsingConnection", "QUEUED_BODY_BYTES", "REQUESTS_PER_TURN", "content_length"]
 from service.http.wire import REQUEST_LINE, ParseAbort, log
 
 if TYPE_CHECKING:
     from service.http.listener import HTTP1Server
 
-#: Bytes parsed at a time, so that a large read cannot queue unbounded
-#: requests: heads (and chunked bodies) a kilobyte at a time, 256 bytes while
-#: requests wait their turn, so that past `max_pipelined` at most that much of
-#: further heads is parsed (a 16 KiB slice of 41-byte requests once queued ~800
-#: steps); a body of known length up to its end, 16 KiB at a time.
-_SLICE = 1024
-_SMALL_SLICE = 256
-_BODY_SLICE = 16384
-#: Requests one connection may begin before the loop serves the others: past
-#: it, the rest of what it sent waits for the loop's next turn (review, session
-#: 29: one client pipelining requests answered at once, 404s, held the loop for
-#: as long as it sent, and every other client waited ~9 s).
-REQUESTS_PER_TURN = 32
-#: Body bytes of requests waiting their turn before parsing stops (chunks of one
-#: request queued one after another are one step: tiny chunks queued thousands).
-QUEUED_BODY_BYTES = 65536
 #: Whitespace around a header's tokens (RFC 9110 5.6.3: space and tab only;
 #: `str.strip()` would also take Latin-1's NBSP and NEL, which llhttp keeps).
 _OWS = " \t"
@@ -52,111 +37,12 @@ def content_length(value: str) -> int:
     traceback of each such request (review, session 25)."""
     return int(value.lstrip("0") or "0")
 
-class ParsingConnection(Connection):
-    """A client connection whose bytes are parsed by llhttp."""
+class ParsingConnection(Feeding):
+    """A client connection whose bytes are parsed by llhttp (fed as `Feeding` says)."""
 
     def __init__(self, server: HTTP1Server) -> None:
         super().__init__(server)
         self.parser = httptools.HttpRequestParser(self)
-        self._begun = 0  # requests begun so far
-        self._turn_begun = 0  # ... when this turn of the loop began (REQUESTS_PER_TURN)
-        self._queued_body = 0  # body bytes in queued steps
-        #: Steps (about two per request) allowed to wait before parsing stops.
-        self._max_queue = 2 * self.limits.max_pipelined
-
-    def data_received(self, data: bytes) -> None:
-        if self.lingering or self._broken:
-            return  # dropped: we are closing, or the stream can no longer be parsed
-        if self._stash:
-            self._stash += data  # a read already under way when reading paused
-            return
-        self._feed(data)
-
-    def _feed_stash(self) -> None:
-        if not self._feeding and not self.lingering and not self._broken:
-            data, self._stash = self._stash, b""
-            self._feed(data)
-
-    def _feed(self, data: bytes) -> None:
-        """Parse `data` a slice at a time; hold the rest back (reading paused)
-        while too many requests wait for their turn or answers are not read,
-        or until a later turn of the loop once this connection began
-        REQUESTS_PER_TURN requests in this one, or all connections together
-        the front's budget (`service.http.turns`)."""
-        turns = self.server.turns
-        if turns.used >= turns.budget:
-            self._stash = data   # parsed at a later turn, in its address's turn
-            self._end_turn()
-            return
-        if self._manual is not None:
-            self._feed_manual(data)
-            return
-        begun = self._begun
-        size = len(data)
-        if size <= _SLICE and self._parsing is None and not self._blocked \
-                and not self._write_paused and not self._queue or size <= self._piece():
-            # One piece: a request's whole head and body, or the body a client
-            # sent after its head, most often.
-            self._feed_slice(data)
-            if self._begun != begun:
-                turns.used += self._begun - begun
-                if self._begun - self._turn_begun >= REQUESTS_PER_TURN \
-                        or turns.used >= turns.budget:
-                    self._end_turn()
-            return
-        self._feeding = True
-        try:
-            view = memoryview(data)
-            start = 0
-            while start < len(data):
-                piece = bytes(view[start:start + self._piece()])
-                start += len(piece)
-                self._feed_slice(piece)
-                began = self._begun != begun   # this piece began requests
-                if began:
-                    turns.used += self._begun - begun
-                    begun = self._begun
-                if self.lingering or self._broken:
-                    return
-                if self._manual is not None:
-                    self._feed_manual(bytes(view[start:]))
-                    return
-                if self._write_paused or len(self._queue) >= self._max_queue \
-                        or self._queued_body >= QUEUED_BODY_BYTES:
-                    if start < len(data):
-                        self._stash = bytes(view[start:])
-                        self._pause_reading()
-                    return
-                if began and (self._begun - self._turn_begun >= REQUESTS_PER_TURN
-                              or turns.used >= turns.budget):
-                    if start < len(data):
-                        self._stash = bytes(view[start:])
-                    self._end_turn()
-                    return
-        finally:
-            self._feeding = False
-
-    def _piece(self) -> int:
-        """How many bytes to parse next (see _SLICE)."""
-        ex = self._parsing
-        if ex is not None and not self._in_head and ex.declared is not None:
-            return max(1, min(ex.declared - ex.received, _BODY_SLICE))   # in its body
-        if self._queue or self._blocked or self._write_paused:
-            return _SMALL_SLICE
-        return _SLICE
-
-    def _end_turn(self) -> None:
-        """Read nothing more from this client until a later turn of the loop
-        (the other connections' reads and answers run first, `Turns`), then
-        go on with what was held back."""
-        self._pause_reading()
-        self.server.turns.wait(self)
-
-    def next_turn(self) -> None:
-        """This connection's turn again (`Turns`)."""
-        self._turn_begun = self._begun
-        if not self.closed:
-            self._drain_queue()
 
     def _feed_slice(self, data: bytes) -> None:
         in_head = self._in_head
@@ -378,33 +264,6 @@ class ParsingConnection(Connection):
         assert ex is not None
         self._body_part(ex, body)
 
-    def _body_part(self, ex: Exchange, body: bytes) -> None:
-        ex.received += len(body)
-        if ex.received > ex.body_kept or (ex.declared or 0) > ex.body_kept:
-            pass   # read and dropped: the handler refuses the request for what it lacks
-        elif self._blocked or self._queue or self._write_paused:
-            # Counted until it runs; chunks of a request that follow each other
-            # in the queue are one step (merged into a bytearray).
-            self._queued_body += len(body)
-            queue = self._queue
-            if queue and queue[-1][1] is ex and queue[-1][0] == self._waited_body:
-                step, _, part = queue[-1]
-                if not isinstance(part, bytearray):
-                    part = bytearray(part)
-                    queue[-1] = (step, ex, part)
-                part.extend(body)
-            else:
-                self._push(self._waited_body, ex, body)
-        else:
-            self._push(self._body, ex, body)  # the handler's own cap answers first
-        if ex.received > ex.max_body:
-            raise ParseAbort(413)
-
-    def _waited_body(self, ex: Exchange, chunk: bytes | bytearray) -> Awaitable[None] | None:
-        """Body bytes that waited in the queue (see _body_part)."""
-        self._queued_body -= len(chunk)
-        return self._body(ex, bytes(chunk) if isinstance(chunk, bytearray) else chunk)
-
     def on_message_complete(self) -> None:
         ex = self._parsing
         assert ex is not None
@@ -414,34 +273,3 @@ class ParsingConnection(Connection):
             return
         self._parsing = None
         self._push(self._complete, ex, None)
-
-    def _feed_manual(self, data: bytes) -> None:
-        """The body of an Upgrade request (see on_headers_complete); while
-        requests wait, at most what QUEUED_BODY_BYTES leaves room for, the
-        rest held back with reading paused."""
-        ex = self._manual
-        assert ex is not None
-        if self._stash:   # an earlier part of this read is held back already
-            self._stash += data
-            return
-        room = self._manual_left
-        if self._queue or self._blocked or self._write_paused:
-            room = min(room, max(QUEUED_BODY_BYTES - self._queued_body, 0))
-        part = data[:room]
-        if len(part) < len(data) and len(part) < self._manual_left:
-            self._stash = data[len(part):]
-            self._pause_reading()
-        self._manual_left -= len(part)
-        try:
-            if part:
-                self._body_part(ex, part)
-        except ParseAbort as exc:
-            self._manual = None
-            self._stop_parsing(exc.status)
-            return
-        if self._manual_left == 0:
-            self._manual = None
-            self._parsing = None
-            self._push(self._complete, ex, None)
-            self._stop_parsing(0)  # what follows belongs to the refused protocol: close
-

@@ -10,8 +10,8 @@ once `budget` is spent, a connection with more to parse waits, and the next
 turn of the loop starts the count anew and serves the waiting connections
 round robin by peer address (the group of the per-address connection cap),
 one connection of each address in turn, so that a client of another address
-is served within a turn or two however many connections one address floods
-with. Without a flood the count is never reset in between: then once in
+is served within a turn or two of being accepted, however many connections
+one address floods with. Without a flood the count is never reset in between: then once in
 `budget` requests a connection waits a turn it need not have (the price of
 no callback per turn).
 """

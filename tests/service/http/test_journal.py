@@ -47,6 +47,21 @@ def test_records_of_answered_requests_survive_sigkill(make_server, make_endpoint
     assert restarted.request("/healthz", method="GET").status == 200
 
 
+def _killed_with_journal(make_server, make_endpoint, tmp_path: Path,
+                         requests: int) -> tuple[Path, str, Any, Server]:
+    """A server journaling into tmp_path/journal answers `requests` requests
+    and is SIGKILLed right after (the writer had no time): (journal, its
+    config line, the endpoint, the server)."""
+    journal = tmp_path / "journal"
+    extra = f'[records]\njournal = "{journal}"'
+    server: Server = make_server(extra=extra)
+    ep = make_endpoint(source=ECHO, plan="bench")
+    for n in range(requests):
+        assert server.request(ep.path, json_body={"n": n}, secret=ep.secret).status == 200
+    server.kill()
+    return journal, extra, ep, server
+
+
 def test_a_journal_of_another_database_is_set_aside_not_replayed(
         make_server, make_endpoint, read_history, bind, tmp_path: Path) -> None:
     # Review, session 27: the journal names endpoints by row id, so a journal
@@ -55,13 +70,8 @@ def test_a_journal_of_another_database_is_set_aside_not_replayed(
     # history. Here the database becomes "another" by a new installation id.
     from models.installation import renew_installation_id
 
-    journal = tmp_path / "journal"
-    extra = f'[records]\njournal = "{journal}"'
-    server: Server = make_server(extra=extra)
-    ep = make_endpoint(source=ECHO, plan="bench")
-    for n in range(20):
-        assert server.request(ep.path, json_body={"n": n}, secret=ep.secret).status == 200
-    server.kill()   # leaves journaled records behind, as in the test above
+    # Leaves journaled records behind, as in the test above.
+    journal, extra, ep, _ = _killed_with_journal(make_server, make_endpoint, tmp_path, 20)
     bind()
     before = len(read_history(ep))
     renew_installation_id()
@@ -87,13 +97,7 @@ def test_a_journal_set_aside_takes_none_of_the_new_runs_own_segments(
     # never replayed after its own crash (review, session 29).
     from models.installation import renew_installation_id
 
-    journal = tmp_path / "journal"
-    extra = f'[records]\njournal = "{journal}"'
-    server: Server = make_server(extra=extra)
-    ep = make_endpoint(source=ECHO, plan="bench")
-    for n in range(5):
-        assert server.request(ep.path, json_body={"n": n}, secret=ep.secret).status == 200
-    server.kill()
+    journal, extra, ep, _ = _killed_with_journal(make_server, make_endpoint, tmp_path, 5)
     left = _segments(journal)
     renew_installation_id()
     restarted: Server = make_server(extra=extra)
@@ -138,13 +142,7 @@ def test_starts_killed_during_their_replay_leave_no_segments_behind(
 
     if not http_env.database_url.startswith("sqlite:///"):
         pytest.skip("the database is locked through its SQLite file")
-    journal = tmp_path / "journal"
-    extra = f'[records]\njournal = "{journal}"'
-    server: Server = make_server(extra=extra)
-    ep = make_endpoint(source=ECHO, plan="bench")
-    for n in range(20):
-        assert server.request(ep.path, json_body={"n": n}, secret=ep.secret).status == 200
-    server.kill()
+    journal, extra, ep, server = _killed_with_journal(make_server, make_endpoint, tmp_path, 20)
     left = _segments(journal)
     assert left
     lock = sqlite3.connect(http_env.database_url[len("sqlite:///"):], isolation_level=None)
