@@ -12,7 +12,7 @@ user ``nobody``), and crashed workers with the second:
   fixed in 3.11.9 and 3.12.3). Replaced in the type itself, for every deque
   and subclass, by ``_deque_index`` (``sandbox/_typepatch.c``): it walks the
   deque with its iterator, which holds each item and refuses a deque changed
-  meanwhile, as the C code promised (``DEQUE_INDEX_REPLACED``: whether the
+  meanwhile, as the C code promised (``METHODS_REPLACED``: whether the
   extension built).
 * ``itertools.groupby`` compared its current and target keys borrowed; a key
   whose ``__eq__`` advances the groupby freed one of them. Scripts get
@@ -74,18 +74,71 @@ def _deque_index(self: collections.deque[Any], value: Any, start: Any = 0,
     raise ValueError(f"{value!r} is not in deque")
 
 
-def _replace_deque_index() -> bool:
+def _defaultdict_missing(self: collections.defaultdict[Any, Any], key: Any) -> Any:
+    """``defaultdict.__missing__`` holding its factory while it runs.
+
+    CPython 3.11's C version calls ``self.default_factory`` without a
+    reference of its own, and a script may assign that attribute: a factory
+    that was the only holder of a C method (``functools.partial(lst.index,
+    x)`` with ``lst`` dropped) is freed, with the list it was running on,
+    when the script's ``__eq__`` that the method calls sets
+    ``default_factory = None`` - the method goes on reading the freed list,
+    whose memory the script refilled with pointers of its choosing (review,
+    session 30). Here the local ``factory`` keeps it alive for the whole call."""
+    factory = self.default_factory
+    if factory is None:
+        raise KeyError(key)
+    value = factory()
+    self[key] = value
+    return value
+
+
+#: CPython 3.11 before 3.11.9 lacks upstream fixes of memory bugs scripts can
+#: reach (gh-115243, gh-115618): the known ones are worked around here, and
+#: the pool warns at start on such an interpreter.
+BEFORE_3_11_9 = sys.version_info < (3, 11, 9)
+#: Such a CPython released ``None`` once more than it held it in
+#: ``property.getter(None)`` (and ``setter``, ``deleter``; gh-115618): a loop of
+#: such calls ended the worker with "deallocating None" (review, session 30).
+PROPERTY_NONE_BUG = BEFORE_3_11_9
+
+
+def _refusing_none(name: str, original: Any) -> Callable[[property, Any], property]:
+    def copy_with(self: property, function: Any) -> property:
+        if function is None:
+            raise TypeError(f"property.{name}(None) is not supported")
+        result: property = original(self, function)
+        return result
+    copy_with.__name__ = copy_with.__qualname__ = name
+    copy_with.__doc__ = original.__doc__
+    return copy_with
+
+
+def _replace_methods() -> bool:
+    """``deque.index``, ``defaultdict.__missing__`` and, where CPython has
+    gh-115618, ``property.getter``/``setter``/``deleter``: replaced in the
+    types themselves (every instance and subclass), once per process."""
     try:
         from sandbox import _typepatch
     except ImportError:
         return False
-    if collections.deque.__dict__.get("index") is not _deque_index:
-        _typepatch.set_attribute(collections.deque, "index", _deque_index)
-    return collections.deque.__dict__.get("index") is _deque_index
+    replacements: list[tuple[type, str, Any]] = [
+        (collections.deque, "index", _deque_index),
+        (collections.defaultdict, "__missing__", _defaultdict_missing)]
+    if PROPERTY_NONE_BUG:
+        for name in ("getter", "setter", "deleter"):
+            original = property.__dict__[name]
+            if type(original) is not types.FunctionType:
+                replacements.append((property, name, _refusing_none(name, original)))
+    for tp, name, function in replacements:
+        if tp.__dict__.get(name) is not function:
+            _typepatch.set_attribute(tp, name, function)
+    return all(tp.__dict__.get(name) is function for tp, name, function in replacements)
 
 
-#: Whether ``deque.index`` is ours in this process (sandbox._typepatch built).
-DEQUE_INDEX_REPLACED: bool = _replace_deque_index()
+#: Whether ``deque.index``, ``defaultdict.__missing__`` (and ``property``'s
+#: copies where needed) are ours in this process (sandbox._typepatch built).
+METHODS_REPLACED: bool = _replace_methods()
 
 
 def _replace_slots() -> bool:

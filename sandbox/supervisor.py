@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import platform
 import random
 import signal
 import socket
@@ -20,7 +21,7 @@ import msgpack  # type: ignore[import-untyped]
 
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import SandboxError
-from sandbox.cpython_fixes import DEQUE_INDEX_REPLACED, SLOTS_REPLACED
+from sandbox.cpython_fixes import BEFORE_3_11_9, METHODS_REPLACED, SLOTS_REPLACED
 from sandbox.guards import UNICODE_ERRORS_CHECKED
 from sandbox.hardening import EXIT_NO_SECCOMP
 from sandbox.limits import MEMGUARD_AVAILABLE, RESTART_COST_S
@@ -348,10 +349,15 @@ class Supervisor(Ticking):
         if not MEMGUARD_AVAILABLE:
             log.warning("sandbox: _memguard extension missing; memory is measured with "
                         "tracemalloc after each run and enforced only by RLIMIT_AS")
-        if not (DEQUE_INDEX_REPLACED and SLOTS_REPLACED):
-            log.warning("sandbox: _typepatch extension missing; deque.index, list slice "
-                        "assignment and comparison, bytearray %% and OrderedDict equality "
+        if not (METHODS_REPLACED and SLOTS_REPLACED):
+            log.warning("sandbox: _typepatch extension missing; deque.index, "
+                        "defaultdict.__missing__, list slice assignment and comparison, "
+                        "bytearray %% and OrderedDict equality "
                         "stay CPython's, whose use of freed memory scripts can reach")
+        if BEFORE_3_11_9:
+            log.warning("sandbox: CPython %s lacks fixes of memory bugs scripts can reach "
+                        "(3.11.9 and later have them); the known ones are worked around: "
+                        "update the interpreter", platform.python_version())
         if not UNICODE_ERRORS_CHECKED:
             log.warning("sandbox: _unicode_errors extension missing; scripts cannot name "
                         "UnicodeDecodeError or UnicodeEncodeError (UnicodeError catches both)")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import operator
+import platform
 
 import pytest
 
@@ -200,6 +202,40 @@ def test_code_run_inside_a_list_or_bytearray_slot_cannot_free_what_it_reads(
     run_with_pool(scenario, size=1)
 
 
+# Review, session 30: defaultdict's C __missing__ called its factory without a
+# reference of its own; the factory, a partial that alone held a list's
+# bound method, was freed with the list when the list's own comparison set
+# default_factory = None, and list.index read on in freed memory the script
+# refilled with a pointer to its own object (whose __eq__ then ran: the
+# first step of the session 25 route to unrestricted code).
+DEFAULTDICT_FACTORY = '''import collections
+import functools
+N = 40
+state = {"dd": None, "junk": [], "hits": 0}
+class M:
+    def __eq__(self, other):
+        state["hits"] = state["hits"] + 1
+        return True
+m = M()
+addr = int(repr(m).split(" at ")[1].rstrip(">"), 16)
+forged = addr.to_bytes(8, "little") * ((8 * N - 33) // 8) + b"\\x00" * ((8 * N - 33) % 8)
+class A:
+    def __eq__(self, other):
+        dd = state["dd"]
+        if dd.default_factory is not None:
+            dd.default_factory = None
+            for i in range(300):
+                state["junk"].append(forged[:8] + forged[8:])
+        return False
+on endpoint(event):
+    dd = collections.defaultdict()
+    state["dd"] = dd
+    lst = [0] * 4 + [A()] + [0] * (N - 5)
+    dd.default_factory = functools.partial(lst.index, 999, 4)
+    lst = None
+    event.reply([dd["k"], state["hits"]])
+'''
+
 @pytest.mark.parametrize("source, message", [
     (DEQUE_INDEX, "deque mutated during iteration"),
     (GROUPBY, "generator already executing"),
@@ -209,7 +245,9 @@ def test_code_run_inside_a_list_or_bytearray_slot_cannot_free_what_it_reads(
     (LIST_COMPARISON, "'<' not supported between instances of 'Evil' and 'Probe'"),
     # zip_longest re-entered from an iterator it advances released it twice.
     (ZIP_LONGEST, "generator already executing"),
-], ids=["deque-index", "groupby", "list-comparison", "zip-longest"])
+    # The list stays alive while its index runs: the factory is held.
+    (DEFAULTDICT_FACTORY, "ValueError: 999 is not in list"),
+], ids=["deque-index", "groupby", "list-comparison", "zip-longest", "defaultdict-factory"])
 def test_a_comparison_that_frees_what_is_compared_is_the_scripts_error(
         source: str, message: str) -> None:
     async def scenario(pool: Pool) -> None:
@@ -224,6 +262,78 @@ def test_a_comparison_that_frees_what_is_compared_is_the_scripts_error(
         assert ok.body == b'"alive"'
 
     run_with_pool(scenario, size=1)
+
+
+PROPERTY_COPIES = """on endpoint(event):
+    p = property(None)
+    for i in range(300000):
+        p.getter(None)
+    event.reply("survived")
+"""
+
+
+def test_a_property_copied_with_none_never_releases_none() -> None:
+    # Review, session 30: CPython before 3.11.9 released None once per
+    # property.getter(None) (gh-115618); a loop of them ended the worker
+    # ("deallocating None"). Such copies are refused where CPython has the bug.
+    async def scenario(pool: Pool) -> None:
+        out = await pool.run(ref(PROPERTY_COPIES), event(), Limits(5000, 4096), "attacker")
+        if cpython_fixes.PROPERTY_NONE_BUG:
+            assert out.error_kind == "script_error", (out.error_kind, out.error_message)
+            assert "property.getter(None) is not supported" in (out.error_message or "")
+        else:
+            assert out.body == b'"survived"', (out.error_kind, out.error_message)
+        assert pool.counters["crashes"] == 0
+        ok = await pool.run(ref("on endpoint(event):\n    event.reply('alive')\n"), event(),
+                            Limits(1000, 4096), "attacker")
+        assert ok.body == b'"alive"'
+
+    run_with_pool(scenario, size=1)
+
+
+def test_the_only_c_slot_scripts_may_rebind_is_the_held_default_factory() -> None:
+    # The class of the session 30 finding: C code calling a callable it holds
+    # no reference to, from a slot the script may rebind meanwhile. Of the
+    # types whose attributes a script may assign (guards._WRITABLE_TYPES), the
+    # C ones have one such slot, defaultdict.default_factory, and its one C
+    # caller (__missing__) is replaced. A new writable C type or slot must be
+    # reviewed the same way before it is added here.
+    from sandbox import guards
+    HEAP_TYPE = 1 << 9
+    writable = set()
+    for tp in guards._WRITABLE_TYPES:
+        instance = tp()
+        for klass in tp.__mro__:
+            if klass.__flags__ & HEAP_TYPE:   # a class written in Python: no C slot
+                continue
+            for name, attr in vars(klass).items():
+                if type(attr).__name__ not in ("member_descriptor", "getset_descriptor"):
+                    continue
+                try:
+                    setattr(instance, name, getattr(instance, name))
+                except (AttributeError, TypeError):
+                    continue
+                if not name.startswith("__"):
+                    writable.add((tp.__name__, name))
+    assert writable == {("defaultdict", "default_factory")}
+    assert "__missing__" in collections.defaultdict.__dict__
+    assert collections.defaultdict.__dict__["__missing__"] is cpython_fixes._defaultdict_missing
+
+
+def test_the_pool_warns_at_start_on_a_cpython_without_the_upstream_fixes(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="sandbox.pool")
+
+    async def scenario(pool: Pool) -> None:
+        out = await pool.run(ref("on endpoint(event):\n    event.reply(1)\n"), event(),
+                             Limits(1000, 4096), "g")
+        assert out.body == b"1"
+
+    run_with_pool(scenario, size=1)
+    warned = [r.getMessage() for r in caplog.records if "lacks fixes of memory bugs" in r.getMessage()]
+    assert len(warned) == (1 if cpython_fixes.BEFORE_3_11_9 else 0), warned
+    if warned:
+        assert platform.python_version() in warned[0] and "3.11.9" in warned[0]
 
 
 # Review, session 26: an aware datetime whose tzinfo is the script's runs the
@@ -390,6 +500,32 @@ def test_the_replacements_answer_as_the_originals() -> None:
             list(itertools.zip_longest(*args, fillvalue=fill))
     groups = cpython_fixes.groupby("aabbc")      # a group left unread is skipped, as there
     assert [k for k, _ in groups] == ["a", "b", "c"]
+
+    assert collections.defaultdict.__missing__ is cpython_fixes._defaultdict_missing
+    counts: collections.defaultdict[str, int] = collections.defaultdict(int)
+    counts["a"] += 2
+    assert counts == {"a": 2} and counts["b"] == 0 and "b" in counts
+    bare: collections.defaultdict[str, int] = collections.defaultdict()
+    with pytest.raises(KeyError) as missing:
+        bare[("x", 1)]
+    assert missing.value.args == (("x", 1),) and not bare
+    assert bare.get("y") is None and "y" not in bare
+
+    class Tally(collections.defaultdict):   # a subclass uses the same method
+        pass
+    assert Tally(list)["k"] == [] and dict(Tally(list, k=[1])) == {"k": [1]}
+
+    def first(self: object) -> int:
+        return 1
+
+    def put(self: object, value: int) -> None:
+        pass
+    copied = property(first).setter(put).getter(first).deleter(put)
+    assert (copied.fget, copied.fset, copied.fdel) == (first, put, put)
+    if cpython_fixes.PROPERTY_NONE_BUG:
+        for name in ("getter", "setter", "deleter"):
+            with pytest.raises(TypeError, match=f"property.{name}\\(None\\) is not supported"):
+                getattr(copied, name)(None)
 
 
 def test_the_replaced_slots_answer_as_the_originals() -> None:
