@@ -5,9 +5,11 @@ held back with reading paused (`_stash`), while too many requests wait for
 their turn, their queued bodies reach QUEUED_BODY_BYTES or answers are not
 read; and until a later turn of the event loop once this connection began
 REQUESTS_PER_TURN requests in this one, or all connections together the
-front's budget (`service.http.turns`). Body chunks of a request that wait in
-the queue one after another are one step. `ParsingConnection` adds the
-parser and its callbacks.
+front's budget (`service.http.turns`). What the parser calls back for beyond
+an ordinary request (a body's parts past its first few, header lines past
+32) counts too, STEPS_PER_REQUEST of them as one request. Body chunks of a
+request that wait in the queue one after another are one step.
+`ParsingConnection` adds the parser and its callbacks.
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ REQUESTS_PER_TURN = 32
 #: Body bytes of requests waiting their turn before parsing stops (chunks of one
 #: request queued one after another are one step: tiny chunks queued thousands).
 QUEUED_BODY_BYTES = 65536
+#: Parser callbacks past an ordinary request's that cost a turn one request:
+#: each body part past a request's first FREE_PARTS, each header line past its
+#: first FREE_HEADER_LINES. A chunked body of 1-byte chunks is ~170 parts a
+#: kilobyte, each a call into Python; counted only as the one request it
+#: belongs to, 200 such uploads from one address held the loop for 20 s and
+#: more between other clients' turns (review, session 30).
+STEPS_PER_REQUEST = 16
+FREE_PARTS = 4
+FREE_HEADER_LINES = 32
 
 
 class Feeding(Connection):
@@ -46,13 +57,19 @@ class Feeding(Connection):
     def __init__(self, server: HTTP1Server) -> None:
         super().__init__(server)
         self._begun = 0  # requests begun so far
-        self._turn_begun = 0  # ... when this turn of the loop began (REQUESTS_PER_TURN)
+        self._steps = 0  # parser callbacks counted past ordinary requests' (STEPS_PER_REQUEST)
+        self._parts = 0  # body parts of the request being parsed
+        self._turn_spent = 0  # `_spent()` when this turn of the loop began (REQUESTS_PER_TURN)
         self._queued_body = 0  # body bytes in queued steps
         #: Steps (about two per request) allowed to wait before parsing stops.
         self._max_queue = 2 * self.limits.max_pipelined
 
     def _feed_slice(self, data: bytes) -> None:
         raise NotImplementedError   # the parser's (ParsingConnection)
+
+    def _spent(self) -> int:
+        """What this connection has cost its turns so far, in requests."""
+        return self._begun + self._steps // STEPS_PER_REQUEST
 
     def data_received(self, data: bytes) -> None:
         if self.lingering or self._broken:
@@ -81,17 +98,17 @@ class Feeding(Connection):
         if self._manual is not None:
             self._feed_manual(data)
             return
-        begun = self._begun
+        spent = self._spent()
         size = len(data)
         if size <= _SLICE and self._parsing is None and not self._blocked \
                 and not self._write_paused and not self._queue or size <= self._piece():
             # One piece: a request's whole head and body, or the body a client
             # sent after its head, most often.
             self._feed_slice(data)
-            if self._begun != begun:
-                turns.used += self._begun - begun
-                if self._begun - self._turn_begun >= REQUESTS_PER_TURN \
-                        or turns.used >= turns.budget:
+            now = self._spent()
+            if now != spent:
+                turns.used += now - spent
+                if now - self._turn_spent >= REQUESTS_PER_TURN or turns.used >= turns.budget:
                     self._end_turn()
             return
         self._feeding = True
@@ -102,10 +119,11 @@ class Feeding(Connection):
                 piece = bytes(view[start:start + self._piece()])
                 start += len(piece)
                 self._feed_slice(piece)
-                began = self._begun != begun   # this piece began requests
-                if began:
-                    turns.used += self._begun - begun
-                    begun = self._begun
+                now = self._spent()
+                charged = now != spent   # this piece began requests, or parsed much
+                if charged:
+                    turns.used += now - spent
+                    spent = now
                 if self.lingering or self._broken:
                     return
                 if self._manual is not None:
@@ -117,8 +135,8 @@ class Feeding(Connection):
                         self._stash = bytes(view[start:])
                         self._pause_reading()
                     return
-                if began and (self._begun - self._turn_begun >= REQUESTS_PER_TURN
-                              or turns.used >= turns.budget):
+                if charged and (now - self._turn_spent >= REQUESTS_PER_TURN
+                                or turns.used >= turns.budget):
                     if start < len(data):
                         self._stash = bytes(view[start:])
                     self._end_turn()
@@ -144,12 +162,15 @@ class Feeding(Connection):
 
     def next_turn(self) -> None:
         """This connection's turn again (`Turns`)."""
-        self._turn_begun = self._begun
+        self._turn_spent = self._spent()
         if not self.closed:
             self._drain_queue()
 
     def _body_part(self, ex: Exchange, body: bytes) -> None:
         ex.received += len(body)
+        self._parts += 1
+        if self._parts > FREE_PARTS:
+            self._steps += 1
         if ex.received > ex.body_kept or (ex.declared or 0) > ex.body_kept:
             pass   # read and dropped: the handler refuses the request for what it lacks
         elif self._blocked or self._queue or self._write_paused:

@@ -15,7 +15,7 @@ import httptools  # type: ignore[import-untyped,unused-ignore]
 from tornado import httputil
 
 from service.http.exchange import Exchange
-from service.http.feeding import QUEUED_BODY_BYTES, REQUESTS_PER_TURN, Feeding
+from service.http.feeding import FREE_HEADER_LINES, QUEUED_BODY_BYTES, REQUESTS_PER_TURN, Feeding
 
 __all__ = ["ParsingConnection", "QUEUED_BODY_BYTES", "REQUESTS_PER_TURN", "content_length"]
 from service.http.wire import REQUEST_LINE, ParseAbort, log
@@ -127,6 +127,7 @@ class ParsingConnection(Feeding):
         self._in_head = True
         self._head_raw = 0
         self._begun += 1
+        self._parts = 0
         # Once begun, a head has head_timeout to end (the idle deadline may be later).
         deadline = self.loop.time() + self.limits.head_timeout
         if not self.deadline or deadline < self.deadline:
@@ -205,6 +206,8 @@ class ParsingConnection(Feeding):
                 raise ParseAbort(400) from None
         hosts = sum(1 for raw_name, _ in self._raw_headers
                     if len(raw_name) == 4 and raw_name.lower() == b"host")
+        if len(self._raw_headers) > FREE_HEADER_LINES:   # each a call into Python: a turn's cost
+            self._steps += len(self._raw_headers) - FREE_HEADER_LINES
         self._raw_headers = []
         ex.start_line = httputil.RequestStartLine(method, target, version)
         ex.headers = headers
@@ -240,6 +243,10 @@ class ParsingConnection(Feeding):
         # llhttp's own flag is set only after this callback: same rule here.
         upgrade = headers.get("upgrade") is not None and "upgrade" in [
             token.strip(_OWS) for token in headers.get("connection", "").lower().split(",")]
+        if upgrade or method == "CONNECT":
+            # No protocol switch or tunnel is served: the answer says the
+            # connection closes after it (RFC 9112 9.6), as it does.
+            ex.close_after = True
         if upgrade and ex.declared != 0:
             # llhttp leaves the body of an Upgrade request to the new protocol.
             # No protocol switch is served (the connection closes after the

@@ -987,9 +987,23 @@ def test_upgrade_request_with_a_chunked_body_is_refused(srv: Running) -> None:
 
 
 def test_upgrade_request_is_answered_normally_then_closed(srv: Running) -> None:
+    # The answer says the connection closes (review, session 30: it closed
+    # without saying so, and a pipelined request after it went unanswered).
     with srv.client() as c:
-        r = c.request("GET", "/echo", {"Upgrade": "websocket", "Connection": "Upgrade"})
+        c.send(build("GET", "/echo", {"Upgrade": "websocket", "Connection": "Upgrade"})
+               + build("GET", "/echo"))
+        r = c.read_response()
         assert (r.status, r.body) == (200, b"GET /echo")
+        assert r.all("Connection") == ["close"]
+        assert c.read_all() == b""
+
+
+def test_connect_is_refused_and_says_the_connection_closes(srv: Running) -> None:
+    with srv.client() as c:
+        c.send(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"
+               + build("GET", "/echo"))
+        r = c.read_response()
+        assert r.status == 405 and r.all("Connection") == ["close"], r
         assert c.read_all() == b""
 
 
