@@ -98,14 +98,14 @@ class Feeding(Connection):
         if self._manual is not None:
             self._feed_manual(data)
             return
-        spent = self._spent()
+        spent = self._begun + self._steps // STEPS_PER_REQUEST   # _spent(), inline: per read
         size = len(data)
         if size <= _SLICE and self._parsing is None and not self._blocked \
                 and not self._write_paused and not self._queue or size <= self._piece():
             # One piece: a request's whole head and body, or the body a client
             # sent after its head, most often.
             self._feed_slice(data)
-            now = self._spent()
+            now = self._begun + self._steps // STEPS_PER_REQUEST
             if now != spent:
                 turns.used += now - spent
                 if now - self._turn_spent >= REQUESTS_PER_TURN or turns.used >= turns.budget:
