@@ -304,8 +304,16 @@ def build_event(method: str, query: str, headers: HTTPHeaders | dict[str, str], 
                 ip: str, started: float) -> dict[str, Any]:
     """The plain-data event shipped to the sandbox (see docs/script-language.md).
 
-    `headers` as for `visible_headers`.
+    `headers` as for `visible_headers`. A body under a content coding
+    (`Content-Encoding: gzip`, ...) is refused: none is decoded here, and
+    reading coded bytes as their media type would hand the script garbage or,
+    worse, a body that is not the one the client meant.
     """
+    coding = headers.get("content-encoding")
+    if coding is not None and raw and any(
+            token.strip(" \t").lower() not in ("", "identity") for token in coding.split(",")):
+        raise InvalidBodyError("The request body has a content coding (Content-Encoding) "
+                               "that is not decoded here; send it uncompressed.")
     body, raw_body = parse_body(headers.get("content-type", ""), raw)
     return {
         "body": body,

@@ -5,6 +5,7 @@ Requests that fail two checks at once show the order: the earlier check wins.
 
 from __future__ import annotations
 
+import json
 import select
 import socket
 
@@ -200,6 +201,22 @@ def test_body_that_does_not_parse_is_400(server: Server, make_endpoint, content_
     ep = make_endpoint(source=ECHO)
     resp = server.request(ep.path, body=body, secret=ep.secret, headers={"Content-Type": content_type})
     assert_error(resp, 400, "invalid_body")
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate, identity", "br", "Identity, x-custom"])
+def test_a_body_under_a_content_coding_is_400_not_read_as_plain(
+        server: Server, make_endpoint, coding: str) -> None:
+    # No content coding is decoded: a body declared gzip was parsed as plain
+    # JSON and run (review, session 30); a real gzip body got "not valid JSON".
+    ep = make_endpoint(source=ECHO)
+    resp = server.request(ep.path, body=b'{"a": 1}', secret=ep.secret,
+                          headers={"Content-Type": "application/json", "Content-Encoding": coding})
+    assert_error(resp, 400, "invalid_body")
+    assert "Content-Encoding" in json.loads(resp.body)["error"]["message"]
+    plain = server.request(ep.path, body=b'{"a": 1}', secret=ep.secret,
+                           headers={"Content-Type": "application/json",
+                                    "Content-Encoding": "identity"})
+    assert plain.status == 200
 
 
 def test_every_response_has_a_request_id(server: Server, make_endpoint) -> None:
