@@ -42,9 +42,12 @@ on endpoint(event):
 ATTACKS = {
     "loop": "on endpoint(event):\n    while True:\n        pass\n",
     "c-level": "import re\non endpoint(event):\n    re.match('(a+)+$', 'a' * 64 + 'b')\n",
-    "crash": "import itertools\non endpoint(event):\n    a = []\n"
-             "    c = itertools.chain.from_iterable(a)\n    a.append(c)\n    event.reply(list(c))\n",
+    # 100,000 nested maps overflow the C stack (~14 MB: the pro plan gets 16 MB
+    # here, PLAN_FOR_CRASH); scripts' chain over itself no longer crashes.
+    "crash": "on endpoint(event):\n    m = iter([1])\n    for i in range(100000):\n"
+             "        m = map(abs, m)\n    event.reply(list(m))\n",
 }
+PLAN_FOR_CRASH = "\n[plans.pro]\nmemory_kb = 16384\n"
 
 
 async def post(port: int, path: str, secret: str) -> tuple[int, float]:
@@ -110,7 +113,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="logic-fair-"))
     db = f"sqlite:///{tmp / 'fair.db'}"
     cfg = tmp / "fair.toml"
-    cfg.write_text(BENCH_PLAN)
+    cfg.write_text(BENCH_PLAN + (PLAN_FOR_CRASH if "crash" in args.attack.split(",") else ""))
     logic(db, str(cfg), "db", "upgrade")
     victim = setup(db, str(cfg), tmp, "2000", "bench", VICTIM, 1)[0]
     attackers = {name: setup(db, str(cfg), tmp, str(3000 + i), "pro", ATTACKS[name], 9)

@@ -38,9 +38,12 @@ keys unheld from two dicts a script could empty meanwhile (CPython gh-119004).
 The first two bugs (and list comparison's)
 need a comparison that answers ``NotImplemented``, so that CPython calls the
 other operand's reflected method with the freed object: a script's
-comparisons never do (``sandbox.guards.ScriptType``), which closes that
-class of bug as a whole; these replacements are a second layer for the two
-routes the review proved.
+comparisons never do (``sandbox.guards.ScriptType``), which narrows that
+class of bug, but a library comparison written in Python can run a script's
+code (a property of its subclass) and then answer ``NotImplemented`` itself
+(``Fraction``'s, review session 30): these replacements close the routes
+found. Iterators that free what they run are replaced in
+``sandbox.safe_iterators``.
 """
 from __future__ import annotations
 

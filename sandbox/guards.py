@@ -24,7 +24,7 @@ from typing import Any
 from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
 from RestrictedPython.transformer import INSPECT_ATTRIBUTES
 
-from sandbox import cpython_fixes
+from sandbox import cpython_fixes, safe_iterators
 
 # Attribute names that are refused on every object, in addition to any name
 # starting with "_" (which covers every dunder: __class__, __globals__,
@@ -325,6 +325,9 @@ _BASE_BUILTINS: dict[str, Any] = {
     **{name: getattr(builtins, name) for name in _SAFE_BUILTIN_NAMES
        if UNICODE_ERRORS_CHECKED or name not in ("UnicodeDecodeError", "UnicodeEncodeError")},
     "type": _type_with_arity_check,
+    # iter(function, sentinel) compared a sentinel it could drop meanwhile:
+    # a generator holds it (sandbox/safe_iterators.py); iter(x) is CPython's.
+    "iter": safe_iterators.iter,
     "__build_class__": builtins.__build_class__,
 }
 BASE_BUILTINS: types.MappingProxyType[str, Any] = types.MappingProxyType(_BASE_BUILTINS)

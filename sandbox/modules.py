@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from sandbox import cpython_fixes, resets
+from sandbox import cpython_fixes, resets, safe_iterators
 from sandbox.guards import ScriptType
 from sandbox.restricted_re import RE_MEMBERS, Template, exact
 
@@ -123,6 +123,9 @@ _ITERTOOLS = {name: getattr(itertools, name) for name in dir(itertools) if not n
 # __eq__ advances the groupby made it use freed memory (sandbox/cpython_fixes.py).
 _ITERTOOLS["groupby"] = cpython_fixes.groupby
 _ITERTOOLS["zip_longest"] = cpython_fixes.zip_longest   # the same, re-entered from a map
+# chain, islice, cycle, pairwise and accumulate freed the iterator they were
+# running when re-entered from inside it (sandbox/safe_iterators.py).
+_ITERTOOLS.update(safe_iterators.ITERTOOLS)
 
 _JSON = _public(json, ["dumps", "loads", "JSONDecodeError"])
 

@@ -236,6 +236,86 @@ on endpoint(event):
     event.reply([dd["k"], state["hits"]])
 '''
 
+
+# Review, session 30, a second pass: a C iterator that drops the iterator it is
+# running when a nested next() (from a comparison that inner call makes) runs
+# it dry freed a map(lst.index, ...) that alone held a list, mid-index; the
+# script's pointer in the freed block was taken for an object. One script,
+# the outer iterator made three ways.
+REENTERED_ITERATOR = '''import itertools
+N = 40
+state = {"junk": [], "hits": 0, "reentered": 0}
+class M:
+    def __eq__(self, other):
+        state["hits"] = state["hits"] + 1
+        return True
+m = M()
+addr = int(repr(m).split(" at ")[1].rstrip(">"), 16)
+forged = addr.to_bytes(8, "little") * ((8 * N - 33) // 8) + b"\\x00" * ((8 * N - 33) % 8)
+class A:
+    def __eq__(self, other):
+        if state["reentered"] == 0:
+            state["reentered"] = 1
+            try:
+                next(c)
+            except StopIteration:
+                pass
+            for i in range(300):
+                state["junk"].append(forged[:8] + forged[8:])
+        return False
+def make():
+    lst = [0] * 4 + [A()] + [0] * (N - 5)
+    return map(lst.index, [999], [4])
+def source():
+    yield make()
+c = OUTER
+on endpoint(event):
+    event.reply([next(c), state["hits"]])
+'''
+# The same pass: iter(function, sentinel) compared a sentinel it dropped when a
+# nested next() met it; a library comparison (Fraction's, reached through
+# statistics) ran script code and then answered NotImplemented, so CPython
+# called the script's reflected __eq__ with the freed sentinel.
+CALL_ITERATOR = '''import statistics
+got = []
+class I(int):
+    def __init__(self, v):
+        got.append(v)
+statistics.mean([I(2), I(2)])
+Fraction = type(got[-1])
+st = {"n": 0, "seen": None, "keep": []}
+class Cx(complex):
+    @property
+    def imag(self):
+        st["n"] = st["n"] + 1
+        if st["n"] == 1:
+            try:
+                next(it)        # inner call answers the sentinel: the iterator drops it
+            except StopIteration:
+                pass
+        return 0
+    @property
+    def real(self):
+        return None
+    def __eq__(self, other):
+        # other: the sentinel, freed once Fraction.__eq__ returned NotImplemented
+        for i in range(50):
+            st["keep"].append(tuple([i]))
+        st["seen"] = repr(other)[:80]
+        return False
+calls = {"n": 0}
+def produce():
+    calls["n"] = calls["n"] + 1
+    if calls["n"] == 1:
+        return Cx(1)
+    return Fraction(1, 3)
+it = iter(produce, Fraction(1, 3))
+on endpoint(event):
+    first = next(it)
+    event.reply([st["seen"], st["n"]])
+'''
+
+
 @pytest.mark.parametrize("source, message", [
     (DEQUE_INDEX, "deque mutated during iteration"),
     (GROUPBY, "generator already executing"),
@@ -247,7 +327,16 @@ on endpoint(event):
     (ZIP_LONGEST, "generator already executing"),
     # The list stays alive while its index runs: the factory is held.
     (DEFAULTDICT_FACTORY, "ValueError: 999 is not in list"),
-], ids=["deque-index", "groupby", "list-comparison", "zip-longest", "defaultdict-factory"])
+    # Generators in place of the C iterators: re-entry is an error.
+    (REENTERED_ITERATOR.replace("OUTER", "itertools.chain.from_iterable(source())"),
+     "generator already executing"),
+    (REENTERED_ITERATOR.replace("OUTER", "itertools.islice(make(), 5)"),
+     "generator already executing"),
+    (REENTERED_ITERATOR.replace("OUTER", "itertools.cycle(make())"),
+     "generator already executing"),
+    (CALL_ITERATOR, "generator already executing"),
+], ids=["deque-index", "groupby", "list-comparison", "zip-longest", "defaultdict-factory",
+        "chain", "islice", "cycle", "iter-sentinel"])
 def test_a_comparison_that_frees_what_is_compared_is_the_scripts_error(
         source: str, message: str) -> None:
     async def scenario(pool: Pool) -> None:
@@ -330,7 +419,8 @@ def test_the_pool_warns_at_start_on_a_cpython_without_the_upstream_fixes(
         assert out.body == b"1"
 
     run_with_pool(scenario, size=1)
-    warned = [r.getMessage() for r in caplog.records if "lacks fixes of memory bugs" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records
+              if "lacks fixes of memory bugs" in r.getMessage()]
     assert len(warned) == (1 if cpython_fixes.BEFORE_3_11_9 else 0), warned
     if warned:
         assert platform.python_version() in warned[0] and "3.11.9" in warned[0]
@@ -568,3 +658,57 @@ def test_the_replaced_slots_answer_as_the_originals() -> None:
         expected = dict(a) == dict(b) and (not isinstance(b, od) or list(a) == list(b))
         assert (a == b, a != b, b == a) == (expected, not expected, expected), (a, b)
     assert bytearray(b"%(k)s") % {b"k": b"v"} == bytearray(b"v")
+
+
+def test_the_safe_iterators_answer_as_the_originals() -> None:
+    from sandbox import safe_iterators as safe
+    data = list(range(12))
+    for args in [(5,), (None,), (2, 8), (2, None), (0, 12, 3), (3, 3), (20, 30), (1, 9, None),
+                 (0,), (11, 100, 5)]:
+        consumed = iter(data)
+        assert list(safe.islice(consumed, *args)) == list(itertools.islice(data, *args)), args
+        original = iter(data)
+        list(itertools.islice(original, *args))
+        assert list(consumed) == list(original), args   # consumed as far as the C one
+    for bad in [(-1,), (1, -2), (0, 5, 0), (0, 5, -1), ("a",), (1.5,), ()]:
+        with pytest.raises((ValueError, TypeError)):
+            itertools.islice(data, *bad)
+        with pytest.raises((ValueError, TypeError)):
+            safe.islice(data, *bad)
+    assert list(safe.chain("ab", [], (1, 2))) == list(itertools.chain("ab", [], (1, 2)))
+    nested = [[1, 2], "xy", ()]
+    assert list(safe.chain.from_iterable(nested)) == list(itertools.chain.from_iterable(nested))
+    assert list(itertools.islice(safe.cycle("abc"), 8)) == list(itertools.islice(
+        itertools.cycle("abc"), 8))
+    assert list(safe.cycle([])) == []
+    for seq in ["", "a", "abcde"]:
+        assert list(safe.pairwise(seq)) == list(itertools.pairwise(seq))
+    for args, kwargs in [(([1, 2, 3, 4],), {}), (([1, 2, 3], operator.mul), {}),
+                         (([],), {}), (([],), {"initial": 5}), (([1, 2],), {"initial": 10}),
+                         ((["a", "b"],), {})]:
+        assert list(safe.accumulate(*args, **kwargs)) == \
+            list(itertools.accumulate(*args, **kwargs))
+    numbers = iter(range(10))
+    assert list(safe.iter(lambda: next(numbers), 4)) == [0, 1, 2, 3]
+    assert list(safe.iter([1, 2])) == [1, 2]
+    with pytest.raises(TypeError):
+        safe.iter(5, 1)
+    with pytest.raises(TypeError):
+        safe.iter(5)
+
+
+def test_the_c_iterators_scripts_keep_hold_what_they_run() -> None:
+    # The class of the second session 30 finding: a C iterator that drops what
+    # it is running when re-entered. Scripts get generators for chain, islice,
+    # cycle, pairwise, accumulate, groupby and zip_longest, and for
+    # iter(function, sentinel); the C ones they keep were read for it (their
+    # fields are held for the iterator's life, or there is nothing to run). A
+    # new itertools name must be reviewed the same way before it reaches scripts.
+    from sandbox import guards, modules, safe_iterators
+    namespace = modules.STATIC_NAMESPACES["itertools"]
+    kept_c = {name for name in dir(itertools) if not name.startswith("_")
+              and getattr(namespace, name) is getattr(itertools, name)}
+    assert kept_c == {"count", "repeat", "compress", "dropwhile", "takewhile", "filterfalse",
+                      "starmap", "tee", "product", "permutations", "combinations",
+                      "combinations_with_replacement"}
+    assert guards.BASE_BUILTINS["iter"] is safe_iterators.iter
