@@ -21,6 +21,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import gc
+import heapq
 import ipaddress
 import resource
 import socket
@@ -224,29 +225,50 @@ class HTTP1Server:
     def _shed(self, held: int, budget: int, now: float) -> int:
         """Cut connections until what is left is under 3/4 of `budget`: first
         those whose clients took nothing of their answers lately, largest
-        first, then the others (a client downloading a large answer at its
-        pace is not cut for another's stalled connections: review, session
-        29); returns what is left."""
+        first (a client downloading a large answer at its pace is not cut for
+        another's stalled connections: review, session 29); then the others
+        from the address group pinning the most, largest first, the groups
+        ranked again after each cut (connections of one address reading just
+        enough to count as taking their answers were cut after an innocent
+        client's one large answer: review, session 30); returns what is left."""
         recent = 2 * self.limits.sweep_interval
-
-        def order(pair: tuple[int, Connection]) -> tuple[bool, int]:
-            size, conn = pair
-            return now - conn._progress < recent, -size   # stalled ones first
-
-        cut = 0
-        for size, conn in sorted(((pinned(c), c) for c in self.connections), key=order):
-            if held <= budget * 3 // 4:
-                break
+        target = budget * 3 // 4
+        stalled: list[tuple[int, Connection]] = []
+        moving: dict[str, list[tuple[int, Connection]]] = {}
+        for conn in self.connections:
+            size = pinned(conn)
             if size == 0:
                 continue
+            if now - conn._progress < recent:
+                moving.setdefault(conn.peer_key, []).append((size, conn))
+            else:
+                stalled.append((size, conn))
+        cut = 0
+        for size, conn in sorted(stalled, key=lambda pair: -pair[0]):
+            if held <= target:
+                break
             drop(conn)
             held -= size
             cut += 1
+        groups: list[tuple[int, str, list[tuple[int, Connection]]]] = []
+        for key, members in moving.items():
+            members.sort(key=lambda pair: pair[0])   # the largest last, popped first
+            groups.append((-sum(size for size, _ in members), key, members))
+        heapq.heapify(groups)
+        while held > target and groups:
+            total, key, members = heapq.heappop(groups)
+            size, conn = members.pop()
+            drop(conn)
+            held -= size
+            cut += 1
+            if members:
+                heapq.heappush(groups, (total + size, key, members))
         if not self._over_budget:
             self._over_budget = True   # one line per episode, not per sweep
             log.warning("connections pinned more than server.buffer_budget_bytes (%d MiB) of "
                         "unsent answers and unread input: %d were cut, those whose clients took "
-                        "none of their answers lately first", budget >> 20, cut)
+                        "none of their answers lately first, then from the address pinning the "
+                        "most", budget >> 20, cut)
         return held
 
     def stop(self) -> None:

@@ -221,6 +221,59 @@ def test_the_budget_cuts_stalled_connections_before_a_client_taking_its_answer()
                 c.close()
 
 
+def test_the_budget_cuts_from_the_address_pinning_the_most_not_the_largest_answer() -> None:
+    # Review, session 30: 44 connections of one address, each pipelining
+    # answers and taking just over min_send_progress of them a sweep (so
+    # never "stalled"), pinned ~315 KB each; another address's client taking
+    # its one ~650 KB answer at its pace was the largest connection and was
+    # cut first, download after download (27 of 30 reset, in a real server).
+    # Past the stalled ones, the address group pinning the most is cut first,
+    # ranked again after each cut. The policy alone, on the server's own
+    # `_shed` with stand-in connections: the sizes a real server pinned are
+    # set here exactly (a real run's depend on the kernel's buffers).
+    from service.http.listener import HTTP1Server
+
+    class Transport:
+        def __init__(self, size: int) -> None:
+            self.size = size
+
+        def get_write_buffer_size(self) -> int:
+            return self.size
+
+        def get_extra_info(self, name: str) -> None:
+            return None
+
+    class Conn:
+        def __init__(self, key: str, size: int, progress: float) -> None:
+            self.peer_key, self.transport, self._progress = key, Transport(size), progress
+            self._stash, self._queued_body, self.closed = b"", 0, False
+
+        def close_now(self) -> None:
+            self.closed = True
+
+    def shed(conns: list[Conn], budget: int) -> None:
+        server = HTTP1Server(None, limits=ServerLimits(sweep_interval=1.0,   # type: ignore[arg-type]
+                                                       buffer_budget_bytes=budget))
+        server.connections = set(conns)   # type: ignore[arg-type]
+        server._shed(sum(c.transport.size for c in conns), budget, 100.0)
+
+    now = 100.0
+    flood = [Conn("127.0.0.1", 315_000, now - 0.5) for _ in range(44)]
+    innocent = Conn("127.0.0.2", 650_000, now - 0.5)
+    stalled = [Conn("127.0.0.3", 100_000, now - 30) for _ in range(2)]
+    shed([*flood, innocent, *stalled], 12 << 20)
+    assert all(c.closed for c in stalled)            # stalled ones first, whoever they are
+    assert not innocent.closed                       # then the address pinning the most
+    kept = sum(c.transport.size for c in flood if not c.closed) + innocent.transport.size
+    assert kept <= (12 << 20) * 3 // 4 and any(c.closed for c in flood)
+
+    # The same rule cuts a client that alone pins more than a whole address.
+    heavy = Conn("127.0.0.2", 6_000_000, now - 0.5)
+    few = [Conn("127.0.0.1", 315_000, now - 0.5) for _ in range(10)]
+    shed([heavy, *few], 6 << 20)
+    assert heavy.closed and not any(c.closed for c in few)
+
+
 def test_a_head_that_times_out_gets_408() -> None:
     limits = ServerLimits(idle_timeout=0.3, body_timeout=10, sweep_interval=0.05)
     with serving(limits) as running, running.client() as c:
