@@ -286,6 +286,12 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         deadline = loop.time() + HANDOFF_GRACE_S
         while server.connections and loop.time() < deadline:
             await asyncio.sleep(0.05)
+        # Idle past the grace: closed, not left open into the drain, where
+        # a request on them would be refused 503 while the new fronts serve
+        # (review, session 30); the client's next request goes to a new front.
+        for conn in list(server.connections):
+            if conn.idle:
+                conn.close_now()
 
     log.info("stopping: draining %d requests in flight", context.in_flight)
     context.draining = True

@@ -14,8 +14,10 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -488,6 +490,64 @@ def test_sighup_reload_changes_a_plan_without_failing_a_request(start, make_endp
     for _ in range(4):
         resp = server.request(ep.path, json_body={}, secret=ep.secret)
         assert resp.status == 200 and resp.headers["ratelimit-limit"] == "900000"
+
+
+@SQLITE_ONLY
+def test_a_reload_closes_idle_connections_instead_of_refusing_their_requests(
+        start, make_endpoint) -> None:
+    # Review, session 30: after the handover's grace an old front went on to
+    # drain; while an upload was still in flight there, every request that
+    # arrived on its idle keep-alive connections was answered 503 "shutting
+    # down" (20 of 20), though new fronts served the port. Connections idle
+    # at the grace's end are closed instead: the client's next request goes
+    # to a new front.
+    from service.http.server import HANDOFF_GRACE_S
+    server = start()
+    ep = make_endpoint(source=ECHO, plan="bench")
+    idle = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=30) for _ in range(8)]
+    for conn in idle:
+        assert _post(conn, ep.path, ep.secret)[0] == 200
+    uploads = []
+    for _ in range(4):   # requests in flight on the old fronts past the grace
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall((f"POST {ep.path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                      f"{ep.secret}\r\nContent-Type: application/json\r\n"
+                      "Content-Length: 100\r\n\r\n{").encode())
+        uploads.append(sock)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(2.0):
+            for sock in uploads:
+                try:
+                    sock.sendall(b" ")
+                except OSError:
+                    pass
+
+    feeder = threading.Thread(target=trickle, daemon=True)
+    feeder.start()
+    try:
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: "reloaded: 2 new fronts ready" in server.log,
+                          timeout=90), server.log
+        time.sleep(HANDOFF_GRACE_S + 1.5)
+        answers: Counter[Any] = Counter()
+        for conn in idle:
+            try:
+                answers[_post(conn, ep.path, ep.secret)[0]] += 1
+            except (http.client.HTTPException, OSError):
+                conn.close()   # closed while idle: the request goes to a new front
+                answers["closed, then " + str(_post(conn, ep.path, ep.secret)[0])] += 1
+        assert 503 not in answers and sum(answers.values()) == len(idle), answers
+        assert set(answers) <= {200, "closed, then 200"}, answers
+    finally:
+        stop.set()
+        feeder.join(5)
+        for sock in uploads:
+            sock.close()
+        for conn in idle:
+            conn.close()
 
 
 @SQLITE_ONLY
