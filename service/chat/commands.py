@@ -147,8 +147,8 @@ def refusal(err: CoreError, guild_id: str | None = None) -> str:
         # that a stranger learns nothing. A chat member is in the server by
         # the platform's signature: telling them it is registered is no leak.
         if guild_id is not None and is_registered(guild_id):
-            return ("Not allowed: only the server's owner and its managers may use /logic "
-                    "script. The owner does everything and alone creates or regenerates "
+            return ("Not allowed: only the server's owner and its managers may use /logic. "
+                    "The owner does everything and alone creates or regenerates "
                     "secrets; managers do the rest.")
         return ("This server is not registered with Logic Endpoints. The service's operator "
                 "adds it (`logic guild create`).")
