@@ -6,6 +6,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -109,6 +111,21 @@ def _flood(port: int, connections: int, stop: threading.Event, answers: list[int
             sock.close()
 
 
+@contextmanager
+def _flooding(flood: Callable[[int, int, threading.Event, list[int]], None], port: int,
+              connections: int) -> Iterator[tuple[threading.Event, list[int]]]:
+    """`flood` running in a thread of its own for the block: (its stop event, its count)."""
+    stop = threading.Event()
+    count = [0]
+    thread = threading.Thread(target=flood, args=(port, connections, stop, count), daemon=True)
+    thread.start()
+    try:
+        yield stop, count
+    finally:
+        stop.set()
+        thread.join(10)
+
+
 def test_many_connections_of_one_address_do_not_hold_up_another_address(
         make_server, http_env) -> None:  # noqa: F811
     # Each connection kept to its 32 requests a turn, but a turn grew with the
@@ -119,11 +136,7 @@ def test_many_connections_of_one_address_do_not_hold_up_another_address(
     if not http_env.database_url.startswith("sqlite"):
         pytest.skip("the connection layer's fairness touches no database: one backend is enough")
     server: Server = make_server()
-    stop = threading.Event()
-    answers = [0]
-    flood = threading.Thread(target=_flood, args=(server.port, 100, stop, answers), daemon=True)
-    flood.start()
-    try:
+    with _flooding(_flood, server.port, 100) as (stop, answers):
         deadline = time.monotonic() + 30
         while answers[0] < 30_000 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -133,9 +146,6 @@ def test_many_connections_of_one_address_do_not_hold_up_another_address(
         during = answers[0] - before
         assert probe.status == 200
         assert not stop.is_set() and during < 5_000, during
-    finally:
-        stop.set()
-        flood.join(10)
 
 
 def test_a_connection_whose_turn_fails_does_not_stall_the_others() -> None:
@@ -227,12 +237,7 @@ def test_uploads_of_tiny_chunks_do_not_hold_up_another_address(
     if not http_env.database_url.startswith("sqlite"):
         pytest.skip("the connection layer's fairness touches no database: one backend is enough")
     server: Server = make_server()
-    stop = threading.Event()
-    sent = [0]
-    flood = threading.Thread(target=_chunk_flood, args=(server.port, 128, stop, sent),
-                             daemon=True)
-    flood.start()
-    try:
+    with _flooding(_chunk_flood, server.port, 128) as (stop, sent):
         time.sleep(3)
         assert sent[0] > 16 << 20, "the flood is in full swing"
         ends = time.monotonic() + 30   # the code before answered one probe in ~10 s
@@ -242,6 +247,3 @@ def test_uploads_of_tiny_chunks_do_not_hold_up_another_address(
             assert probe.status == 200
             answered += 1
         assert answered == 20 and not stop.is_set(), answered
-    finally:
-        stop.set()
-        flood.join(10)
