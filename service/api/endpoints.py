@@ -1,6 +1,7 @@
 """The endpoint of a script: show, switch and whitelist, secret, test calls and replays."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from models import database
@@ -16,39 +17,67 @@ from service.plans import Plan
 TEST_BODY_CAP = 1024 * 1024
 
 
+#: A settings revision as `If-Match` names it (`endpoints.revision`), quoted or not.
+_ETAG = re.compile(r'\s*"?([0-9a-f]{16})"?\s*')
+
+
 def patch_endpoint(actor: Actor, guild_id: str, script_id: str, enabled: bool | None,
                    whitelist: list[str] | None, *, plans: dict[str, Plan],
-                   base_url: str) -> dict[str, Any]:
+                   base_url: str, expected_revision: str | None = None) -> dict[str, Any]:
     """Both changes in one transaction (all or nothing), the whitelist first: an
-    endpoint is never on without its new whitelist."""
+    endpoint is never on without its new whitelist. `expected_revision` is
+    checked against the state before either."""
     view: dict[str, Any] | None = None
     with database.atomic():
         if whitelist is not None:
             view = endpoints.set_whitelist(actor, guild_id, script_id, whitelist, plans=plans,
-                                           base_url=base_url)
+                                           base_url=base_url, expected_revision=expected_revision)
+            expected_revision = None
         if enabled is not None:
             view = endpoints.set_enabled(actor, guild_id, script_id, enabled, plans=plans,
-                                         base_url=base_url)
+                                         base_url=base_url, expected_revision=expected_revision)
     assert view is not None
     return view
 
 
+def expected_revision(header: str | None) -> str | None:
+    """The revision an `If-Match` header names; None without one (or `*`).
+    Raises 412 `version_mismatch` for a value that names none."""
+    if header is None or header.strip() == "*":
+        return None
+    match = _ETAG.fullmatch(header)
+    if match is None:
+        raise ApiError(412, "version_mismatch", "If-Match must be the ETag of a read")
+    return match.group(1)
+
+
 class EndpointHandler(APIHandler):
     @operation("getEndpoint", "URL, switch, secret hint (never the secret), whitelist",
-               "owner, manager, operator", schemas.Endpoint)
+               "owner, manager, operator", schemas.Endpoint,
+               response_headers={"ETag": "The switch and whitelist read, quoted: send it back "
+                                         "in If-Match."})
     async def get(self, guildId: str, scriptId: str) -> None:
-        self.reply(await self.call(endpoints.show_endpoint, self.actor, guildId, scriptId,
-                                   plans=self.plans, base_url=self.base_url))
+        shown = await self.call(endpoints.show_endpoint, self.actor, guildId, scriptId,
+                                plans=self.plans, base_url=self.base_url)
+        self.set_header("ETag", f'"{endpoints.revision(shown)}"')
+        self.reply(shown)
 
     @operation("patchEndpoint", "Switch on or off and/or replace the IP whitelist",
                "owner, manager, operator", schemas.Endpoint, body=schemas.EndpointPatch,
-               errors=(409,))
+               errors=(409, 412),
+               request_headers={"If-Match": "The ETag read (optional): refused with 412 if "
+                                            "the switch or whitelist changed since."},
+               response_headers={"ETag": "The new revision, quoted."})
     async def patch(self, guildId: str, scriptId: str) -> None:
         b = self.body(schemas.EndpointPatch)
         if b.enabled is None and b.whitelist is None:
             raise ApiError(400, "invalid_input", "give enabled and/or whitelist")
-        self.reply(await self.call(patch_endpoint, self.actor, guildId, scriptId, b.enabled,
-                                   b.whitelist, plans=self.plans, base_url=self.base_url))
+        revision = expected_revision(self.request.headers.get("If-Match"))
+        done = await self.call(patch_endpoint, self.actor, guildId, scriptId, b.enabled,
+                               b.whitelist, plans=self.plans, base_url=self.base_url,
+                               expected_revision=revision)
+        self.set_header("ETag", f'"{endpoints.revision(done)}"')
+        self.reply(done)
 
 
 class SecretHandler(APIHandler):

@@ -16,6 +16,7 @@ enforced (`whitelistEnforced: false`); an upgrade enforces it again.
 """
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 from typing import Any, Mapping, Sequence
@@ -24,7 +25,7 @@ from models import Endpoint, Script, database
 from models.clock import iso, utcnow
 from service.core import audit
 from service.core.access import Actor, get_guild, guild_and_script
-from service.core.errors import QuotaError, ValidationError
+from service.core.errors import QuotaError, ValidationError, VersionMismatchError
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
 
 MAX_WHITELIST = 100
@@ -86,6 +87,22 @@ def _view(guild_id: str, script: Script, endpoint: Endpoint, plan: Plan,
     return view
 
 
+def revision(view: Mapping[str, Any]) -> str:
+    """What a settings editor read of an endpoint (its switch and whitelist), as
+    the admin API's `ETag` carries it: a tag that changes with either, so a
+    change sent against an older read is refused instead of undoing another
+    (a review, session 30: two managers' whitelists, the second silently won)."""
+    settings = json.dumps([bool(view["enabled"]), list(view["whitelist"])])
+    return hashlib.sha256(settings.encode()).hexdigest()[:16]
+
+
+def _refuse_stale(endpoint: Endpoint, expected: str | None) -> None:
+    if expected is not None and expected != revision(
+            {"enabled": endpoint.enabled, "whitelist": json.loads(endpoint.whitelist or "[]")}):
+        raise VersionMismatchError("the endpoint's switch or whitelist changed since it was "
+                                   "read: reload and retry")
+
+
 def show_endpoint(actor: Actor, guild_id: str, script_id: str, *,
                   plans: Mapping[str, Plan] = DEFAULT_PLANS,
                   base_url: str | None = None) -> dict[str, Any]:
@@ -98,15 +115,17 @@ def show_endpoint(actor: Actor, guild_id: str, script_id: str, *,
 
 def set_enabled(actor: Actor, guild_id: str, script_id: str, enabled: bool, *,
                 plans: Mapping[str, Plan] = DEFAULT_PLANS,
-                base_url: str | None = None) -> dict[str, Any]:
+                base_url: str | None = None, expected_revision: str | None = None
+                ) -> dict[str, Any]:
     """Switch the endpoint on or off (idempotent).  Raises `QuotaError`
     (`endpoint_quota` when the plan's quota is used up), `NotFoundError`,
-    `PermissionDeniedError`."""
+    `PermissionDeniedError`, `VersionMismatchError` (not at `expected_revision`)."""
     with database.atomic():
         guild, script, _ = guild_and_script(actor, guild_id, script_id, "switch endpoints")
         guild = get_guild(guild.id, lock=True)
         plan = resolve_plan(plans, guild.plan)
         endpoint = Endpoint.get(Endpoint.script == script.id)
+        _refuse_stale(endpoint, expected_revision)
         if bool(endpoint.enabled) != enabled:
             if enabled:
                 used = (Endpoint.select().join(Script)
@@ -137,10 +156,12 @@ def disable_endpoint(actor: Actor, guild_id: str, script_id: str, **kw: Any) -> 
 
 def set_whitelist(actor: Actor, guild_id: str, script_id: str, cidrs: Sequence[str], *,
                   plans: Mapping[str, Plan] = DEFAULT_PLANS,
-                  base_url: str | None = None) -> dict[str, Any]:
+                  base_url: str | None = None, expected_revision: str | None = None
+                  ) -> dict[str, Any]:
     """Replace the IP whitelist (empty list: no restriction).  Raises
     `ValidationError` (`invalid_cidr`), `QuotaError` (`plan_feature`: not on
-    this plan), `NotFoundError`, `PermissionDeniedError`."""
+    this plan), `NotFoundError`, `PermissionDeniedError`, `VersionMismatchError`
+    (not at `expected_revision`)."""
     normalised = normalise_cidrs(cidrs)
     with database.atomic():
         guild, script, _ = guild_and_script(actor, guild_id, script_id, "edit the whitelist")
@@ -150,6 +171,7 @@ def set_whitelist(actor: Actor, guild_id: str, script_id: str, cidrs: Sequence[s
                              "is kept but not enforced; an empty list clears it)",
                              code="plan_feature")
         endpoint = Endpoint.get(Endpoint.script == script.id)
+        _refuse_stale(endpoint, expected_revision)
         old = json.loads(endpoint.whitelist or "[]")
         if old != normalised:
             Endpoint.update(whitelist=json.dumps(normalised)).where(

@@ -253,6 +253,32 @@ def test_whitelist_on_pro(world) -> None:
     assert_error(w.manager("PATCH", ep, {"whitelist": ["10.0.0.1/8"]}), 400, "invalid_cidr")
 
 
+def test_an_endpoint_change_sent_against_an_older_read_is_refused(world) -> None:
+    # Two managers edit the whitelist from the same read: the second PATCH
+    # silently replaced the first (a review, session 30). With the ETag of the
+    # read in If-Match, the second is refused and nothing changes.
+    w = world("pro")
+    ep = w.script_path + "/endpoint"
+    read = w.manager("GET", ep)
+    etag = read.headers["etag"]
+    first = w.manager("PATCH", ep, {"whitelist": ["10.0.0.0/8"]}, headers={"If-Match": etag})
+    assert first.status == 200 and first.headers["etag"] != etag
+    second = w.owner("PATCH", ep, {"whitelist": ["192.0.2.0/24"], "enabled": True},
+                     headers={"If-Match": etag})
+    assert_error(second, 412, "version_mismatch")
+    shown = w.manager("GET", ep)
+    assert shown.json["whitelist"] == ["10.0.0.0/8"] and shown.json["enabled"] is False
+    assert shown.headers["etag"] == first.headers["etag"]
+    again = w.owner("PATCH", ep, {"enabled": True}, headers={"If-Match": shown.headers["etag"]})
+    assert again.status == 200 and again.json["enabled"] is True
+    assert_error(w.owner("PATCH", ep, {"enabled": False}, headers={"If-Match": etag}),
+                 412, "version_mismatch")   # the switch counts too
+    assert_error(w.owner("PATCH", ep, {"enabled": False}, headers={"If-Match": '"nope"'}),
+                 412, "version_mismatch")
+    # Without If-Match, as before: the last change wins.
+    assert w.manager("PATCH", ep, {"whitelist": []}).json["whitelist"] == []
+
+
 @pytest.mark.parametrize("who", ["manager", "operator", "stranger"])
 def test_secret_is_the_owners_alone(world, who) -> None:
     w = world()
