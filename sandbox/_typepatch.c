@@ -197,6 +197,63 @@ odict_richcompare_held(PyObject *v, PyObject *w, int op)
     return PyBool_FromLong(!equal);
 }
 
+/*
+ * `repr(list)`: list_repr called repr on each item without holding it (review,
+ * session 30): an item whose repr runs script code (a `Counter`'s sorts its
+ * items with the script's `__lt__`) that empties the list freed the item -
+ * a `slice` whose `stop` was then read freed. The same function, each item
+ * held while its repr runs.
+ */
+static reprfunc list_repr_original;
+
+static PyObject *
+list_repr_held(PyObject *self)
+{
+    PyListObject *v = (PyListObject *)self;
+    if (Py_SIZE(v) == 0) {
+        return PyUnicode_FromString("[]");
+    }
+    int entered = Py_ReprEnter(self);
+    if (entered != 0) {
+        return entered > 0 ? PyUnicode_FromString("[...]") : NULL;
+    }
+    _PyUnicodeWriter writer;
+    _PyUnicodeWriter_Init(&writer);
+    writer.overallocate = 1;
+    writer.min_length = 1 + 1 + (2 + 1) * (Py_SIZE(v) - 1) + 1;
+    if (_PyUnicodeWriter_WriteChar(&writer, '[') < 0) {
+        goto error;
+    }
+    /* The item's repr may change the list: its size is read again each time. */
+    for (Py_ssize_t i = 0; i < Py_SIZE(v); ++i) {
+        if (i > 0 && _PyUnicodeWriter_WriteASCIIString(&writer, ", ", 2) < 0) {
+            goto error;
+        }
+        PyObject *item = v->ob_item[i];
+        Py_INCREF(item);
+        PyObject *s = PyObject_Repr(item);
+        Py_DECREF(item);
+        if (s == NULL) {
+            goto error;
+        }
+        if (_PyUnicodeWriter_WriteStr(&writer, s) < 0) {
+            Py_DECREF(s);
+            goto error;
+        }
+        Py_DECREF(s);
+    }
+    writer.overallocate = 0;
+    if (_PyUnicodeWriter_WriteChar(&writer, ']') < 0) {
+        goto error;
+    }
+    Py_ReprLeave(self);
+    return _PyUnicodeWriter_Finish(&writer);
+error:
+    _PyUnicodeWriter_Dealloc(&writer);
+    Py_ReprLeave(self);
+    return NULL;
+}
+
 /* Point the wrappers named in `names` of `type` that call `old` at `new`. */
 static int
 repoint_wrappers(PyTypeObject *type, const char *const *names, void *old, void *new)
@@ -239,6 +296,9 @@ replace_in_subclasses(PyTypeObject *type)
         if (sub->tp_richcompare == list_richcompare_original) {
             sub->tp_richcompare = list_richcompare_held;
         }
+        if (list_repr_original != NULL && sub->tp_repr == list_repr_original) {
+            sub->tp_repr = list_repr_held;
+        }
         if (sub->tp_as_number != NULL && bytearray_mod_original != NULL
                 && sub->tp_as_number->nb_remainder == bytearray_mod_original) {
             sub->tp_as_number->nb_remainder = bytearray_mod_copied;
@@ -262,6 +322,7 @@ static const char *const LIST_COMPARISONS[] = {"__lt__", "__le__", "__eq__", "__
                                                "__ge__", NULL};
 static const char *const LIST_ASSIGNMENTS[] = {"__setitem__", "__delitem__", NULL};
 static const char *const BYTEARRAY_MOD[] = {"__mod__", "__rmod__", NULL};
+static const char *const LIST_REPR[] = {"__repr__", NULL};
 
 static PyObject *
 install(PyObject *module, PyObject *unused)
@@ -276,11 +337,14 @@ install(PyObject *module, PyObject *unused)
         }
         list_ass_original = mapping->mp_ass_subscript;
         list_richcompare_original = PyList_Type.tp_richcompare;
+        list_repr_original = PyList_Type.tp_repr;
         bytearray_mod_original = number->nb_remainder;
         if (repoint_wrappers(&PyList_Type, LIST_COMPARISONS, (void *)list_richcompare_original,
                              (void *)list_richcompare_held) < 0
                 || repoint_wrappers(&PyList_Type, LIST_ASSIGNMENTS, (void *)list_ass_original,
                                     (void *)list_ass_subscript_checked) < 0
+                || repoint_wrappers(&PyList_Type, LIST_REPR, (void *)list_repr_original,
+                                    (void *)list_repr_held) < 0
                 || repoint_wrappers(&PyByteArray_Type, BYTEARRAY_MOD,
                                     (void *)bytearray_mod_original,
                                     (void *)bytearray_mod_copied) < 0) {
@@ -298,6 +362,7 @@ install(PyObject *module, PyObject *unused)
         }
         mapping->mp_ass_subscript = list_ass_subscript_checked;
         PyList_Type.tp_richcompare = list_richcompare_held;
+        PyList_Type.tp_repr = list_repr_held;
         number->nb_remainder = bytearray_mod_copied;
         PyODict_Type.tp_richcompare = odict_richcompare_held;
         PyType_Modified(&PyList_Type);
@@ -309,15 +374,15 @@ install(PyObject *module, PyObject *unused)
             return NULL;
         }
     }
-    return PyLong_FromLong(4);
+    return PyLong_FromLong(5);
 }
 
 static PyMethodDef methods[] = {
     {"set_attribute", set_attribute, METH_VARARGS,
      "set_attribute(type, name, value): store value under name in the type's dictionary"},
     {"install", install, METH_NOARGS,
-     "install() -> the number of slots replaced (4: list slice assignment and comparison, "
-     "bytearray %, OrderedDict comparison)"},
+     "install() -> the number of slots replaced (5: list slice assignment, comparison and "
+     "repr, bytearray %, OrderedDict comparison)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -151,7 +151,7 @@ def _replace_slots() -> bool:
         from sandbox import _typepatch
     except ImportError:
         return False
-    return _typepatch.install() == 4
+    return _typepatch.install() == 5
 
 
 #: Whether the list and bytearray slots are replaced in this process.

@@ -9,7 +9,11 @@ runs it dry: ``chain``, ``islice`` and ``cycle`` dropped a ``map(lst.index,
 whose memory the script had refilled with a pointer to its own object
 (review, session 30). ``iter(function, sentinel)`` compared a sentinel it
 dropped the same way. ``pairwise`` and ``accumulate`` drop or replace what
-they hold the same way, so they are replaced as well.
+they hold the same way, so they are replaced as well; ``count`` returned the
+value it holds after adding to it, and a script's code inside that addition
+that advanced the same count got that value too, then freed it under the
+outer call (a second review, same session: a reference into memory the
+script refilled).
 
 Each replacement below is the pure-Python equivalent from the ``itertools``
 documentation: a generator, whose locals hold what it runs and whose
@@ -20,6 +24,7 @@ Arguments are checked when the iterator is made, as the C versions do.
 from __future__ import annotations
 
 import builtins
+import numbers
 import operator
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -143,6 +148,19 @@ def _accumulate(iterator: Iterator[Any], func: Callable[[Any, Any], Any],
         yield total
 
 
+def count(start: Any = 0, step: Any = 1) -> Iterator[Any]:
+    """count(start=0, step=1) --> count object"""
+    if not isinstance(start, numbers.Number) or not isinstance(step, numbers.Number):
+        raise TypeError("a number is required")
+    return _count(start, step)
+
+
+def _count(value: Any, step: Any) -> Iterator[Any]:
+    while True:
+        yield value
+        value = value + step
+
+
 def iter(obj: Any, *sentinel: Any) -> Iterator[Any]:  # noqa: A001 - scripts' builtin iter
     """iter(iterable) -> iterator
     iter(callable, sentinel) -> iterator"""
@@ -165,4 +183,4 @@ def _call_iter(function: Callable[[], Any], sentinel: Any) -> Iterator[Any]:
 
 #: What scripts get in ``itertools`` in place of the C originals.
 ITERTOOLS = {"chain": chain, "islice": islice, "cycle": cycle, "pairwise": pairwise,
-             "accumulate": accumulate}
+             "accumulate": accumulate, "count": count}

@@ -159,6 +159,34 @@ on endpoint(event):
 '''
 
 
+# A second review, session 30: repr of a list called repr on each item unheld;
+# a Counter's repr sorts its values with the script's __lt__, which emptied
+# the only list holding a slice, so the slice's stop was read freed (a crash).
+LIST_REPR = '''import collections
+state = {"holder": None, "junk": []}
+class Evil:
+    def __lt__(self, other):
+        h = state["holder"]
+        if h:
+            h.clear()
+            for i in range(400):
+                state["junk"].append(bytes([0x41]) * 120 + bytes([i % 256]))
+        return False
+on endpoint(event):
+    c = collections.Counter()
+    c["a"] = Evil()
+    c["b"] = Evil()
+    s = slice(c, ["zq"] * 20, None)
+    c = None
+    a = []
+    a.append(s)
+    s = None
+    state["holder"] = a
+    a = None
+    text = repr(state["holder"])
+    event.reply([text.startswith("[slice(Counter("), text.count("zq")])
+'''
+
 def _subclassed(source: str) -> str:
     """The same script on a subclass of its own: a subclass took its slots from
     the types' wrappers, which still called the old code (a further review)."""
@@ -182,9 +210,13 @@ def _subclassed(source: str) -> str:
     # OrderedDict ==: the keys are compared from held copies (CPython gh-119004).
     (ORDERED_DICTS, None, b'"True"'),
     (_subclassed(ORDERED_DICTS), None, b'"True"'),
+    # Each item is held while its repr runs: the slice whole, its 20 markers.
+    (LIST_REPR, None, b"[true,20]"),
+    (_subclassed(LIST_REPR), None, b"[true,20]"),
 ], ids=["list-slice-assignment", "nested-list-comparison", "bytearray-format",
         "subclass-slice-assignment", "subclass-nested-list-comparison",
-        "subclass-bytearray-format", "ordereddict-equality", "subclass-ordereddict-equality"])
+        "subclass-bytearray-format", "ordereddict-equality", "subclass-ordereddict-equality",
+        "list-repr", "subclass-list-repr"])
 def test_code_run_inside_a_list_or_bytearray_slot_cannot_free_what_it_reads(
         source: str, kind: str | None, expected: object) -> None:
     # Review, session 25: a heap write past a shrunk list, an inner list read
@@ -315,6 +347,32 @@ on endpoint(event):
     event.reply([st["seen"], st["n"]])
 '''
 
+# A second review the same session: count returned the value it held after
+# adding to it, and script code inside that addition (a property of an int
+# subclass, read by Fraction's) that advanced the same count got the same
+# value, freed under the outer call: a reference into refilled memory.
+REENTERED_COUNT = '''import itertools
+import statistics
+got = []
+class I(int):
+    def __init__(self, v):
+        got.append(v)
+statistics.mean([I(2), I(2)])
+Fraction = type(got[-1])
+st = {"c": None, "depth": 0, "got": []}
+class N(int):
+    @property
+    def numerator(self):
+        if st["depth"] == 0 and st["c"] is not None:
+            st["depth"] = 1
+            st["got"].append(next(st["c"]))
+        return 1
+on endpoint(event):
+    st["c"] = itertools.count(Fraction(1, 2), N(1))
+    next(st["c"])
+    outer = next(st["c"])
+    event.reply([outer is st["got"][0], repr(outer)[:60]])
+'''
 
 @pytest.mark.parametrize("source, message", [
     (DEQUE_INDEX, "deque mutated during iteration"),
@@ -335,8 +393,9 @@ on endpoint(event):
     (REENTERED_ITERATOR.replace("OUTER", "itertools.cycle(make())"),
      "generator already executing"),
     (CALL_ITERATOR, "generator already executing"),
+    (REENTERED_COUNT, "generator already executing"),
 ], ids=["deque-index", "groupby", "list-comparison", "zip-longest", "defaultdict-factory",
-        "chain", "islice", "cycle", "iter-sentinel"])
+        "chain", "islice", "cycle", "iter-sentinel", "count"])
 def test_a_comparison_that_frees_what_is_compared_is_the_scripts_error(
         source: str, message: str) -> None:
     async def scenario(pool: Pool) -> None:
@@ -688,6 +747,14 @@ def test_the_safe_iterators_answer_as_the_originals() -> None:
                          ((["a", "b"],), {})]:
         assert list(safe.accumulate(*args, **kwargs)) == \
             list(itertools.accumulate(*args, **kwargs))
+    for args in [(), (5,), (1, 2), (0.5, 0.25), (2, -1), (1 + 2j, 1j)]:
+        assert list(itertools.islice(safe.count(*args), 5)) == \
+            list(itertools.islice(itertools.count(*args), 5)), args
+    for bad in [("a",), (1, "b"), (None,)]:
+        with pytest.raises(TypeError):
+            itertools.count(*bad)
+        with pytest.raises(TypeError):
+            safe.count(*bad)
     numbers = iter(range(10))
     assert list(safe.iter(lambda: next(numbers), 4)) == [0, 1, 2, 3]
     assert list(safe.iter([1, 2])) == [1, 2]
@@ -708,7 +775,7 @@ def test_the_c_iterators_scripts_keep_hold_what_they_run() -> None:
     namespace = modules.STATIC_NAMESPACES["itertools"]
     kept_c = {name for name in dir(itertools) if not name.startswith("_")
               and getattr(namespace, name) is getattr(itertools, name)}
-    assert kept_c == {"count", "repeat", "compress", "dropwhile", "takewhile", "filterfalse",
+    assert kept_c == {"repeat", "compress", "dropwhile", "takewhile", "filterfalse",
                       "starmap", "tee", "product", "permutations", "combinations",
                       "combinations_with_replacement"}
     assert guards.BASE_BUILTINS["iter"] is safe_iterators.iter
