@@ -86,6 +86,20 @@ def unsent(conn: Connection) -> int:
     return pending
 
 
+def quiet(conn: Connection) -> bool:
+    """Whether nothing is on its way either way: no request being served, no
+    answer bytes unread by the client, no request bytes unread by us."""
+    if not conn.idle or unsent(conn) or conn._stash:
+        return False
+    if conn._fd >= 0:
+        try:
+            return struct.unpack("i", fcntl.ioctl(conn._fd, termios.FIONREAD,
+                                                  b"\0\0\0\0"))[0] == 0
+        except OSError:
+            return False
+    return True
+
+
 def sweep(conn: Connection, now: float) -> None:
     """Called about every second: enforce the connection's deadline."""
     transport = conn.transport

@@ -239,7 +239,10 @@ class HTTP1Server:
             size = pinned(conn)
             if size == 0:
                 continue
-            if now - conn._progress < recent:
+            if now - conn._progress < recent or not conn.transport.get_write_buffer_size():
+                # Taking its answers lately, or holding only input the server
+                # itself held back (its turn, a full queue): not the client's
+                # stall (a review, session 30: a paused upload was cut first).
                 moving.setdefault(conn.peer_key, []).append((size, conn))
             else:
                 stalled.append((size, conn))

@@ -30,6 +30,7 @@ from service.http.app import make_app
 from service.http.auth import SecretVerifier
 from service.http.base import render_connection_error
 from service.http.context import AppContext
+from service.http.deadlines import quiet
 from service.http.listener import HTTP1Server, ServerLimits
 from service.http.invoke import PREFIX, InvokeEndpoint
 from service.http.memory_windows import MemoryWindows
@@ -286,11 +287,13 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         deadline = loop.time() + HANDOFF_GRACE_S
         while server.connections and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        # Idle past the grace: closed, not left open into the drain, where
-        # a request on them would be refused 503 while the new fronts serve
-        # (review, session 30); the client's next request goes to a new front.
+        # Quiet past the grace (nothing served, nothing of an answer unread,
+        # nothing of a request unread): closed, not left open into the drain,
+        # where a request on them would be refused 503 while the new fronts
+        # serve (review, session 30); the client's next request goes to a new
+        # front. One still taking its answers is left to finish them.
         for conn in list(server.connections):
-            if conn.idle:
+            if quiet(conn):
                 conn.close_now()
 
     log.info("stopping: draining %d requests in flight", context.in_flight)

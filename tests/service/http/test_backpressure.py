@@ -246,7 +246,8 @@ def test_the_budget_cuts_from_the_address_pinning_the_most_not_the_largest_answe
     class Conn:
         def __init__(self, key: str, size: int, progress: float) -> None:
             self.peer_key, self.transport, self._progress = key, Transport(size), progress
-            self._stash, self._queued_body, self.closed = b"", 0, False
+            self._stash: bytes = b""
+            self._queued_body, self.closed = 0, False
 
         def close_now(self) -> None:
             self.closed = True
@@ -255,7 +256,7 @@ def test_the_budget_cuts_from_the_address_pinning_the_most_not_the_largest_answe
         server = HTTP1Server(None, limits=ServerLimits(sweep_interval=1.0,   # type: ignore[arg-type]
                                                        buffer_budget_bytes=budget))
         server.connections = set(conns)   # type: ignore[arg-type]
-        server._shed(sum(c.transport.size for c in conns), budget, 100.0)
+        server._shed(sum(c.transport.size + len(c._stash) for c in conns), budget, 100.0)
 
     now = 100.0
     flood = [Conn("127.0.0.1", 315_000, now - 0.5) for _ in range(44)]
@@ -267,11 +268,34 @@ def test_the_budget_cuts_from_the_address_pinning_the_most_not_the_largest_answe
     kept = sum(c.transport.size for c in flood if not c.closed) + innocent.transport.size
     assert kept <= (12 << 20) * 3 // 4 and any(c.closed for c in flood)
 
+    # A connection holding only input the server held back (its turn ended, a
+    # full queue: `_stash`) never took an answer, but it is not stalled: an
+    # upload paused by the server was cut first (a second review, session 30).
+    upload = Conn("127.0.0.4", 0, 0.0)
+    upload._stash = b"x" * 256_000
+    flood = [Conn("127.0.0.1", 315_000, now - 0.5) for _ in range(44)]
+    shed([*flood, upload], 12 << 20)
+    assert not upload.closed and any(c.closed for c in flood)
+
     # The same rule cuts a client that alone pins more than a whole address.
     heavy = Conn("127.0.0.2", 6_000_000, now - 0.5)
     few = [Conn("127.0.0.1", 315_000, now - 0.5) for _ in range(10)]
     shed([heavy, *few], 6 << 20)
     assert heavy.closed and not any(c.closed for c in few)
+
+
+def test_trailer_lines_cost_the_turn_like_header_lines() -> None:
+    # Trailers after a chunked body go through the same callback as header
+    # lines, but were never charged: 99 a request, free (a second review,
+    # session 30: another address's /healthz at ~100 ms against ~25 ms for the
+    # same flood of charged header lines).
+    with serving(RELAXED) as running, running.client() as c:
+        trailers = "".join(f"X-T{i}: v\r\n" for i in range(99)).encode()
+        c.send(b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"1\r\na\r\n0\r\n" + trailers + b"\r\n")
+        assert c.read_response().status == 200
+        spent = running.call_sync(lambda: [conn._spent() for conn in running.server.connections])
+        assert spent == [1 + 99 // 16], spent   # the request, and 99 lines at 16 a request
 
 
 def test_a_head_that_times_out_gets_408() -> None:
