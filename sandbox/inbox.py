@@ -76,6 +76,11 @@ class Inbox(Compiling, Supervisor):
                 self._worker_lost(w)
             return True
         try:
+            if w.req is None and w.ready:
+                # A worker sends nothing between jobs: bytes now come from a
+                # compromised one (a frame dribbled a byte at a time while idle
+                # kept the service's loop busy: a review, session 30).
+                raise ProtocolError("data from a worker between jobs")
             for msg in w.reader.feed(data):
                 self._on_message(w, protocol.check_reply(msg))
                 if not w.alive:

@@ -1213,3 +1213,52 @@ def test_r10_need_is_honoured_once_per_request() -> None:
     finally:
         theirs.close()
         loop.close()
+
+
+# ---------------------------------------------------------------------------
+# A worker sends nothing between jobs (review, session 30: an idle,
+# compromised worker dribbling a 4 MiB frame a byte at a time kept ~55 % of
+# the service's loop busy, unnoticed)
+# ---------------------------------------------------------------------------
+
+def _steal_fd(pid: int, fd: int) -> int:
+    """A copy of another process's descriptor (pidfd_getfd, Linux 5.6+, root)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        stolen = libc.syscall(438, pidfd, fd, 0)   # SYS_pidfd_getfd on x86_64 and arm64
+        if stolen < 0:
+            raise OSError(ctypes.get_errno(), "pidfd_getfd")
+        return int(stolen)
+    finally:
+        os.close(pidfd)
+
+
+def test_bytes_from_an_idle_worker_retire_it() -> None:
+    import platform
+    if platform.machine() not in ("x86_64", "aarch64") or os.geteuid() != 0:
+        pytest.skip("needs root and pidfd_getfd (x86_64/aarch64) to write as a worker would")
+
+    async def scenario(pool: Pool) -> None:
+        ok = await pool.run(ref(block("event.reply(1)")), pool_event(), Limits(1000, 4096), "A")
+        assert ok.body == b"1"
+        idle = pool.worker_pids
+        pid = next(p for p in idle)
+        try:
+            channel = _steal_fd(pid, 3)   # the worker's end of its channel
+        except OSError as err:
+            pytest.skip(f"pidfd_getfd refused here: {err}")
+        try:
+            os.write(channel, (4 << 20).to_bytes(4, "big") + b"\x80")   # a frame begun, idle
+        finally:
+            os.close(channel)
+        for _ in range(300):
+            if pid not in pool.worker_pids:
+                break
+            await asyncio.sleep(0.01)
+        assert pid not in pool.worker_pids
+        again = await pool.run(ref(block("event.reply(2)")), pool_event(), Limits(1000, 4096), "A")
+        assert again.body == b"2"
+
+    run_with_pool(scenario, size=1)
