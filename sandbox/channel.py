@@ -119,7 +119,8 @@ class WorkerHandle:
 
     __slots__ = ("slot", "pid", "pidfd", "sock", "fd", "reader", "known", "cache_size", "jobs",
                  "max_jobs", "spawned_at", "ready", "req", "alive", "outbuf", "guild",
-                 "idle_since", "asked_at", "fork_ms", "rss_first", "rss_last", "offered")
+                 "idle_since", "asked_at", "fork_ms", "rss_first", "rss_last", "offered",
+                 "idle_cpu")
 
     def __init__(self, slot: int, pid: int, channel_fd: int, pidfd: int, *, cache_size: int,
                  max_jobs: int, now: float) -> None:
@@ -151,6 +152,8 @@ class WorkerHandle:
         self.rss_first = 0
         self.rss_last = 0
         self.offered = False   # it offered compiled code (once at most, sandbox.compiling)
+        #: (jobs done, CPU seconds) when housekeeping last looked at it idle.
+        self.idle_cpu: tuple[int, float] | None = None
 
     def job_frame(self, req: RequestState, codes: "CodeCache | None" = None) -> bytes:
         """Encode ``req`` for this worker; the script goes along only if it lacks it:

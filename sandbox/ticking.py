@@ -32,6 +32,11 @@ log = logging.getLogger("sandbox.pool")
 TICK_S = 0.005           # deadline ticker period while work is in flight
 HOUSEKEEPING_S = 1.0     # RSS checks and spawn retries
 RSS_CHECKS_PER_ROUND = 64  # idle workers whose /proc size one housekeeping round reads
+#: CPU an idle worker may use between two housekeeping rounds that find it idle
+#: with no job done in between: past it, it is a compromised worker's (one that
+#: raised its own RLIMIT_CPU spun while idle, outside every budget: review,
+#: session 30), killed.
+IDLE_CPU_S = 0.05
 #: Reads of a worker's channel before its job is timed out (a whole reply frame, 64 KiB a read).
 READS_BEFORE_TIMEOUT = protocol.MAX_REPLY_BYTES // 65536 + 1
 
@@ -207,6 +212,10 @@ class Ticking:
                     log.info("sandbox worker %d passed %d MiB RSS; recycled", w.pid,
                              self.max_rss >> 20)
                     self._replace(w, None, backoff=False)
+                elif w.alive and self._spun_while_idle(w):
+                    log.error("sandbox worker %d used CPU while idle; killing it", w.pid)
+                    self._c["crashes"] += 1
+                    self._replace(w, None, backoff=False)
             self._rss_turn = start + RSS_CHECKS_PER_ROUND
         self._retire_idle(self._loop.time())
         now = time.monotonic()
@@ -214,6 +223,14 @@ class Ticking:
             asked = self._spawning.get(slot)
             if held is None and (asked is None or now - asked > self.spawn_timeout):
                 self._request_spawn(slot)
+
+    @staticmethod
+    def _spun_while_idle(w: WorkerHandle) -> bool:
+        """Whether ``w`` used more than IDLE_CPU_S of CPU since the last round
+        that found it idle, having done no job meanwhile."""
+        cpu = w.cpu_seconds()
+        seen, w.idle_cpu = w.idle_cpu, (w.jobs, cpu)
+        return seen is not None and seen[0] == w.jobs and cpu - seen[1] > IDLE_CPU_S
 
     def _clear_failures(self, w: WorkerHandle) -> None:
         if w.alive:

@@ -1262,3 +1262,43 @@ def test_bytes_from_an_idle_worker_retire_it() -> None:
         assert again.body == b"2"
 
     run_with_pool(scenario, size=1)
+
+
+def test_an_idle_worker_that_uses_cpu_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review, session 30: a compromised worker raised its own RLIMIT_CPU soft
+    # limit (allowed: the backstop moves it) and spun between jobs, outside
+    # every budget (+67 % latency for another guild with two of them). A
+    # worker cannot be made to spin here without taking one over, so its CPU
+    # clock is what is stood in for: the real worker's reading plus a second
+    # a look, which is what a spinning one shows housekeeping.
+    from sandbox.channel import WorkerHandle
+
+    real = WorkerHandle.cpu_seconds
+    spinning: set[int] = set()
+    looks: dict[int, int] = {}
+
+    def cpu_seconds(self: WorkerHandle) -> float:
+        if self.pid not in spinning:
+            return real(self)
+        looks[self.pid] = looks.get(self.pid, 0) + 1
+        return real(self) + looks[self.pid]
+
+    monkeypatch.setattr(WorkerHandle, "cpu_seconds", cpu_seconds)
+
+    async def scenario(pool: Pool) -> None:
+        ok = await pool.run(ref(block("event.reply(1)")), pool_event(), Limits(1000, 4096), "A")
+        assert ok.body == b"1"
+        quiet = set(pool.worker_pids)
+        await asyncio.sleep(2.5)               # two rounds: idle workers that stay idle live
+        assert set(pool.worker_pids) == quiet
+        target = next(iter(pool._lru)).pid     # guild A's idle worker
+        spinning.add(target)
+        for _ in range(400):
+            if target not in pool.worker_pids:
+                break
+            await asyncio.sleep(0.01)
+        assert target not in pool.worker_pids and quiet - {target} <= set(pool.worker_pids)
+        again = await pool.run(ref(block("event.reply(2)")), pool_event(), Limits(1000, 4096), "A")
+        assert again.body == b"2"
+
+    run_with_pool(scenario, size=1)
