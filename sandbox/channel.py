@@ -120,7 +120,7 @@ class WorkerHandle:
     __slots__ = ("slot", "pid", "pidfd", "sock", "fd", "reader", "known", "cache_size", "jobs",
                  "max_jobs", "spawned_at", "ready", "req", "alive", "outbuf", "guild",
                  "idle_since", "asked_at", "fork_ms", "rss_first", "rss_last", "offered",
-                 "idle_cpu")
+                 "idle_cpu", "sent")
 
     def __init__(self, slot: int, pid: int, channel_fd: int, pidfd: int, *, cache_size: int,
                  max_jobs: int, now: float) -> None:
@@ -154,6 +154,10 @@ class WorkerHandle:
         self.offered = False   # it offered compiled code (once at most, sandbox.compiling)
         #: (jobs done, CPU seconds) when housekeeping last looked at it idle.
         self.idle_cpu: tuple[int, float] | None = None
+        #: Requests sent to it: each one's id (a count of this worker's own, so
+        #: the ids tell it nothing of other guilds' traffic, as one pool-wide
+        #: counter did: review, session 30).
+        self.sent = 0
 
     def job_frame(self, req: RequestState, codes: "CodeCache | None" = None) -> bytes:
         """Encode ``req`` for this worker; the script goes along only if it lacks it:

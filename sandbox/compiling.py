@@ -99,7 +99,6 @@ class Compiling:
     _compiling_now: CodeKey | None
     _idle: deque[WorkerHandle]
     _loop: asyncio.AbstractEventLoop | None
-    _next_id: int
     _busy: int
     _c: dict[str, int]
     _state: str
@@ -287,10 +286,10 @@ class Compiling:
             if w.req is not None:
                 return   # busy: its answer sends the next one
             assert self._loop is not None
-            self._next_id += 1
+            w.sent += 1
             req = RequestState(self._loop.create_future(), "compile", None, {},
                                Limits(COMPILE_BUDGET_MS, COMPILE_MEMORY_BYTES >> 10))
-            req.id = self._next_id
+            req.id = w.sent
             req.t0 = self._loop.time()
             req.deadline = req.t0 + COMPILE_BUDGET_MS / 1000.0 + self.kill_grace
             req.worker = w

@@ -141,7 +141,6 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
         self._ending: list[int] = []   # killed workers not yet named to the fork server
         self._naming = False           # a call to name them is scheduled on the loop
         self._state = "new"
-        self._next_id = 0
         self._busy = 0
         self._unready = 0  # registered workers that have not said "ready" yet
         #: summed start-up cost of the workers that became ready (see spawn_steps)
@@ -337,8 +336,8 @@ class Pool(Placement, Inbox, Shutdown):  # Inbox brings Compiling and Supervisor
         assert self._loop is not None
         if req.kind == "job" and self._codes is not None and self._await_code(w, req):
             return   # dispatched again once the compile worker answered
-        self._next_id += 1
-        req.id = self._next_id
+        w.sent += 1
+        req.id = w.sent
         try:
             frame = w.job_frame(req, self._codes)
         except ProtocolError as exc:

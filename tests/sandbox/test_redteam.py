@@ -1302,3 +1302,28 @@ def test_an_idle_worker_that_uses_cpu_is_killed(monkeypatch: pytest.MonkeyPatch)
         assert again.body == b"2"
 
     run_with_pool(scenario, size=1)
+
+
+def test_job_ids_count_a_workers_own_jobs_only() -> None:
+    # Review, session 30: ids came from one pool-wide counter, so a worker
+    # (a compromised one reads its frames) learnt how many jobs other guilds
+    # ran between two of its own. Each worker counts its own.
+    from sandbox.channel import WorkerHandle
+    seen: dict[int, list[int]] = {}
+    real = WorkerHandle.job_frame
+
+    def job_frame(self: WorkerHandle, req: Any, codes: Any = None) -> bytes:
+        seen.setdefault(self.pid, []).append(req.id)
+        return real(self, req, codes)
+
+    async def scenario(pool: Pool) -> None:
+        for i in range(6):
+            for guild in ("A", "B"):
+                out = await pool.run(ref(block(f"event.reply({i})"), key=f"logic_{guild}"),
+                                     pool_event(), Limits(1000, 4096), guild)
+                assert out.body == str(i).encode()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(WorkerHandle, "job_frame", job_frame)
+        run_with_pool(scenario, size=2)
+    assert seen and all(ids == list(range(1, len(ids) + 1)) for ids in seen.values()), seen
