@@ -240,10 +240,9 @@ def test_code_run_inside_a_list_or_bytearray_slot_cannot_free_what_it_reads(
 # default_factory = None, and list.index read on in freed memory the script
 # refilled with a pointer to its own object (whose __eq__ then ran: the
 # first step of the session 25 route to unrestricted code).
-DEFAULTDICT_FACTORY = '''import collections
-import functools
-N = 40
-state = {"dd": None, "junk": [], "hits": 0}
+# The forging part of the scripts below: a block as large as the freed list's
+# items, every word the address of an M, whose __eq__ counts its calls.
+FORGED = '''N = 40
 class M:
     def __eq__(self, other):
         state["hits"] = state["hits"] + 1
@@ -251,7 +250,11 @@ class M:
 m = M()
 addr = int(repr(m).split(" at ")[1].rstrip(">"), 16)
 forged = addr.to_bytes(8, "little") * ((8 * N - 33) // 8) + b"\\x00" * ((8 * N - 33) % 8)
-class A:
+'''
+DEFAULTDICT_FACTORY = '''import collections
+import functools
+state = {"dd": None, "junk": [], "hits": 0}
+''' + FORGED + '''class A:
     def __eq__(self, other):
         dd = state["dd"]
         if dd.default_factory is not None:
@@ -275,16 +278,8 @@ on endpoint(event):
 # script's pointer in the freed block was taken for an object. One script,
 # the outer iterator made three ways.
 REENTERED_ITERATOR = '''import itertools
-N = 40
 state = {"junk": [], "hits": 0, "reentered": 0}
-class M:
-    def __eq__(self, other):
-        state["hits"] = state["hits"] + 1
-        return True
-m = M()
-addr = int(repr(m).split(" at ")[1].rstrip(">"), 16)
-forged = addr.to_bytes(8, "little") * ((8 * N - 33) // 8) + b"\\x00" * ((8 * N - 33) % 8)
-class A:
+''' + FORGED + '''class A:
     def __eq__(self, other):
         if state["reentered"] == 0:
             state["reentered"] = 1
