@@ -93,8 +93,9 @@ def quiet(conn: Connection) -> bool:
         return False
     if conn._fd >= 0:
         try:
-            return struct.unpack("i", fcntl.ioctl(conn._fd, termios.FIONREAD,
-                                                  b"\0\0\0\0"))[0] == 0
+            unread: int = struct.unpack("i", fcntl.ioctl(conn._fd, termios.FIONREAD,
+                                                         b"\0\0\0\0"))[0]
+            return unread == 0
         except OSError:
             return False
     return True

@@ -239,7 +239,9 @@ class HTTP1Server:
             size = pinned(conn)
             if size == 0:
                 continue
-            if now - conn._progress < recent or not conn.transport.get_write_buffer_size():
+            transport = conn.transport
+            if (now - conn._progress < recent or transport is None
+                    or not transport.get_write_buffer_size()):
                 # Taking its answers lately, or holding only input the server
                 # itself held back (its turn, a full queue): not the client's
                 # stall (a review, session 30: a paused upload was cut first).
