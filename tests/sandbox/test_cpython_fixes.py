@@ -299,18 +299,21 @@ c = OUTER
 on endpoint(event):
     event.reply([next(c), state["hits"]])
 '''
-# The same pass: iter(function, sentinel) compared a sentinel it dropped when a
-# nested next() met it; a library comparison (Fraction's, reached through
-# statistics) ran script code and then answered NotImplemented, so CPython
-# called the script's reflected __eq__ with the freed sentinel.
-CALL_ITERATOR = '''import statistics
+# Fraction, which scripts cannot import, reached through statistics (it hands
+# its internal Fraction to an int subclass's __init__).
+FRACTION = '''import statistics
 got = []
 class I(int):
     def __init__(self, v):
         got.append(v)
 statistics.mean([I(2), I(2)])
 Fraction = type(got[-1])
-st = {"n": 0, "seen": None, "keep": []}
+'''
+# The same pass: iter(function, sentinel) compared a sentinel it dropped when a
+# nested next() met it; a library comparison (Fraction's, reached through
+# statistics) ran script code and then answered NotImplemented, so CPython
+# called the script's reflected __eq__ with the freed sentinel.
+CALL_ITERATOR = FRACTION + '''st = {"n": 0, "seen": None, "keep": []}
 class Cx(complex):
     @property
     def imag(self):
@@ -346,14 +349,7 @@ on endpoint(event):
 # adding to it, and script code inside that addition (a property of an int
 # subclass, read by Fraction's) that advanced the same count got the same
 # value, freed under the outer call: a reference into refilled memory.
-REENTERED_COUNT = '''import itertools
-import statistics
-got = []
-class I(int):
-    def __init__(self, v):
-        got.append(v)
-statistics.mean([I(2), I(2)])
-Fraction = type(got[-1])
+REENTERED_COUNT = FRACTION + '''import itertools
 st = {"c": None, "depth": 0, "got": []}
 class N(int):
     @property

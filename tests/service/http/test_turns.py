@@ -15,6 +15,14 @@ from tests.service.http.conftest import http_env, make_server  # noqa: F401
 from tests.service.http.harness import Server
 
 
+def _one_backend(make_server, http_env) -> Server:  # noqa: F811
+    """A server on SQLite only: the connection layer's fairness touches no database."""
+    if not http_env.database_url.startswith("sqlite"):
+        pytest.skip("the connection layer's fairness touches no database: one backend is enough")
+    server: Server = make_server()
+    return server
+
+
 def test_a_client_pipelining_at_full_speed_does_not_hold_up_the_others(
         make_server, http_env) -> None:  # noqa: F811
     # Review, session 29: one client without a secret pipelining requests that
@@ -22,9 +30,7 @@ def test_a_client_pipelining_at_full_speed_does_not_hold_up_the_others(
     # reading every answer, made every other client wait for as long as it
     # sent (~9 s for a /healthz): each read was parsed and answered whole, and
     # libuv reads a busy socket up to 32 times before it looks at the others.
-    if not http_env.database_url.startswith("sqlite"):
-        pytest.skip("the connection layer's fairness touches no database: one backend is enough")
-    server: Server = make_server()
+    server = _one_backend(make_server, http_env)
     stop = threading.Event()
     block = b"POST /endpoints/1/logic_unknown HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n" \
         * 1000
@@ -133,9 +139,7 @@ def test_many_connections_of_one_address_do_not_hold_up_another_address(
     # went unanswered for seconds (review, session 29). The requests begun in
     # a turn are bounded for all connections together, and the waiting ones
     # go on round robin by address.
-    if not http_env.database_url.startswith("sqlite"):
-        pytest.skip("the connection layer's fairness touches no database: one backend is enough")
-    server: Server = make_server()
+    server = _one_backend(make_server, http_env)
     with _flooding(_flood, server.port, 100) as (stop, answers):
         deadline = time.monotonic() + 30
         while answers[0] < 30_000 and time.monotonic() < deadline:
@@ -234,9 +238,7 @@ def test_uploads_of_tiny_chunks_do_not_hold_up_another_address(
     # bodies parsed a megabyte at a time (libuv's 32 reads a turn) meanwhile.
     # The parser's callbacks past an ordinary request's count now: another
     # address is served within a turn or two, 20 times in a row.
-    if not http_env.database_url.startswith("sqlite"):
-        pytest.skip("the connection layer's fairness touches no database: one backend is enough")
-    server: Server = make_server()
+    server = _one_backend(make_server, http_env)
     with _flooding(_chunk_flood, server.port, 128) as (stop, sent):
         time.sleep(3)
         assert sent[0] > 16 << 20, "the flood is in full swing"
