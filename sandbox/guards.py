@@ -210,12 +210,24 @@ _INPLACE_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
 
 
 def guarded_inplacevar(op: str, target: Any, value: Any) -> Any:
-    """``target op= value`` for plain names."""
+    """``target op= value`` for plain names.
+
+    ``d |= other`` on a dict whose ``|=`` is dict's own is ``dict.update``
+    (the process's, see ``sandbox.dict_tables``): CPython's C ``|=`` copies
+    the other dict's table into an empty dict, which a script's comparison
+    run under an insertion could use to give the dict a table of the wrong
+    kind."""
     try:
         func = _INPLACE_OPERATORS[op]
     except KeyError:
         raise TypeError(f"unsupported in-place operator {op!r}") from None
+    if op == "|=" and isinstance(target, dict) and type(target).__ior__ is _DICT_IOR:
+        dict.update(target, value)
+        return target
     return func(target, value)
+
+
+_DICT_IOR = dict.__ior__
 
 
 def safe_type(obj: Any) -> type:

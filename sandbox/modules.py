@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from sandbox import cpython_fixes, resets, safe_iterators
+from sandbox import cpython_fixes, dict_tables, resets, safe_iterators
 from sandbox.guards import ScriptType
 from sandbox.restricted_re import RE_MEMBERS, Template, exact
 
@@ -112,8 +112,8 @@ def _total_ordering(cls: Any) -> Any:
 
 _FUNCTOOLS = {
     "reduce": functools.reduce, "partial": functools.partial,
-    "cmp_to_key": functools.cmp_to_key, "lru_cache": functools.lru_cache,
-    "cache": functools.cache, "total_ordering": _total_ordering,
+    "cmp_to_key": functools.cmp_to_key, "lru_cache": dict_tables.lru_cache,
+    "cache": dict_tables.cache, "total_ordering": _total_ordering,
 }
 
 _MATH = {name: getattr(math, name) for name in dir(math) if not name.startswith("_")}

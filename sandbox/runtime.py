@@ -20,7 +20,7 @@ from typing import Any
 from sandbox.compiler import ENDPOINT_EVENT, CompiledScript
 from sandbox.event import MAX_BODY_BYTES, ReplyState, new_event
 from sandbox.guards import PrintCollector, fresh_builtins, fresh_globals
-from sandbox import resets
+from sandbox import dict_tables, resets
 from sandbox.modules import STATIC_NAMESPACES, make_importer, namespace_members
 from sandbox.policy import handler_name
 
@@ -58,6 +58,9 @@ class RunReport:
 # References to an invocation's globals that the runtime itself holds while
 # it checks for leftovers: the ``scope`` local and getrefcount's argument.
 _OWN_SCOPE_REFERENCES = 2
+#: Whether ``dict.clear``/``update`` and ``Fraction`` are the checked ones in
+#: this process (``sandbox.dict_tables``; needs the ``_typepatch`` extension).
+DICT_TABLES_CHECKED = dict_tables.install()
 
 
 def prepare_worker_process() -> None:
@@ -158,7 +161,7 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
         sys.unraisablehook = _ignore_unraisable
         try:
             handler = None  # our own reference to a script function
-            scope.clear()
+            dict_tables.original_clear(scope)
             # Every piece of script code that could still run (functions,
             # methods, generators' frames through their function) references
             # this globals dict; once cleared, only we should.

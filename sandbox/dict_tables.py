@@ -1,0 +1,138 @@
+"""A dict's table must not turn "string keys only" under an insertion.
+
+CPython 3.11 keeps two kinds of dict table: one for exact ``str`` keys only,
+whose lookups read each key as a string without looking at its type, and a
+general one. ``d[k] = v`` and ``d.setdefault(k, v)`` make the table general
+for a key ``k`` that is not a string, *then* look ``k`` up, which can run a
+script's code (a comparison reaching a script's property or ``tzinfo``),
+and then store ``k`` in whatever table the dict has by then. If that code
+emptied the dict with ``clear()`` (which installs the shared empty table, of
+the string kind), or emptied it and refilled it with ``update``/``|=`` from
+a dict of strings (which copies that dict's table), ``k`` went into a
+string-only table: a later lookup with a string read the key's memory as a
+string header, with a data pointer the script chose (a review, session 31:
+a crash of the worker, and a comparison oracle on its memory).
+
+So, in every process that runs scripts (``sandbox.runtime`` installs this):
+
+* ``dict.clear`` leaves a general table behind (a private key put in and
+  taken out again), never the shared empty one;
+* ``dict.update`` into an empty dict holds a private key meanwhile, so the
+  copy of the other dict's table is never taken; the runtime's ``|=`` on a
+  dict goes through ``dict.update`` (``sandbox.guards.guarded_inplacevar``);
+* scripts' ``functools.lru_cache`` and ``cache`` are CPython's Python
+  versions, whose ``cache_clear`` is ``dict.clear`` (the C one cleared its
+  cache table from C, out of reach of the above);
+* a ``Fraction`` is made of two exact integers: a script's ``int`` subclass
+  with a ``numerator`` property put any object there, and a ``Fraction``
+  hashes like an integer while its comparison ran that object's ``__eq__``.
+
+A dict emptied by ``clear()`` then takes string keys in a general table
+(somewhat slower lookups, same answers).
+"""
+from __future__ import annotations
+
+import fractions
+import importlib.util
+import sys
+import types
+from typing import Any
+
+#: A key no script ever holds: put into a dict and taken out again, it leaves
+#: the dict a general table (see the module's docstring).
+_PRIVATE_KEY = object()
+_clear = dict.clear
+_update = dict.update
+_set = dict.__setitem__
+_pop = dict.pop
+_len = dict.__len__
+#: ``dict.clear`` as CPython has it, for the runtime's own dicts that no
+#: insertion can be under (a script's globals after its run).
+original_clear = _clear
+
+
+def dict_clear(self: dict[Any, Any]) -> None:
+    """D.clear() -> None.  Remove all items from D."""
+    _clear(self)
+    _set(self, _PRIVATE_KEY, None)
+    _pop(self, _PRIVATE_KEY, None)
+
+
+def dict_update(self: dict[Any, Any], /, *args: Any, **kwargs: Any) -> None:
+    """D.update([E, ]**F) -> None.  Update D from dict/iterable E and F.
+    If E is present and has a .keys() method, then does:  for k in E: D[k] = E[k]
+    If E is present and lacks a .keys() method, then does:  for k, v in E: D[k] = v
+    In either case, this is followed by: for k in F:  D[k] = F[k]"""
+    if not isinstance(self, dict) or _len(self):
+        _update(self, *args, **kwargs)     # the original's own error for a non-dict
+        return
+    _set(self, _PRIVATE_KEY, None)
+    try:
+        _update(self, *args, **kwargs)
+    finally:
+        _pop(self, _PRIVATE_KEY, None)
+
+
+def _checked_fraction_new(original: Any) -> Any:
+    def __new__(cls: type, numerator: Any = 0, denominator: Any = None, *,
+                _normalize: bool = True) -> Any:
+        made = original(cls, numerator, denominator, _normalize=_normalize)
+        if type(made._numerator) is not int or type(made._denominator) is not int:
+            raise TypeError("a Fraction's numerator and denominator must be integers")
+        return made
+    __new__.__doc__ = original.__doc__
+    __new__.checks_parts = True   # type: ignore[attr-defined]
+    return __new__
+
+
+def _python_functools() -> types.ModuleType:
+    """``functools`` as CPython writes it in Python, from a second copy of
+    the module in which ``_functools`` cannot be imported."""
+    spec = importlib.util.find_spec("functools")
+    assert spec is not None and spec.loader is not None
+    saved = sys.modules.get("_functools")
+    sys.modules["_functools"] = None  # type: ignore[assignment]  # its import fails
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            del sys.modules["_functools"]
+        else:
+            sys.modules["_functools"] = saved
+    if not isinstance(module._lru_cache_wrapper, types.FunctionType):
+        raise ImportError("functools' Python lru_cache could not be loaded")
+    return module
+
+
+_PYTHON_FUNCTOOLS = _python_functools()
+#: What scripts get as ``functools.lru_cache`` and ``functools.cache``.
+lru_cache = _PYTHON_FUNCTOOLS.lru_cache
+cache = _PYTHON_FUNCTOOLS.cache
+
+
+def install() -> bool:
+    """Put ``dict_clear``/``dict_update`` in ``dict`` and the part check in
+    ``Fraction``, once per process; whether they are in place."""
+    try:
+        from sandbox import _typepatch
+    except ImportError:
+        return False
+    for name, function in (("clear", dict_clear), ("update", dict_update)):
+        if dict.__dict__.get(name) is not function:
+            _typepatch.set_attribute(dict, name, function)
+    if not _fraction_checked():
+        original = fractions.Fraction.__dict__["__new__"].__func__
+        fractions.Fraction.__new__ = staticmethod(_checked_fraction_new(original))  # type: ignore
+    return installed()
+
+
+def _fraction_checked() -> bool:
+    return getattr(fractions.Fraction.__dict__["__new__"].__func__, "checks_parts", False)
+
+
+def installed() -> bool:
+    """Whether this process's ``dict`` and ``Fraction`` are the checked ones."""
+    return (dict.__dict__.get("clear") is dict_clear
+            and dict.__dict__.get("update") is dict_update
+            and _fraction_checked())
