@@ -84,7 +84,7 @@ class ReplyState:
     """What the script asked for so far; owned by one invocation."""
 
     __slots__ = ("status", "headers", "content_type", "kind", "payload", "replied",
-                 "invalid", "invalid_line", "sealed", "filename")
+                 "invalid", "invalid_line", "reply_line", "sealed", "filename")
 
     def __init__(self, filename: str = "<script>") -> None:
         self.status = 200
@@ -95,6 +95,10 @@ class ReplyState:
         self.replied = False
         self.invalid: str | None = None  # first refusal message, sticky
         self.invalid_line: int | None = None
+        #: Line of the last reply with text that may grow past the cap once
+        #: encoded as JSON (checked when the answer is made: a Content-Type set
+        #: after the reply sends the text as is).
+        self.reply_line: int | None = None
         self.sealed = False
         self.filename = filename
 
@@ -255,6 +259,9 @@ class Event:
                 state.refuse("reply text is not valid Unicode (lone surrogate)")
             if size > MAX_BODY_BYTES:
                 state.refuse(f"reply is larger than {MAX_BODY_BYTES} bytes")
+            # A control character is 6 bytes in JSON: only a text of more than a
+            # sixth of the cap can grow past it (its line kept for that error).
+            state.reply_line = state._script_line() if size > MAX_BODY_BYTES // 6 else None
             state.kind, state.payload = "text", value
         else:
             plain = _plain(value, 0, [MAX_BODY_BYTES], state)

@@ -213,7 +213,7 @@ def _result(state: ReplyState, collector: PrintCollector,
         return _result(state, collector, _error(
             "invalid_reply", f"reply is {len(body)} bytes once encoded as JSON, over the "
             f"{MAX_BODY_BYTES}-byte limit (control characters become 6-byte escapes; set a "
-            "Content-Type header to send text as is)"))
+            "Content-Type header to send text as is)", state.reply_line))
     return {"replied": True, "status": state.status, "headers": [list(h) for h in state.headers],
             "body": body, "contentType": content_type, "output": output, "error": None}
 

@@ -354,5 +354,8 @@ def _describe(err: PydanticError) -> str:
     parts = []
     for e in err.errors()[:5]:
         where = ".".join(str(p) for p in e.get("loc", ())) or "body"
-        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+        message = str(e.get("msg", "invalid"))
+        if message.startswith("Value error, "):   # our own validators' words, as they are
+            message = message[len("Value error, "):]
+        parts.append(f"{where}: {message}")
     return "; ".join(parts)

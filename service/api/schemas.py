@@ -9,10 +9,11 @@ layer's JSON (the CLI's `--json` shapes) and allow fields added later.
 """
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _In(BaseModel):
@@ -38,11 +39,23 @@ class ListQuery(_Query):
     cursor: str = Field("", max_length=200, description="`nextCursor` of the page before.")
 
 
+_STATUS_FILTER = r"^([1-5]xx|[1-5][0-9][0-9])?$"
+
+
 class HistoryQuery(ListQuery):
-    status: str = Field("", pattern=r"^([1-5]xx|[1-5][0-9][0-9])?$",
+    status: str = Field("", json_schema_extra={"pattern": _STATUS_FILTER},
                         description="`2xx`, `4xx`, `5xx` (any class) or one status code.")
     since: str = Field("", max_length=64,
                        description="Only records at or after this ISO 8601 time.")
+
+    @field_validator("status")
+    @classmethod
+    def _status_filter(cls, value: str) -> str:
+        # Checked here rather than by the pattern: the refusal says what is
+        # meant, not the regular expression (an audit, session 31).
+        if not re.fullmatch(_STATUS_FILTER, value):
+            raise ValueError("expected 2xx, 4xx or 5xx (a class) or one status code, such as 404")
+        return value
 
 
 class DryRunQuery(_Query):

@@ -25,12 +25,14 @@ import json
 import logging
 import os
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import click
 
+from service.cli.output import warn
 from service.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
@@ -273,3 +275,26 @@ def _database_error(err: BaseException) -> str | None:
         return None
     text = str(err).strip().split("\n", 1)[0] or type(err).__name__
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _base_url_configured(state: State) -> bool:
+    """Whether the operator set server.base_url (environment or configuration file)."""
+    if os.environ.get("LOGIC_SERVER_BASE_URL"):
+        return True
+    path = state.config or os.environ.get("LOGIC_CONFIG")
+    if not path:
+        return False
+    try:
+        with open(path, "rb") as f:
+            server = tomllib.load(f).get("server", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return False        # the settings loader already reported a bad file
+    return isinstance(server, dict) and "base_url" in server
+
+
+def base_url_warning(state: State) -> None:
+    """`logic: warning: ...` when a printed URL is built from a base URL never configured."""
+    server = state.settings.server
+    if not _base_url_configured(state):
+        warn(f"server.base_url is not configured, so this URL uses {server.base_url}; set it "
+             "(config [server] base_url or LOGIC_SERVER_BASE_URL) to the address clients reach")

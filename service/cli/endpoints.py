@@ -1,14 +1,13 @@
 """`logic endpoint`, `logic secret`, `logic whitelist`: an endpoint's switch, secret and whitelist."""
 from __future__ import annotations
 
-import os
-import tomllib
 from typing import Any
 
 import click
 
-from service.cli.base import core, State, actor_of, as_option, cli, emit, json_option, pass_state, run_core
-from service.cli.output import fields, local_time, warn
+from service.cli.base import (core, State, actor_of, as_option, base_url_warning, cli, emit,
+                              json_option, pass_state, run_core)
+from service.cli.output import fields, local_time
 
 
 @cli.group()
@@ -29,30 +28,8 @@ def _endpoint_command(name: str, function: str, doc: str) -> None:
         data = run_core(state, lambda: call(actor_of(as_user), guild_id, script_id,
                                             plans=state.settings.plans,
                                             base_url=state.settings.server.base_url))
-        _base_url_warning(state)
+        base_url_warning(state)
         emit(data, as_json, _endpoint_text)
-
-
-def _base_url_configured(state: State) -> bool:
-    """Whether the operator set server.base_url (environment or configuration file)."""
-    if os.environ.get("LOGIC_SERVER_BASE_URL"):
-        return True
-    path = state.config or os.environ.get("LOGIC_CONFIG")
-    if not path:
-        return False
-    try:
-        with open(path, "rb") as f:
-            server = tomllib.load(f).get("server", {})
-    except (OSError, tomllib.TOMLDecodeError):
-        return False        # the settings loader already reported a bad file
-    return isinstance(server, dict) and "base_url" in server
-
-
-def _base_url_warning(state: State) -> None:
-    server = state.settings.server
-    if not _base_url_configured(state):
-        warn(f"server.base_url is not configured, so this URL uses {server.base_url}; set it "
-             "(config [server] base_url or LOGIC_SERVER_BASE_URL) to the address clients reach")
 
 
 def _endpoint_text(d: dict[str, Any]) -> str:
@@ -100,7 +77,15 @@ def secret() -> None:
 def secret_regenerate(state: State, guild_id: str, script_id: str, as_user: str | None,
                       as_json: bool) -> None:
     """Create or replace the endpoint secret; it is shown only now."""
-    data = run_core(state, lambda: core.regenerate_secret(actor_of(as_user), guild_id, script_id))
+    def regenerate() -> dict[str, Any]:
+        try:
+            return core.regenerate_secret(actor_of(as_user), guild_id, script_id)
+        except core.PermissionDeniedError as err:
+            if err.code != "owner_only" or as_user is not None:
+                raise
+            raise core.PermissionDeniedError(err.message + " (run it with --as OWNER_ID)",
+                                             code="owner_only") from None
+    data = run_core(state, regenerate)
     emit(data, as_json, lambda d: f"{d['secret']}\n(shown once; hint {d['hint']}; clients send it as "
                                   "Authorization: Bearer <secret>)")
 

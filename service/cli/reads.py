@@ -15,7 +15,7 @@ from service.cli.output import (duration, fields, local_time, one_line, parse_si
 
 _filters = [
     click.option("--limit", type=WholeNumber(1, 1000), default=None, help="Show at most N records, 1-1000."),
-    click.option("--status", "status", metavar="4xx|5xx|CODE", default=None,
+    click.option("--status", "status", metavar="2xx|4xx|5xx|CODE", default=None,
                  help="Only this status class (2xx, 4xx, 5xx) or code."),
     click.option("--since", metavar="WHEN", default=None,
                  help="Only records at or after WHEN: 30m, 2h, 7d or an ISO date/time."),
@@ -40,7 +40,7 @@ class _ListOrShow(click.Group):
 @cli.group(cls=_ListOrShow)
 def history() -> None:
     """Request history, newest first: `history GUILD_ID SCRIPT_ID [--limit N]
-    [--status 4xx|5xx|CODE] [--since 30m|2h|7d|DATE] [--as U] [--json]`, or one
+    [--status 2xx|4xx|5xx|CODE] [--since 30m|2h|7d|DATE] [--as U] [--json]`, or one
     record in full: `history show GUILD_ID SCRIPT_ID REQUEST_ID`."""
 
 

@@ -98,7 +98,7 @@ def script_versions(state: State, guild_id: str, script_id: str, as_user: str | 
         empty="(no versions kept)") + f"\n(the newest {d['kept']} versions are kept)")
 
 
-@script.command("rollback")
+@script.command("rollback", context_settings={"ignore_unknown_options": True})
 @click.argument("guild_id")
 @click.argument("script_id")
 @click.argument("version", type=WholeNumber())

@@ -5,7 +5,8 @@ from typing import Any
 
 import click
 
-from service.cli.base import core, State, cli, emit, json_option, pass_state, run_core
+from service.cli.base import (core, State, base_url_warning, cli, emit, json_option, pass_state,
+                              run_core)
 
 
 @cli.group()
@@ -49,4 +50,5 @@ def login_link(state: State, user_id: str, as_json: bool) -> None:
     """Print a one-time dashboard login link for a user."""
     data = run_core(state, lambda: core.create_login_link(core.Actor.operator(), user_id,
                                                       state.settings.server.base_url))
+    base_url_warning(state)
     emit(data, as_json, lambda d: d["url"])

@@ -118,7 +118,8 @@ def set_enabled(actor: Actor, guild_id: str, script_id: str, enabled: bool, *,
                 base_url: str | None = None, expected_revision: str | None = None
                 ) -> dict[str, Any]:
     """Switch the endpoint on or off (idempotent).  Raises `QuotaError`
-    (`endpoint_quota` when the plan's quota is used up), `NotFoundError`,
+    (`endpoint_quota` when the plan's quota is used up, `plan_feature` when
+    the plan has no endpoints at all), `NotFoundError`,
     `PermissionDeniedError`, `VersionMismatchError` (not at `expected_revision`)."""
     with database.atomic():
         guild, script, _ = guild_and_script(actor, guild_id, script_id, "switch endpoints")
@@ -131,6 +132,9 @@ def set_enabled(actor: Actor, guild_id: str, script_id: str, enabled: bool, *,
                 used = (Endpoint.select().join(Script)
                         .where((Script.guild == guild.id) & Script.deleted_at.is_null()
                                & Endpoint.enabled).count())
+                if plan.endpoints == 0:   # as a test call on such a plan is refused
+                    raise QuotaError(f"plan {plan.name} does not include endpoints",
+                                     code="plan_feature")
                 if used >= plan.endpoints:
                     raise QuotaError(
                         f"plan {plan.name} allows {plan.endpoints} enabled endpoint(s) and "

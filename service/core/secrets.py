@@ -213,7 +213,7 @@ def regenerate_secret(actor: Actor, guild_id: str, script_id: str, *,
     form never kills the secret it has just shown."""
     if actor.is_operator:
         raise PermissionDeniedError(
-            "the operator cannot create or regenerate a secret; the guild owner must (--as OWNER_ID)",
+            "the operator cannot create or regenerate a secret; only the guild owner can",
             code="owner_only")
     secret = new_secret()
     digest = hash_secret(secret)      # hash before the transaction: keep it short

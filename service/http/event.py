@@ -171,7 +171,8 @@ def parse_body(content_type: str, raw: bytes) -> tuple[Any, str | bytes]:
     try:
         text = raw.decode(codec)
     except UnicodeError as exc:
-        raise InvalidBodyError("The request body is not valid text in its declared charset.") from exc
+        said = f"its declared charset ({charset})" if charset else "UTF-8 (no charset declared)"
+        raise InvalidBodyError(f"The request body is not valid text in {said}.") from exc
     if not raw:
         return None, text
     if mtype == "application/x-www-form-urlencoded":

@@ -1,9 +1,13 @@
-"""What the record writer makes of a batch of queued entries (`service.http.records`)."""
+"""What the record writer makes of a batch of queued entries, and of a failed write
+(`service.http.records`)."""
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
+
+from models.db import MissingDatabaseFile
 
 log = logging.getLogger("logic.records")
 
@@ -44,3 +48,22 @@ def mark_of(batch: Sequence[Any]) -> Any:
         if mark is not None:
             return mark
     return None
+
+
+def local_reason(err: BaseException) -> str | None:
+    """The first line of a SQLite error's text (a full disk, a read-only or
+    removed file), or None for a database server's error."""
+    # The first error of the chain: a full disk ends SQLite's transaction, so
+    # what reaches here may be the rollback's "no transaction is active".
+    cause: BaseException | None = None
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            break
+        if isinstance(seen, (sqlite3.Error, MissingDatabaseFile)):
+            cause = seen
+        seen = seen.__cause__ or seen.__context__
+    if cause is None:
+        return None
+    text = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    return text[:200]

@@ -34,7 +34,6 @@ converted (docs/performance.md).
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 import time
 from collections import deque
@@ -44,31 +43,13 @@ from typing import Any, Protocol
 
 from peewee import InterfaceError, OperationalError
 
-from models.db import MissingDatabaseFile
 from service.http.journal import Journal
 from service.http.journal_facts import JournaledRequest
-from service.http.record_batches import expand, mark_of
+from service.http.record_batches import expand, local_reason, mark_of
+from service.http.write_barrier import WriteBarrier
 
 log = logging.getLogger("logic.records")
 
-
-def local_reason(err: BaseException) -> str | None:
-    """The first line of a SQLite error's text (a full disk, a read-only or
-    removed file), or None for a database server's error."""
-    # The first error of the chain: a full disk ends SQLite's transaction, so
-    # what reaches here may be the rollback's "no transaction is active".
-    cause: BaseException | None = None
-    seen: BaseException | None = err
-    for _ in range(8):
-        if seen is None:
-            break
-        if isinstance(seen, (sqlite3.Error, MissingDatabaseFile)):
-            cause = seen
-        seen = seen.__cause__ or seen.__context__
-    if cause is None:
-        return None
-    text = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-    return text[:200]
 
 #: While the database is unreachable: first retry after this, doubling up to RETRY_MAX_S.
 RETRY_S = 0.25
@@ -137,6 +118,7 @@ class RecordWriter:
         self._retry_s = RETRY_S
         self._down_words = ("the database is unreachable", "the database is reachable")
         self._overflowing = False
+        self._barriers = 0   # WriteBarriers queued (service.http.write_barrier)
 
     @property
     def pending(self) -> int:
@@ -147,6 +129,17 @@ class RecordWriter:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="logic-records", daemon=True)
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and not self._stopping
+
+    def put_barrier(self, barrier: Any) -> None:
+        """Queue `barrier` (`service.http.write_barrier`) and wake the writer: its
+        `release()` is called once everything queued before it is done with."""
+        self._barriers += 1
+        self._queue.append(barrier)
+        self._wake.set()
 
     def put(self, entry: Any) -> None:
         """Queue a finished request (or a record item); never blocks.
@@ -229,6 +222,9 @@ class RecordWriter:
                         ok = self._write(len(self._queue))
                 self._settle(ok)
                 if stopping:
+                    for barrier in [e for e in self._queue if type(e) is WriteBarrier]:
+                        self._queue.remove(barrier)
+                        barrier.release(False)
                     if self._held:
                         self._queue.extendleft(reversed(self._held))
                         self._held = []
@@ -264,14 +260,22 @@ class RecordWriter:
         while count > 0:
             # In `pending` from before the queue shrank (`_take_up_to` counts
             # it) until it is held or written: the bound holds during a write.
+            batch = self._take_up_to(count)
+            count -= len(batch)
+            barriers = [e for e in batch if type(e) is WriteBarrier] if self._barriers else []
+            if barriers:
+                self._barriers -= len(barriers)
+                batch = [e for e in batch if type(e) is not WriteBarrier]
+            held = False
             try:
-                batch = self._take_up_to(count)
-                count -= len(batch)
-                if self._flush(batch):
+                held = bool(batch) and self._flush(batch)
+                if held:
                     self._held = batch
                     return False
             finally:
                 self._in_flight = 0
+                for barrier in barriers:
+                    barrier.release(not held)
         return True
 
     def _seal(self) -> tuple[int, list[Path]]:

@@ -48,6 +48,7 @@ from service.http.errors import (OUTCOME_ERRORS, BusyError, PayloadTooLargeError
 from service.http.event import build_event, query_for_history
 from service.http.ratelimit import LimitsUnavailable
 from service.http.script_run import REPLY_HEADERS, SERVICE_SET
+from service.http.write_barrier import written
 
 if TYPE_CHECKING:
     from sandbox.pool import Outcome
@@ -77,9 +78,21 @@ class TestCallResult:
         except UnicodeDecodeError:
             text, encoding = base64.b64encode(self.body).decode("ascii"), "base64"
         return {"requestId": self.request_id, "test": True, "replayOf": self.replay_of,
-                "status": self.status, "headers": {k: v for k, v in self.headers},
+                "status": self.status, "headers": _joined(self.headers),
                 "body": text, "bodyEncoding": encoding, "durationMs": round(self.duration_ms, 3),
                 "output": self.output, "error": self.error_code}
+
+
+def _joined(headers: list[tuple[str, str]]) -> dict[str, str]:
+    """The answer's headers as one object: a name sent twice (a script's two
+    `Vary` lines) once, its values joined by ", " (RFC 9110 5.3), under the
+    spelling it was first sent with."""
+    out: dict[str, str] = {}
+    spelled: dict[str, str] = {}
+    for name, value in headers:
+        key = spelled.setdefault(name.lower(), name)
+        out[key] = f"{out[key]}, {value}" if key in out else value
+    return out
 
 
 async def run_test_call(context: AppContext, target: InvokeTarget, request: TestRequest, *,
@@ -112,11 +125,16 @@ async def run_test_call(context: AppContext, target: InvokeTarget, request: Test
         except (PoolBusyError, PoolClosedError):
             raise BusyError(headers={"Retry-After": "1"}) from None
         run.outcome = outcome
-        return run.finish(*_reply(outcome, request_id))
+        result = run.finish(*_reply(outcome, request_id))
     except ServiceError as err:
         run.finish(err.status, [("Content-Type", "application/json")],
                    error_body(err.code, err.message, request_id), err.code)
+        await written(context.records)
         raise
+    # Answered once its records are in the database: the caller's next step
+    # is often to read or replay the request, maybe through another front.
+    await written(context.records)
+    return result
 
 
 def _reply(outcome: Outcome, request_id: str) -> tuple[int, list[tuple[str, str]], bytes, str | None]:
@@ -128,7 +146,7 @@ def _reply(outcome: Outcome, request_id: str) -> tuple[int, list[tuple[str, str]
                 error_body(err.code, err.message, request_id), err.code)
     headers = [pair for pair in outcome.headers if pair[0].lower() not in SERVICE_SET]
     headers += REPLY_HEADERS
-    if outcome.status in (204, 304):
+    if outcome.status in (204, 205, 304):   # no content, as the invoke path sends them
         return outcome.status, headers, b"", None
     headers.append(("Content-Type", outcome.content_type))
     return outcome.status, headers, outcome.body, None

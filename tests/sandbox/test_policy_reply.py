@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from sandbox.event import FORBIDDEN_HEADERS, MAX_BODY_BYTES
-from tests.sandbox.script_helpers import error_kind, run_block
+from tests.sandbox.script_helpers import error_kind, run, run_block
 
 
 def ok(body: str, prelude: str = "") -> dict[str, Any]:
@@ -260,3 +260,14 @@ def test_script_objects_with_eq_never_run_in_the_checks() -> None:
                         prelude)
         assert error_kind(out) == "invalid_reply"
         assert out["output"] == "0\n"
+
+
+def test_a_text_reply_that_grows_past_the_cap_as_json_names_its_line() -> None:
+    # The error log's line column was empty for this refusal, unlike every
+    # other invalid_reply (docs/script-language.md).
+    grows = "on endpoint(event):\n    n = 180000\n    event.reply('\\x01' * n)\n    n = 1\n"
+    result = run(grows)
+    assert result["error"]["kind"] == "invalid_reply" and result["error"]["line"] == 3
+    as_is = ("on endpoint(event):\n    event.reply('\\x01' * 180000)\n"
+             "    event.header('Content-Type', 'text/plain')\n")
+    assert run(as_is)["error"] is None and len(run(as_is)["body"]) == 180000

@@ -66,12 +66,13 @@ def scenario(logic: Logic, tmp_path: Path) -> None:
     logic("script", "create", "1", "--name", "x", "--file", str(tmp_path / "missing.py"), code=2)
 
     quota = logic("endpoint", "enable", "1", sid, "--as", "20", "--json", code=4)   # free: 0
-    assert "plan free allows 0" in quota
+    assert quota == "logic: error: plan free does not include endpoints"   # exit 4, as a quota
     logic("guild", "set-plan", "1", "plus", "--json")
     logic("guild", "set-plan", "1", "gold", "--json", code=2)
     shown = logic("endpoint", "enable", "1", sid, "--as", "20", "--json")
     assert shown["enabled"] is True and shown["url"] == f"http://127.0.0.1:8080/endpoints/1/{sid}"
-    assert "operator" in logic("secret", "regenerate", "1", sid, "--json", code=3)
+    refused = logic("secret", "regenerate", "1", sid, "--json", code=3)
+    assert "operator" in refused and refused.endswith("(run it with --as OWNER_ID)")
     logic("secret", "regenerate", "1", sid, "--as", "20", "--json", code=3)
     secret = logic("secret", "regenerate", "1", sid, "--as", "10", "--json")
     assert secret["secret"].startswith("lsk_") and secret["hint"] == secret["secret"][-4:]
@@ -106,6 +107,11 @@ def scenario(logic: Logic, tmp_path: Path) -> None:
     assert logic("token", "revoke", token_id, "--json") == {"id": int(token_id), "revoked": True}
     link = logic("login-link", "10", "--json")["url"]
     assert link.startswith("http://127.0.0.1:8080/login/")
+    # The link uses a base URL nobody configured: said on stderr, as for endpoint URLs.
+    made = subprocess.run([LOGIC, "--database-url", logic.url, "login-link", "10"],
+                          cwd=logic.cwd, env=logic.env, capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0 and made.stdout.startswith("http://127.0.0.1:8080/login/")
+    assert made.stderr.startswith("logic: warning: server.base_url is not configured")
     assert logic("script", "delete", "1", sid, "--json")["deleted"] is True
     actions = [a["action"] for a in logic("guild", "audit", "1", "--as", "10", "--json")["audit"]]
     assert actions[0] == "script.deleted" and "secret.created" in actions
@@ -128,7 +134,10 @@ def test_env_config_file_and_text_output(tmp_path):
                       '[server]\nbase_url = "https://logic.example"\n')
     logic = Logic("", tmp_path, env={"LOGIC_CONFIG": str(config)})
     assert f"upgraded from version 0 to {LATEST}" in logic("db", "upgrade", url=False)
-    assert logic("login-link", "5", url=False).startswith("https://logic.example/login/")
+    configured = subprocess.run([LOGIC, "login-link", "5"], cwd=logic.cwd, env=logic.env,
+                                capture_output=True, text=True, timeout=60)
+    assert configured.stdout.startswith("https://logic.example/login/")
+    assert configured.stderr == ""
     bad = Logic("", tmp_path, env={"LOGIC_SERVER_HOTS": "x"})
     assert bad("db", "upgrade", url=False, code=2) == "logic: error: env: unknown variable LOGIC_SERVER_HOTS"
     config.write_text("[server]\nhots = 1\n")

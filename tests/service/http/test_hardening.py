@@ -132,6 +132,18 @@ def test_known_charsets_are_decoded(server: Server, make_endpoint) -> None:
     assert resp.status == 200 and resp.json["body"] == "café"
 
 
+def test_undecodable_text_names_the_charset_it_was_read_in() -> None:
+    from service.http.errors import InvalidBodyError
+    from service.http.event import parse_body
+
+    with pytest.raises(InvalidBodyError) as plain:
+        parse_body("text/plain", "café".encode("latin-1"))
+    assert "UTF-8 (no charset declared)" in plain.value.message
+    with pytest.raises(InvalidBodyError) as declared:
+        parse_body("text/plain; charset=US-ASCII", "café".encode("utf-8"))
+    assert "declared charset (us-ascii)" in declared.value.message
+
+
 def test_charset_names_are_refused_before_any_codec_lookup() -> None:
     # Each name looked up stays in the codec registry's cache for the life of
     # the process (the service's, in production): unknown names never get there.

@@ -425,3 +425,49 @@ def test_max_queued_drops_and_counts_the_excess(make_writer):
     writer.stop()
     assert sink.items == list(range(10))   # the first max_queued were kept
     assert writer.written == 10 and writer.dropped == 5
+
+
+# --- waiting for what was queued (test calls) -------------------------------------------------
+
+def test_written_waits_for_what_was_queued_and_wakes_the_writer(make_writer):
+    import asyncio
+
+    from service.http.write_barrier import written
+
+    sink = Sink()
+    writer = make_writer(sink, interval=30.0)   # without the wake-up: 30 s
+    writer.start()
+
+    async def scenario() -> tuple[bool, float, list[Any]]:
+        for n in range(50):
+            writer.put(n)
+        started = time.monotonic()
+        ok = await written(writer)
+        return ok, time.monotonic() - started, sink.items
+    ok, took, items = asyncio.run(scenario())
+    assert ok and took < 1.5 and items == list(range(50))
+    assert writer.written == 50 and writer.pending == 0   # the barrier is no record
+
+
+def test_written_gives_up_while_the_database_is_down_and_at_stop(make_writer):
+    import asyncio
+
+    from service.http.write_barrier import written
+
+    sink = Sink()
+    sink.error = OperationalError
+    sink.fail_always = True
+    writer = make_writer(sink, interval=0.05)
+    writer.start()
+
+    async def scenario() -> tuple[bool, float]:
+        writer.put(1)
+        first = await written(writer, timeout=1.0)   # the write fails: held, not written
+        assert wait_for(lambda: writer.database_down, timeout=2.0)
+        started = time.monotonic()
+        second = await written(writer)               # known down: no wait at all
+        return first or second, time.monotonic() - started
+    ok, took = asyncio.run(scenario())
+    assert not ok and took < 0.1
+    sink.fail_always = False
+    assert wait_for(lambda: sink.items == [1], timeout=5.0)
