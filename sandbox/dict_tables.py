@@ -15,11 +15,13 @@ a crash of the worker, and a comparison oracle on its memory).
 
 So, in every process that runs scripts (``sandbox.runtime`` installs this):
 
-* ``dict.clear`` leaves a general table behind (a private key put in and
-  taken out again), never the shared empty one;
-* ``dict.update`` into an empty dict holds a private key meanwhile, so the
-  copy of the other dict's table is never taken; the runtime's ``|=`` on a
-  dict goes through ``dict.update`` (``sandbox.guards.guarded_inplacevar``);
+* ``dict.clear`` removes the items one by one (the table keeps its kind),
+  never installing the shared empty one;
+* ``dict.update`` inserts key by key, never copying the other dict's table
+  (a generator given to it can empty the dict before its keywords are
+  merged: a review of the first version of this fix); the runtime's ``|=``
+  on a dict goes through ``dict.update``
+  (``sandbox.guards.guarded_inplacevar``);
 * scripts' ``functools.lru_cache`` and ``cache`` are CPython's Python
   versions, whose ``cache_clear`` is ``dict.clear`` (the C one cleared its
   cache table from C, out of reach of the above);
@@ -27,8 +29,8 @@ So, in every process that runs scripts (``sandbox.runtime`` installs this):
   with a ``numerator`` property put any object there, and a ``Fraction``
   hashes like an integer while its comparison ran that object's ``__eq__``.
 
-A dict emptied by ``clear()`` then takes string keys in a general table
-(somewhat slower lookups, same answers).
+Both are slower than CPython's C (a Python loop per item) and answer the
+same; a cleared dict keeps its table's size until it grows again.
 """
 from __future__ import annotations
 
@@ -38,14 +40,14 @@ import sys
 import types
 from typing import Any
 
-#: A key no script ever holds: put into a dict and taken out again, it leaves
-#: the dict a general table (see the module's docstring).
-_PRIVATE_KEY = object()
 _clear = dict.clear
 _update = dict.update
 _set = dict.__setitem__
-_pop = dict.pop
+_popitem = dict.popitem
 _len = dict.__len__
+_items = dict.items
+_dict_iter = dict.__iter__
+_NOTHING: Any = object()
 #: ``dict.clear`` as CPython has it, for the runtime's own dicts that no
 #: insertion can be under (a script's globals after its run).
 original_clear = _clear
@@ -53,24 +55,44 @@ original_clear = _clear
 
 def dict_clear(self: dict[Any, Any]) -> None:
     """D.clear() -> None.  Remove all items from D."""
-    _clear(self)
-    _set(self, _PRIVATE_KEY, None)
-    _pop(self, _PRIVATE_KEY, None)
+    if not isinstance(self, dict):
+        _clear(self)          # the original's own error
+    # Item by item, last first: the table keeps its kind, nothing is allocated
+    # but each (key, value) pair (a MemoryError leaves the dict half cleared,
+    # never with the shared empty table).
+    while _len(self):
+        _popitem(self)
 
 
-def dict_update(self: dict[Any, Any], /, *args: Any, **kwargs: Any) -> None:
+def dict_update(self: dict[Any, Any], other: Any = _NOTHING, /, **kwargs: Any) -> None:
     """D.update([E, ]**F) -> None.  Update D from dict/iterable E and F.
     If E is present and has a .keys() method, then does:  for k in E: D[k] = E[k]
     If E is present and lacks a .keys() method, then does:  for k, v in E: D[k] = v
     In either case, this is followed by: for k in F:  D[k] = F[k]"""
-    if not isinstance(self, dict) or _len(self):
-        _update(self, *args, **kwargs)     # the original's own error for a non-dict
-        return
-    _set(self, _PRIVATE_KEY, None)
-    try:
-        _update(self, *args, **kwargs)
-    finally:
-        _pop(self, _PRIVATE_KEY, None)
+    if not isinstance(self, dict):
+        _update(self)         # the original's own error
+    # Key by key, as CPython does for anything but a dict into an empty dict,
+    # where it copies the other's table instead (see the module's docstring).
+    if other is not _NOTHING:
+        if isinstance(other, dict) and type(other).__iter__ is _dict_iter:
+            for key, value in _items(other):   # a dict changed meanwhile: RuntimeError
+                _set(self, key, value)
+        elif hasattr(other, "keys"):
+            for key in list(other.keys()):
+                _set(self, key, other[key])
+        else:
+            for index, item in enumerate(other):
+                try:
+                    pair = tuple(item)
+                except TypeError:
+                    raise TypeError(f"cannot convert dictionary update sequence element "
+                                    f"#{index} to a sequence") from None
+                if len(pair) != 2:
+                    raise ValueError(f"dictionary update sequence element #{index} has "
+                                     f"length {len(pair)}; 2 is required")
+                _set(self, pair[0], pair[1])
+    for key, value in _items(kwargs):
+        _set(self, key, value)
 
 
 def _checked_fraction_new(original: Any) -> Any:
@@ -114,6 +136,9 @@ cache = _PYTHON_FUNCTOOLS.cache
 def install() -> bool:
     """Put ``dict_clear``/``dict_update`` in ``dict`` and the part check in
     ``Fraction``, once per process; whether they are in place."""
+    if not _fraction_checked():
+        original = fractions.Fraction.__dict__["__new__"].__func__
+        fractions.Fraction.__new__ = staticmethod(_checked_fraction_new(original))  # type: ignore
     try:
         from sandbox import _typepatch
     except ImportError:
@@ -121,9 +146,6 @@ def install() -> bool:
     for name, function in (("clear", dict_clear), ("update", dict_update)):
         if dict.__dict__.get(name) is not function:
             _typepatch.set_attribute(dict, name, function)
-    if not _fraction_checked():
-        original = fractions.Fraction.__dict__["__new__"].__func__
-        fractions.Fraction.__new__ = staticmethod(_checked_fraction_new(original))  # type: ignore
     return installed()
 
 

@@ -65,6 +65,14 @@ REFILL = '''    for k in list(d):
 REFILL_OR = '''    for k in list(d):
         del d[k]
     d |= {"x": 1, "y": 2}'''
+#: A review of the first fix: the keywords were merged (a table copy) after a
+#: generator given to the same call had emptied the dict.
+REFILL_KEYWORDS = '''    def emptying():
+        for k in list(d):
+            del d[k]
+        return
+        yield
+    d.update(emptying(), x=1)'''
 
 
 def _script(action: str, insert: str) -> str:
@@ -80,6 +88,8 @@ CASES = {
     "clear-setdefault": _plain(CLEAR, store="d.setdefault(b, 2)"),
     "refill-update": _plain(REFILL),
     "refill-or": _plain(REFILL_OR),
+    "refill-keywords": _plain(REFILL_KEYWORDS),
+    "refill-keywords-setdefault": _plain(REFILL_KEYWORDS, store="d.setdefault(b, 2)"),
     "defaultdict-clear": _plain(CLEAR, "collections.defaultdict(int)").replace(
         "import functools", "import functools\nimport collections"),
     "counter-refill": _plain(REFILL, "collections.Counter()").replace(
@@ -188,11 +198,74 @@ REVIEWED = textwrap.dedent('''\
 ''')
 
 
+#: A review of the first fix: the keyword merge after an emptying generator,
+#: reached through ``Fraction.__eq__`` reading a script int's ``numerator``;
+#: the forged int read as a string compared memory at ``address`` (SIGSEGV in
+#: a real worker).
+COMBINED = textwrap.dedent('''\
+    import statistics
+    got = []
+    class I0(int):
+        def __init__(self, v):
+            got.append(v)
+    statistics.mean([I0(2), I0(2)])
+    Fraction = type(got[-1])
+    st = {"armed": False, "d": None}
+    def gen():
+        d = st["d"]
+        for k in list(d):
+            del d[k]
+        return
+        yield
+    class I(int):
+        @property
+        def numerator(self):
+            if st["armed"]:
+                st["armed"] = False
+                st["d"].update(gen(), x=1)
+            return int(self)
+    def forge(s, address):
+        h = hash(s) % 2 ** 64
+        digits = [0] * len(s)
+        digits[0] = h % 2 ** 32
+        digits[1] = h // 2 ** 32
+        digits[2] = 0x84
+        digits[12] = address % 2 ** 32
+        digits[13] = address // 2 ** 32
+        digits[len(s) - 1] = digits[len(s) - 1] or 1
+        if max(digits) >= 2 ** 30:
+            return None
+        for pad in range(64):
+            digits[4] = pad
+            v = 0
+            for i in range(len(digits)):
+                v = v + digits[i] * 2 ** (30 * i)
+            if (hash(v) - hash(s)) % 8 == 0:
+                return v
+        return None
+    on endpoint(event):
+        address = 0x100001000
+        for i in range(100000):
+            s = "zzzzzzzzzz%06d" % i
+            v = forge(s, address)
+            if v is not None:
+                break
+        d = {}
+        st["d"] = d
+        d[Fraction(v)] = "f"
+        st["armed"] = True
+        d[I(v)] = "k"
+        event.reply({"found": s in d, "kept": sorted(str(k) for k in d) == sorted([str(v), "x"])})
+''')
+
+
 def test_the_reviewed_reproducer_ends_as_a_script_answer_in_a_real_worker() -> None:
     async def scenario(pool: Pool) -> None:
-        for source in (REVIEWED, CASES["clear"], CASES["refill-or"], LRU):
-            out = await pool.run(ref(source), event(), Limits(2000, 8192), "attacker")
+        for source in (REVIEWED, CASES["clear"], CASES["refill-or"], COMBINED, LRU):
+            out = await pool.run(ref(source), event(), Limits(3000, 16384), "attacker")
             assert out.error_kind is None, (out.error_kind, out.error_message)
+            if source is COMBINED:
+                assert out.body == b'{"found":false,"kept":true}'
         assert out.body == b'{"calls":2,"size":1}'
         assert pool.counters["crashes"] == 0
         ok = await pool.run(ref("on endpoint(event):\n    event.reply('alive')\n"), event(),
@@ -214,9 +287,21 @@ def test_clear_and_update_answer_as_the_originals() -> None:
     e.update([("c", 3)])
     e.update(e)
     assert e == {"a": 1, "b": 2, "c": 3}
-    for bad in (5, [1], [(1, 2, 3)]):
-        with pytest.raises((TypeError, ValueError)):
-            {}.update(bad)
+    with pytest.raises(TypeError, match="'int' object is not iterable"):
+        {}.update(5)
+    with pytest.raises(TypeError, match="element #0 to a sequence"):
+        {}.update([1])
+    with pytest.raises(ValueError, match="element #1 has length 3; 2 is required"):
+        {}.update([(1, 2), (1, 2, 3)])
+    seen: list[int] = []
+    grown: dict[str, int] = {}
+    grown.update((c, len(grown)) for c in "abc" if not seen.append(len(grown)))
+    assert grown == {"a": 0, "b": 1, "c": 2} and seen == [0, 1, 2]   # nothing extra inside
+    d2 = collections.OrderedDict(a=1)
+    d2["b"] = 2
+    target: dict[str, int] = {"z": 0}
+    target.update(d2)
+    assert list(target.items()) == [("z", 0), ("a", 1), ("b", 2)]
     with pytest.raises(TypeError):
         dict.clear([])
     with pytest.raises(TypeError):
