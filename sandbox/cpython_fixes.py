@@ -222,6 +222,25 @@ def groupby(iterable: Iterable[Any], key: Callable[[Any], Any] | None = None
                 pass
 
 
+def python_copy(name: str, accelerator: str) -> types.ModuleType:
+    """A second copy of the standard module ``name``, loaded while its C
+    accelerator ``accelerator`` cannot be imported: the module as CPython
+    writes it in Python (``sys.modules`` keeps the usual one)."""
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None
+    saved = sys.modules.get(accelerator)
+    sys.modules[accelerator] = None  # type: ignore[assignment]  # its import fails
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            del sys.modules[accelerator]
+        else:
+            sys.modules[accelerator] = saved
+    return module
+
+
 def _python_ordered_dict() -> type[collections.OrderedDict[Any, Any]]:
     """``collections.OrderedDict`` as CPython writes it in Python (the class its
     ``collections`` defines and then replaces with the C one), loaded once
@@ -237,19 +256,8 @@ def _python_ordered_dict() -> type[collections.OrderedDict[Any, Any]]:
     before). Every method here is Python over a ``dict`` and linked nodes:
     a dict changed under it is a ``KeyError`` or a wrong answer, never freed
     memory."""
-    spec = importlib.util.find_spec("collections")
-    assert spec is not None and spec.loader is not None
-    saved = sys.modules.get("_collections")
-    sys.modules["_collections"] = None  # type: ignore[assignment]  # its import fails
-    try:
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        if saved is None:
-            del sys.modules["_collections"]
-        else:
-            sys.modules["_collections"] = saved
-    cls: type[collections.OrderedDict[Any, Any]] = module.OrderedDict
+    cls: type[collections.OrderedDict[Any, Any]] = python_copy("collections",
+                                                               "_collections").OrderedDict
     if cls is collections.OrderedDict or not isinstance(cls.__dict__.get("__setitem__"),
                                                         types.FunctionType):
         raise ImportError("collections.OrderedDict in Python could not be loaded")

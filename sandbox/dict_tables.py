@@ -35,10 +35,10 @@ same; a cleared dict keeps its table's size until it grows again.
 from __future__ import annotations
 
 import fractions
-import importlib.util
-import sys
 import types
 from typing import Any
+
+from sandbox.cpython_fixes import python_copy
 
 _clear = dict.clear
 _update = dict.update
@@ -108,20 +108,8 @@ def _checked_fraction_new(original: Any) -> Any:
 
 
 def _python_functools() -> types.ModuleType:
-    """``functools`` as CPython writes it in Python, from a second copy of
-    the module in which ``_functools`` cannot be imported."""
-    spec = importlib.util.find_spec("functools")
-    assert spec is not None and spec.loader is not None
-    saved = sys.modules.get("_functools")
-    sys.modules["_functools"] = None  # type: ignore[assignment]  # its import fails
-    try:
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        if saved is None:
-            del sys.modules["_functools"]
-        else:
-            sys.modules["_functools"] = saved
+    """``functools`` as CPython writes it in Python (``_functools`` blocked)."""
+    module = python_copy("functools", "_functools")
     if not isinstance(module._lru_cache_wrapper, types.FunctionType):
         raise ImportError("functools' Python lru_cache could not be loaded")
     return module

@@ -21,6 +21,7 @@ import pytest
 from sandbox import dict_tables
 from sandbox.pool import Limits, Pool
 from tests.sandbox.poolkit import event, ref, run_with_pool
+from tests.sandbox.test_cpython_fixes import FRACTION
 from tests.sandbox.script_helpers import run
 
 #: An aware datetime whose tzinfo is the script's runs ``ACTION`` while another
@@ -134,14 +135,7 @@ def test_an_lru_cache_cleared_under_its_own_insertion_still_finds_its_entries() 
     assert result["body"] == b'{"calls":2,"size":1}'
 
 
-FRACTION_PARTS = textwrap.dedent('''\
-    import statistics
-    got = []
-    class Probe(int):
-        def __init__(self, v):
-            got.append(v)
-    statistics.mean([Probe(2), Probe(2)])
-    Fraction = type(got[-1])
+FRACTION_PARTS = FRACTION + textwrap.dedent('''\
     class I2(int):
         def __eq__(self, other):
             return False
@@ -166,14 +160,7 @@ def test_a_fraction_is_made_of_two_exact_integers() -> None:
 
 #: The reviewer's reproducer: a Fraction over a script int whose comparison
 #: empties the dict; then a string lookup compared memory at a chosen pointer.
-REVIEWED = textwrap.dedent('''\
-    import statistics
-    got = []
-    class I0(int):
-        def __init__(self, v):
-            got.append(v)
-    statistics.mean([I0(2), I0(2)])
-    Fraction = type(got[-1])
+REVIEWED = FRACTION + textwrap.dedent('''\
     st = {"armed": False, "d": None, "K": 2 ** 40 + 7}
     class I2(int):
         def __eq__(self, other):
@@ -202,14 +189,7 @@ REVIEWED = textwrap.dedent('''\
 #: reached through ``Fraction.__eq__`` reading a script int's ``numerator``;
 #: the forged int read as a string compared memory at ``address`` (SIGSEGV in
 #: a real worker).
-COMBINED = textwrap.dedent('''\
-    import statistics
-    got = []
-    class I0(int):
-        def __init__(self, v):
-            got.append(v)
-    statistics.mean([I0(2), I0(2)])
-    Fraction = type(got[-1])
+COMBINED = FRACTION + textwrap.dedent('''\
     st = {"armed": False, "d": None}
     def gen():
         d = st["d"]
