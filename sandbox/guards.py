@@ -24,7 +24,7 @@ from typing import Any
 from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
 from RestrictedPython.transformer import INSPECT_ATTRIBUTES
 
-from sandbox import cpython_fixes, safe_iterators
+from sandbox import cpython_fixes, safe_iterators, set_insertion
 
 # Attribute names that are refused on every object, in addition to any name
 # starting with "_" (which covers every dunder: __class__, __globals__,
@@ -224,6 +224,10 @@ def guarded_inplacevar(op: str, target: Any, value: Any) -> Any:
     if op == "|=" and isinstance(target, dict) and type(target).__ior__ is _DICT_IOR:
         dict.update(target, value)
         return target
+    if isinstance(target, set):   # the checked set methods (sandbox.set_insertion)
+        done = set_insertion.in_place(op, target, value)
+        if done is not NotImplemented:
+            return done
     return func(target, value)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from sandbox.compiler import ENDPOINT_EVENT, CompiledScript
 from sandbox.event import MAX_BODY_BYTES, ReplyState, new_event
 from sandbox.guards import PrintCollector, fresh_builtins, fresh_globals
-from sandbox import dict_tables, resets
+from sandbox import dict_tables, resets, set_insertion
 from sandbox.modules import STATIC_NAMESPACES, make_importer, namespace_members
 from sandbox.policy import handler_name
 
@@ -61,6 +61,9 @@ _OWN_SCOPE_REFERENCES = 2
 #: Whether ``dict.clear``/``update`` and ``Fraction`` are the checked ones in
 #: this process (``sandbox.dict_tables``; needs the ``_typepatch`` extension).
 DICT_TABLES_CHECKED = dict_tables.install()
+#: Whether ``set``'s mutating methods refuse a set under insertion here
+#: (``sandbox.set_insertion``; needs the ``_typepatch`` extension).
+SET_INSERTION_CHECKED = set_insertion.install()
 
 
 def prepare_worker_process() -> None:

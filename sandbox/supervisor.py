@@ -352,7 +352,7 @@ class Supervisor(Ticking):
         if not (METHODS_REPLACED and SLOTS_REPLACED):
             log.warning("sandbox: _typepatch extension missing; deque.index, "
                         "defaultdict.__missing__, list slice assignment and comparison, "
-                        "bytearray %%, OrderedDict equality, dict.clear and dict.update "
+                        "bytearray %%, OrderedDict equality, dict.clear and dict.update, set changes "
                         "stay CPython's, whose use of freed memory scripts can reach")
         if BEFORE_3_11_9:
             log.warning("sandbox: CPython %s lacks fixes of memory bugs scripts can reach "
