@@ -132,20 +132,10 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
     decimal.setcontext(decimal.Context())
     old_limit = sys.getrecursionlimit()
     error: dict[str, Any] | None = None
-    handler: Any = None
     try:
         ev = new_event(event, state, copy=not decoded)
         sys.setrecursionlimit(_stack_depth() + RECURSION_BUDGET)
-        try:
-            exec(script.code, scope)
-            handler = scope.get(_ENDPOINT_KEY)
-            if type(handler) is not types.FunctionType:
-                error = _error("no_endpoint_handler", 'the script has no "on endpoint" block')
-            else:
-                handler(ev)
-        finally:
-            sys.setrecursionlimit(old_limit)
-            state.sealed = True
+        error = _run_script(script, scope, ev, old_limit, state)
     except MemoryError as exc:
         error = _error("script_memory_exceeded", "the script used more memory than its plan allows")
         try:  # where: the allocation that failed (the cap may refuse this too)
@@ -163,7 +153,6 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
         hook = sys.unraisablehook
         sys.unraisablehook = _ignore_unraisable
         try:
-            handler = None  # our own reference to a script function
             dict_tables.original_clear(scope)
             # Every piece of script code that could still run (functions,
             # methods, generators' frames through their function) references
@@ -187,6 +176,28 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
     if state.invalid is not None and (error is None or error["kind"] == "script_error"):
         error = _error("invalid_reply", state.invalid, state.invalid_line)
     return _result(state, collector, error)
+
+
+def _run_script(script: CompiledScript, scope: dict[str, Any], ev: Any, old_limit: int,
+                state: ReplyState) -> dict[str, Any] | None:
+    """The script's module code, then its endpoint block; None, or the error
+    of a script without one.
+
+    A function of its own, kept short: when an exception leaves a ``finally``
+    block, CPython 3.11 makes an int of the frame's instruction offset, and
+    if that allocation fails (a script that filled the address space through
+    OpenSSL's allocator) it tries again for ever, spinning the worker until
+    the time limit. Offsets below 256 are preallocated ints."""
+    try:
+        exec(script.code, scope)
+        handler = scope.get(_ENDPOINT_KEY)
+        if type(handler) is not types.FunctionType:
+            return _error("no_endpoint_handler", 'the script has no "on endpoint" block')
+        handler(ev)
+        return None
+    finally:
+        sys.setrecursionlimit(old_limit)
+        state.sealed = True
 
 
 def _ignore_unraisable(unraisable: Any) -> None:

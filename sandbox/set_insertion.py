@@ -16,7 +16,8 @@ So, in every process that runs scripts (``sandbox.runtime`` installs this),
 the set methods that change a set refuse to run on a set one of whose
 insertions is in progress (``RuntimeError``, like a dict changed during
 iteration): ``add``, ``update`` and ``symmetric_difference_update`` mark the
-set for their duration; those and ``discard``, ``remove``, ``pop``,
+set while they insert (not while they read the items of an iterator given
+to them, between which a generator may change the set, as in CPython); those and ``discard``, ``remove``, ``pop``,
 ``clear``, ``difference_update`` and ``intersection_update`` refuse a marked
 set. The runtime's in-place operators on sets go through these methods
 (``sandbox.guards.guarded_inplacevar``). Everything else a script can do to
@@ -67,9 +68,33 @@ def _checked_method(name: str) -> Callable[..., Any]:
     return method
 
 
+_TABLES = (set, frozenset, dict)
+_add = _inserting_method("add")
+_update = _inserting_method("update")
+_symmetric_update = _inserting_method("symmetric_difference_update")
+
+
+def update(self: set[Any], *others: Any) -> None:
+    """Update a set with the union of itself and others."""
+    for other in others:
+        if isinstance(other, _TABLES):
+            _update(self, other)      # read from a table: only comparisons run code
+        else:
+            # Items pulled from an iterator (a generator may change this set
+            # between them, as in CPython); only each insertion is marked.
+            for item in other:
+                _add(self, item)
+
+
+def symmetric_difference_update(self: set[Any], other: Any) -> None:
+    """Update a set with the symmetric difference of itself and another."""
+    if not isinstance(other, _TABLES):
+        other = set(other)            # as CPython does first, outside the mark
+    _symmetric_update(self, other)
+
+
 REPLACEMENTS: dict[str, Callable[..., Any]] = {
-    **{name: _inserting_method(name) for name in ("add", "update",
-                                                  "symmetric_difference_update")},
+    "add": _add, "update": update, "symmetric_difference_update": symmetric_difference_update,
     **{name: _checked_method(name) for name in ("discard", "remove", "pop", "clear",
                                                 "difference_update", "intersection_update")},
 }
