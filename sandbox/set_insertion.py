@@ -46,8 +46,10 @@ def _inserting_method(name: str) -> Callable[..., Any]:
         key = id(self)
         if key in _inserting:
             raise RuntimeError("set changed while one of its insertions compared keys")
-        _mark(_inserting, key)
         try:
+            # Inside: a MemoryError from growing the marks' own table after
+            # the mark went in must not leave the set marked.
+            _mark(_inserting, key)
             return original(self, *args)
         finally:
             _unmark(_inserting, key)
