@@ -17,9 +17,9 @@ the set methods that change a set refuse to run on a set one of whose
 insertions is in progress (``RuntimeError``, like a dict changed during
 iteration): ``add``, ``update`` and ``symmetric_difference_update`` mark the
 set while they insert (not while they read the items of an iterator given
-to them, between which a generator may change the set, as in CPython); those and ``discard``, ``remove``, ``pop``,
-``clear``, ``difference_update`` and ``intersection_update`` refuse a marked
-set. The runtime's in-place operators on sets go through these methods
+to them, between which a generator may change the set, as in CPython);
+those and ``discard``, ``remove``, ``pop``, ``clear``, ``difference_update``
+and ``intersection_update`` refuse a marked set. The runtime's in-place operators on sets go through these methods
 (``sandbox.guards.guarded_inplacevar``). Everything else a script can do to
 a set (reading, comparing, iterating) is unchanged, and so is every set no
 insertion is running on.
