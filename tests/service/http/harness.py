@@ -184,6 +184,13 @@ def at_once(count: int, call: Any, timeout: float = 60.0) -> list[Any]:
     return results
 
 
+#: PostgreSQL: how long a commit made elsewhere (here: by the test process) may
+#: take to reach the node as a change notification; the node's cache is in
+#: force until then (docs/architecture.md; tests/service/http/test_nodes.py uses
+#: the same bound).
+NOTIFY_BOUND_S = 1.0
+
+
 def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -14,7 +14,7 @@ from argon2 import PasswordHasher
 from service.core import secrets
 from service.core.secrets import hash_secret, is_fast, verify_secret
 from tests.service.http.conftest import CONFIG, stored_secret_hash
-from tests.service.http.harness import Server
+from tests.service.http.harness import NOTIFY_BOUND_S, Server
 from tests.service.http.test_checks import ECHO, assert_error
 
 
@@ -116,13 +116,6 @@ def test_a_server_with_another_cookie_secret_verifies_by_argon2id_and_rewrites(
         assert other.request(ep.path, json_body={}, secret=ep.secret).status == 200
     finally:
         other.stop()
-
-
-#: PostgreSQL: how long a commit made elsewhere (here: by this test process) may
-#: take to reach the node as a change notification; the node's cache is in
-#: force until then (docs/security.md; tests/service/http/test_nodes.py uses the
-#: same bound).
-NOTIFY_BOUND_S = 1.0
 
 
 def test_secret_regenerated_while_its_old_argon2_verification_is_cached_stops_working(
