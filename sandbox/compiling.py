@@ -66,6 +66,7 @@ from sandbox.codecache import CodeCache, CodeKey
 from sandbox.limits import COMPILE_BUDGET_MS, COMPILE_MEMORY_BYTES, Limits
 
 from sandbox.outcome import failure
+from sandbox.scheduler import Scheduler
 
 log = logging.getLogger("sandbox.pool")
 
@@ -97,6 +98,9 @@ class Compiling:
     _compiles: dict[CodeKey, "asyncio.Future[Any]"]
     _compile_q: deque[tuple[CodeKey, str, "asyncio.Future[Any]"]]
     _compiling_now: CodeKey | None
+    #: Compiles queued for the cache (``_compile_later``): the guild pays for them.
+    _for_cache: set[CodeKey]
+    _sched: Scheduler
     _idle: deque[WorkerHandle]
     _loop: asyncio.AbstractEventLoop | None
     _busy: int
@@ -125,6 +129,9 @@ class Compiling:
 
         def _pump(self) -> None: ...
 
+        @staticmethod
+        def _fell_into_debt(guild: str | None, script: str) -> None: ...
+
     def _init_compiling(self, code_cache_mb: int) -> None:
         """The code cache (None with ``code_cache_mb`` 0: workers compile, as before)."""
         self._codes = CodeCache(code_cache_mb << 20) if code_cache_mb > 0 else None
@@ -133,6 +140,7 @@ class Compiling:
         self._compiles = {}
         self._compile_q = deque()
         self._compiling_now = None
+        self._for_cache = set()
 
     def _await_code(self, w: WorkerHandle, req: RequestState) -> bool:
         """Before a job goes to ``w``: when ``w`` lacks the version and the cache has no
@@ -192,6 +200,7 @@ class Compiling:
             return
         future: asyncio.Future[Any] = self._loop.create_future()
         self._compiles[key] = future
+        self._for_cache.add(key)
         q.append((key, source, future))
         self._next_compile()
 
@@ -263,6 +272,7 @@ class Compiling:
                 # Queued on an event loop the pool has left (``Pool.attach``): dropped.
                 q.popleft()
                 self._compiles.pop(key, None)
+                self._for_cache.discard(key)
                 continue
             w = self._compile_worker(key[0])
             if w is None:
@@ -296,7 +306,7 @@ class Compiling:
             item = q.popleft()
             self._compiling_now = key
             self._compiler_guild = key[0]
-            req.future.add_done_callback(functools.partial(self._compile_answered, item))
+            req.future.add_done_callback(functools.partial(self._compile_answered, item, req.t0))
             w.req = req
             self._watched[w] = None
             self._busy += 1
@@ -309,7 +319,13 @@ class Compiling:
             q.appendleft(item)
 
     def _compile_answered(self, item: tuple[CodeKey, str, "asyncio.Future[Any]"],
-                          answer: "asyncio.Future[Any]") -> None:
+                          sent: float, answer: "asyncio.Future[Any]") -> None:
+        key = item[0]
+        if key in self._for_cache and self._loop is not None:
+            # Nobody held a run slot for it: the compile worker's time is the
+            # guild's all the same (a request that joined it paid its wait too).
+            if self._sched.charge(key[0], self._loop.time() - sent):
+                self._fell_into_debt(key[0], key[1])
         self._compile_done(item, None if answer.cancelled() else answer.result())
         self._next_compile()
 
@@ -319,6 +335,7 @@ class Compiling:
         not ``counted``: dropped, a worker compiled it)."""
         key, _, future = item
         self._compiles.pop(key, None)
+        self._for_cache.discard(key)
         if self._compiling_now == key:
             self._compiling_now = None
         if type(msg) is dict and self._codes is not None:

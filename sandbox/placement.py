@@ -136,9 +136,13 @@ class Placement(Quarantine):
             return
         req.seated = False
         if self._sched.finish(req.guild, cost_s + req.held_s, req.excess):
-            log.warning("sandbox: guild %s is over its worker-time budget (last: script %s); "
-                        "its requests are served only when no other guild waits",
-                        req.guild or "-", getattr(req.ref, "key", "-"))
+            self._fell_into_debt(req.guild, getattr(req.ref, "key", "-"))
+
+    @staticmethod
+    def _fell_into_debt(guild: str | None, script: str) -> None:
+        log.warning("sandbox: guild %s is over its worker-time budget (last: script %s); "
+                    "its requests are served only when no other guild waits",
+                    guild or "-", script)
 
     def _seat(self, req: RequestState) -> None:
         """Find a worker for a request that holds a run slot."""

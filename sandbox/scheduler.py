@@ -111,6 +111,17 @@ class Scheduler:
         if g is None:
             return False
         g.running -= 1
+        return self._debit(g, cost_s)
+
+    def charge(self, guild: str, cost_s: float) -> bool:
+        """Charge ``cost_s`` worker-seconds spent for ``guild`` outside a run slot
+        (a compile for the code cache); True as ``finish``."""
+        g = self.guilds.get(guild)
+        if g is None:
+            g = self.guilds[guild] = GuildState(guild, self.budget, self.clock())
+        return self._debit(g, cost_s)
+
+    def _debit(self, g: GuildState, cost_s: float) -> bool:
         fell = False
         if self.rate and cost_s > 0:
             self._refill(g)

@@ -139,6 +139,11 @@ class BaseHandler(RequestHandler):
         self.set_header("X-Request-Id", self.request_id)
         self.clear_header("Server")
 
+    def allowed_methods(self) -> list[str]:
+        """The methods this handler answers (what a 405's `Allow` names)."""
+        return [m for m in self.SUPPORTED_METHODS
+                if getattr(type(self), m.lower()) is not getattr(RequestHandler, m.lower())]
+
     def write_json(self, payload: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
@@ -164,7 +169,7 @@ class BaseHandler(RequestHandler):
                 self.set_header(name, value)
         else:
             if isinstance(exc, HTTPError) and exc.status_code == 405:
-                self.set_header("Allow", "POST, OPTIONS")
+                self.set_header("Allow", ", ".join(self.allowed_methods()))
             code = STATUS_CODES.get(status_code, "error")
             message = status_message(status_code)
         self.set_header("Content-Type", "application/json")

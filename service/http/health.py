@@ -1,5 +1,8 @@
 """`GET /healthz` (the process answers) and `GET /readyz` (each dependency's state).
 
+Both answer `HEAD` too (the same status and headers, no body), as probes
+that only look at the status often send.
+
 `/readyz` answers JSON naming every dependency and whether it is up:
 `database` (a ping, off the loop and bounded; on PostgreSQL also whether the
 change feed is listening), `ratelimit` (memory, or Redis and its policy),
@@ -31,6 +34,8 @@ class HealthHandler(BaseHandler):
 
     def get(self) -> None:
         self.write_json({"success": True, "status": "ok"})
+
+    head = get
 
 
 class ReadyHandler(BaseHandler):
@@ -77,6 +82,8 @@ class ReadyHandler(BaseHandler):
         envelope = json.loads(error_body("not_ready", why, self.request_id))
         self.error_code = "not_ready"
         self.write_json({**envelope, "dependencies": dependencies}, status=503)
+
+    head = get
 
 
 routes = [(r"/healthz", HealthHandler), (r"/readyz", ReadyHandler)]

@@ -415,3 +415,32 @@ def test_a_wait_for_the_compile_worker_is_charged_to_the_guild() -> None:
     held, spent = run_with_pool(scenario, size=1, guild_budget_s=6.0)
     assert held > 0.2, held            # the compile took a while (else nothing is shown)
     assert spent >= 0.6 * held, (spent, held)   # before: a few ms
+
+
+def test_a_compile_queued_for_the_cache_is_charged_to_the_guild() -> None:
+    """Red-team pass, session 32: a long source (over 128 KiB) the guild's own
+    worker compiled while the compile worker was bound to another guild was
+    also queued for the compile worker, for the cache; that second compile
+    held no run slot and was charged to nobody, so each new version cost the
+    host twice the CPU its guild paid for."""
+    from sandbox.compiling import OFFERED_SOURCE_CHARS
+    source = "#" + "x" * OFFERED_SOURCE_CHARS + "\n" + SLOW_COMPILE
+
+    async def scenario(pool: Pool) -> tuple[float, float]:
+        await pool.run(ref(ECHO), event(), LIMITS, guild="B")   # binds the compile worker to B
+        await pool.run(ref(ECHO, "logic_warm"), event(), LIMITS, guild="A")   # a warm worker
+        before = pool._sched.standing("A")
+        t0 = time.monotonic()
+        out = await pool.run(ref(source), event(), Limits(1000, 4096), guild="A")
+        held = time.monotonic() - t0
+        assert out.status == 200, out.error_message
+        await wait_for(lambda: not pool._compile_q and pool._compiling_now is None, 20)
+        assert pool.counters["compiles"] == 2   # B's, then A's for the cache
+        return held, before - pool._sched.standing("A")
+
+    # (1 s of budget a minute: what is charged is not refilled meanwhile)
+    held, spent = run_with_pool(scenario, size=2, guild_budget_s=1.0)
+    assert held > 0.2, held            # the compile took a while (else nothing is shown)
+    # Its job (a compile in its worker and the run) and the same compile again
+    # in the compile worker: before, only the job.
+    assert spent >= 1.5 * held, (spent, held)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import socket
 import threading
 import time
 from collections import Counter
@@ -33,6 +34,28 @@ def test_health_and_readiness(server: Server) -> None:
     assert {name: dep["state"] for name, dep in deps.items()} == {
         "database": "up", "ratelimit": "up", "sandbox": "up", "records": "up"}
     assert deps["ratelimit"]["storage"] == "memory" and deps["records"]["dropped"] == 0
+
+
+def test_probes_answer_head_and_name_their_methods(server: Server) -> None:
+    # A probe that looks only at the status may send HEAD: the GET's status
+    # and length, no body (the next answer on the connection starts right after).
+    for path in ("/healthz", "/readyz"):
+        get = server.request(path, method="GET")
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: x\r\n\r\n"
+                         f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            raw = b""
+            while chunk := sock.recv(65536):
+                raw += chunk
+        head_answer, _, rest = raw.partition(b"\r\n\r\n")
+        assert head_answer.startswith(b"HTTP/1.1 200 "), head_answer
+        assert f"Content-Length: {len(get.body)}".encode() in head_answer
+        assert rest.startswith(b"HTTP/1.1 200 "), rest[:80]   # no body in between
+        assert rest.partition(b"\r\n\r\n")[2] == get.body
+    # A method a path does not have: 405, and Allow names the ones it has.
+    resp = server.request("/healthz", method="DELETE")
+    assert resp.status == 405 and resp.headers["allow"] == "GET, HEAD"
+    assert_error(resp, 405, "method_not_allowed")
 
 
 async def _post(port: int, path: str, secret: str, body: object) -> tuple[int, bytes]:
