@@ -290,4 +290,19 @@ def load_settings(config_file: str | None = None, env: Mapping[str, str] | None 
         host = f"[{host}]" if ":" in host else host
         server["base_url"] = f"http://{host}:{server.get('port', ServerSettings.port)}"
     sections = {s: _SECTION_TYPES[s](**values[s]) for s in _SCHEMA}
+    _check_worker_room(sections["sandbox"])
     return Settings(plans=plans, **sections)
+
+
+def _check_worker_room(box: SandboxSettings) -> None:
+    """A guild within its share runs beside another guild's excess, each in a
+    process of its own: the pool needs room for twice `workers` processes."""
+    from sandbox.budget import WORKER_BYTES
+    need = 2 * (box.workers or os.cpu_count() or 1)
+    if box.max_workers and box.max_workers < need:
+        raise SettingsError(f"settings: sandbox.max_workers must be 0 (derived) or at least "
+                            f"twice sandbox.workers ({need})")
+    if box.memory_budget_mb and box.memory_budget_mb << 20 < need * WORKER_BYTES:
+        raise SettingsError(f"settings: sandbox.memory_budget_mb must be 0 (derived) or at least "
+                            f"{need * WORKER_BYTES >> 20} (twice sandbox.workers at "
+                            f"{WORKER_BYTES >> 20} MiB a worker)")

@@ -218,3 +218,26 @@ def test_the_example_files_cookie_secret_placeholder_is_refused(tmp_path) -> Non
         load_settings(None, {"LOGIC_SERVER_COOKIE_SECRET": placeholder}, {})
     assert "placeholder" in str(err.value) and placeholder not in str(err.value)
     assert load_settings(None, {"LOGIC_SERVER_COOKIE_SECRET": "q7" * 20}, {}).server.cookie_secret
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[sandbox]\nworkers = 4\nmax_workers = 7\n",
+     "settings: sandbox.max_workers must be 0 (derived) or at least twice sandbox.workers (8)"),
+    ("[sandbox]\nworkers = 4\nmemory_budget_mb = 39\n",
+     "settings: sandbox.memory_budget_mb must be 0 (derived) or at least 40 (twice sandbox.workers"),
+])
+def test_worker_room_for_a_fair_job_beside_excess_is_enforced(tmp_path, text, message):
+    # A guild within its share runs beside another guild's excess, each in a
+    # worker of its own guild: with room for fewer than twice `workers`
+    # processes a fair job waits for the excess one and can end in 503 busy.
+    with pytest.raises(SettingsError) as err:
+        load_settings(write(tmp_path, text), {}, {})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_worker_room_at_its_bound_and_derived_is_accepted(tmp_path):
+    s = load_settings(write(tmp_path, "[sandbox]\nworkers = 4\nmax_workers = 8\nmemory_budget_mb = 40\n"),
+                      {}, {})
+    assert (s.sandbox.max_workers, s.sandbox.memory_budget_mb) == (8, 40)
+    env = {"LOGIC_SANDBOX_WORKERS": "2", "LOGIC_SANDBOX_MAX_WORKERS": "0"}
+    assert load_settings(None, env, {}).sandbox.max_workers == 0
