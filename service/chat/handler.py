@@ -131,12 +131,21 @@ class ChatFront:
             log.error("chat follow-up failed: %s", type(err).__name__)
 
 
+def _no_form_parsing() -> None:
+    return None
+
+
 class InteractionsHandler(BaseHandler):
     """Verify, parse, dispatch, answer."""
 
     def initialize(self, context: AppContext, front: ChatFront) -> None:  # type: ignore[override]
         super().initialize(context)
         self.front = front
+        # The body is the platform's signed bytes, read only once verified: the
+        # framework's form parsing (run for every handler before its method)
+        # refused an unsigned multipart or coded body with 400 before the
+        # signature check could answer 401 (review, session 33).
+        self.request._parse_body = _no_form_parsing  # type: ignore[method-assign]
 
     def check_xsrf_cookie(self) -> None:
         """No XSRF token here: the platform's signature authenticates every request."""

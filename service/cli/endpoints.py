@@ -29,10 +29,22 @@ def _endpoint_command(name: str, function: str, doc: str) -> None:
                                             plans=state.settings.plans,
                                             base_url=state.settings.server.base_url))
         base_url_warning(state)
-        emit(data, as_json, _endpoint_text)
+        _emit_endpoint(state, as_user, data, as_json)
 
 
-def _endpoint_text(d: dict[str, Any]) -> str:
+def _emit_endpoint(state: State, as_user: str | None, data: dict[str, Any], as_json: bool) -> None:
+    owner = None if as_json or data["secret"] else _owner(state, as_user, data["guildId"])
+    emit(data, as_json, lambda d: _endpoint_text(d, owner))
+
+
+def _owner(state: State, as_user: str | None, guild_id: str) -> str:
+    """The guild owner's id, for a command line that can be run as it is."""
+    guild = run_core(state, lambda: core.show_guild(actor_of(as_user), guild_id,
+                                                    plans=state.settings.plans))
+    return str(guild["ownerId"])
+
+
+def _endpoint_text(d: dict[str, Any], owner: str | None) -> str:
     secret = d["secret"]
     state = "on" if d["enabled"] else "off"
     if d["enabled"] and not d["active"]:
@@ -49,7 +61,7 @@ def _endpoint_text(d: dict[str, Any]) -> str:
     gid, sid = d["guildId"], d["logicScriptId"]
     if secret is None:
         steps.append("the guild owner creates the secret (shown once):\n"
-                     f"  logic secret regenerate {gid} {sid} --as OWNER_ID")
+                     f"  logic secret regenerate {gid} {sid} --as {owner or 'OWNER_ID'}")
     if not d["enabled"]:
         steps.append(f"switch it on:\n  logic endpoint enable {gid} {sid}")
     if d["enabled"] and secret is not None and d["active"]:
@@ -83,7 +95,8 @@ def secret_regenerate(state: State, guild_id: str, script_id: str, as_user: str 
         except core.PermissionDeniedError as err:
             if err.code != "owner_only" or as_user is not None:
                 raise
-            raise core.PermissionDeniedError(err.message + " (run it with --as OWNER_ID)",
+            owner = _owner(state, None, guild_id)
+            raise core.PermissionDeniedError(err.message + f" (run it with --as {owner})",
                                              code="owner_only") from None
     data = run_core(state, regenerate)
     emit(data, as_json, lambda d: f"{d['secret']}\n(shown once; hint {d['hint']}; clients send it as "
@@ -105,7 +118,7 @@ def whitelist() -> None:
 def whitelist_set(state: State, guild_id: str, script_id: str, cidrs: tuple[str, ...],
                   as_user: str | None, as_json: bool) -> None:
     """Replace the whitelist; no CIDR clears it."""
-    emit(run_core(state, lambda: core.set_whitelist(actor_of(as_user), guild_id, script_id, list(cidrs),
-                                                    plans=state.settings.plans,
-                                                    base_url=state.settings.server.base_url)),
-         as_json, _endpoint_text)
+    data = run_core(state, lambda: core.set_whitelist(actor_of(as_user), guild_id, script_id, list(cidrs),
+                                                      plans=state.settings.plans,
+                                                      base_url=state.settings.server.base_url))
+    _emit_endpoint(state, as_user, data, as_json)

@@ -85,7 +85,8 @@ def load_script_page(actor: Actor, guild_id: str, script_id: str, settings: Sett
     plan = plans.get(guild["plan"])
     return {
         "guild": guild, "script": script, "revision": scripts.revision(script),
-        "endpoint": endpoint, "records": records,
+        "endpoint": endpoint, "endpoint_revision": core.endpoints.revision(endpoint),
+        "records": records,
         "older_history": page["nextCursor"], "history_paged": history_cursor is not None,
         "errors": errors, "stats": stats, "plan": plan,
         "whitelist_plans": sorted(n for n, p in plans.items() if p.ip_whitelist),
@@ -185,9 +186,22 @@ class WhitelistHandler(ScriptHandler):
     async def post(self, guild_id: str, script_id: str) -> None:
         text = self.get_body_argument("cidrs", "")
         cidrs = [c.strip() for c in re.split(r"[\s,]+", text) if c.strip()]
+        # What the page showed: a whitelist changed meanwhile elsewhere (the
+        # API, the chat command, another tab) is not undone unseen by a form
+        # sent from an older page (review, session 33); a form that names
+        # nothing (made by hand) is refused the same way.
+        revision = self.get_body_argument("revision", "") or "none"
+        plans = self.dashboard.settings.plans
         try:
             await self.core_raw(core.set_whitelist, self.actor, guild_id, script_id, cidrs,
-                                plans=self.dashboard.settings.plans)
+                                plans=plans, expected_revision=revision)
+        except VersionMismatchError:
+            now = await self.core(core.show_endpoint, self.actor, guild_id, script_id, plans=plans)
+            saved = ", ".join(now["whitelist"]) or "empty (any address)"
+            await self.show(guild_id, script_id, status=409, draft_cidrs=text, field_error={
+                "cidrs": f"The whitelist was changed elsewhere after this page was loaded; it is "
+                         f"now {saved}. Your text is kept: save again to replace it."})
+            return
         except (ValidationError, QuotaError) as err:
             await self.show(guild_id, script_id, status=400 if isinstance(err, ValidationError)
                             else 409, field_error={"cidrs": err.message}, draft_cidrs=text)

@@ -60,6 +60,12 @@ def refused_requests(platform: Platform, payload: dict[str, Any]) -> dict[str, R
         "future timestamp": platform.post(body, skewed(MAX_AGE_S + 30)),
         "signature not hex": platform.post(body, {**good, "X-Signature-Ed25519": "zz" * 64}),
         "empty body": platform.post(b"", platform.headers(body)),
+        # Review, session 33: unsigned bodies the framework's form parsing
+        # refused (400) before the signature check could answer 401.
+        "unsigned malformed multipart": platform.post(
+            b"garbage", {"Content-Type": "multipart/form-data; boundary=zz"}),
+        "unsigned coded body": platform.post(
+            b"garbage", {"Content-Type": "application/json", "Content-Encoding": "gzip"}),
     }
 
 

@@ -111,7 +111,8 @@ def test_versions_history_errors_and_stats_read_well(env: tuple[Cli, Path]) -> N
     sid = cli.json("script", "create", "1", "--name", "scores", "--file",
                    _file(tmp, "v1.py", V1))["logicScriptId"]
     enabled = cli.run("endpoint", "enable", "1", sid)
-    assert f"logic secret regenerate 1 {sid} --as OWNER_ID" in enabled.stdout
+    # The owner's id, so that the line runs as it is (a placeholder before).
+    assert f"logic secret regenerate 1 {sid} --as 10" in enabled.stdout
     assert re.search(r"^secret\s+none yet$", enabled.stdout, re.M)
     assert "server.base_url is not configured" in enabled.stderr
     secret = cli.json("secret", "regenerate", "1", sid, "--as", "10")["secret"]

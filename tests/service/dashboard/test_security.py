@@ -363,6 +363,39 @@ def test_whitelist_is_refused_with_the_plan_named_on_plans_without_it(
 
 
 
+def test_a_whitelist_form_from_an_older_page_does_not_undo_a_newer_change(
+        site: Site, client: Client) -> None:
+    # Review, session 33: the form sent only the CIDRs, so a manager's page
+    # loaded before the owner removed a range put the range back, silently.
+    from service import core
+    gid = site.guild("pro")
+    sid = site.script(gid, SOURCE)
+    site.bind()
+    owner = core.Actor.user(OWNER)
+    core.set_whitelist(owner, gid, sid, ["10.0.0.0/8", "192.0.2.0/24"], plans=site.plans)
+    client.login(site.link(MANAGER))
+    page = f"/dashboard/{gid}/scripts/{sid}"
+    shown = client.get(page).body.decode()
+    old = re.search(r'name="revision" value="([0-9a-f]+)"\s*>\s*<label for="cidrs"', shown)
+    assert old, shown[:300]
+    core.set_whitelist(owner, gid, sid, ["10.0.0.0/8"], plans=site.plans)   # elsewhere
+    stale = {"cidrs": "10.0.0.0/8\n192.0.2.0/24\n198.51.100.0/24", "_xsrf": client.xsrf()}
+    for form in ({**stale, "revision": old.group(1)}, stale):       # older page; none named
+        resp = client.post(f"{page}/whitelist", form)
+        text = resp.body.decode()
+        assert resp.status == 409 and "changed elsewhere after this page was loaded; " \
+            "it is now 10.0.0.0/8. Your text is kept" in text, text[:300]
+        assert "198.51.100.0/24</textarea>" in text                  # the text typed stays
+        assert core.show_endpoint(owner, gid, sid)["whitelist"] == ["10.0.0.0/8"]
+    # Saving again from the page that showed the conflict replaces it.
+    now = re.search(r'name="revision" value="([0-9a-f]+)"\s*>\s*<label for="cidrs"', text)
+    assert now and now.group(1) != old.group(1)
+    resp = client.post(f"{page}/whitelist", {**stale, "revision": now.group(1)})
+    assert resp.status == 303
+    assert core.show_endpoint(owner, gid, sid)["whitelist"] == [
+        "10.0.0.0/8", "192.0.2.0/24", "198.51.100.0/24"]
+
+
 def test_quota_refusal_names_the_numbers_and_the_owner_removes_managers(
         site: Site, client: Client) -> None:
     gid = site.guild("plus")
