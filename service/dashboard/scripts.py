@@ -199,8 +199,8 @@ class WhitelistHandler(ScriptHandler):
             now = await self.core(core.show_endpoint, self.actor, guild_id, script_id, plans=plans)
             saved = ", ".join(now["whitelist"]) or "empty (any address)"
             await self.show(guild_id, script_id, status=409, draft_cidrs=text, field_error={
-                "cidrs": f"The whitelist was changed elsewhere after this page was loaded; it is "
-                         f"now {saved}. Your text is kept: save again to replace it."})
+                "cidrs": f"The endpoint was changed elsewhere after this page was loaded; its "
+                         f"whitelist is now {saved}. Your text is kept: save again to replace it."})
             return
         except (ValidationError, QuotaError) as err:
             await self.show(guild_id, script_id, status=400 if isinstance(err, ValidationError)

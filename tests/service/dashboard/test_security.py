@@ -384,7 +384,7 @@ def test_a_whitelist_form_from_an_older_page_does_not_undo_a_newer_change(
         resp = client.post(f"{page}/whitelist", form)
         text = resp.body.decode()
         assert resp.status == 409 and "changed elsewhere after this page was loaded; " \
-            "it is now 10.0.0.0/8. Your text is kept" in text, text[:300]
+            "its whitelist is now 10.0.0.0/8. Your text is kept" in text, text[:300]
         assert "198.51.100.0/24</textarea>" in text                  # the text typed stays
         assert core.show_endpoint(owner, gid, sid)["whitelist"] == ["10.0.0.0/8"]
     # Saving again from the page that showed the conflict replaces it.
