@@ -65,6 +65,8 @@ import threading
 import time
 from typing import Any
 
+from models.db_errors import connection_lost
+
 log = logging.getLogger("logic.change_feed")
 
 CHANNEL = "logic_targets"
@@ -197,7 +199,8 @@ class ChangeFeed:
     @property
     def vouched_until(self) -> int | None:
         """While the feed cannot vouch: the generation that was current when its
-        connection broke (None before it ever listened, and while listening).
+        connection broke (None before it ever listened, while listening, and
+        once the server itself refused a reconnect: it is up and may commit).
         Answers read under it reflect every change whose notification reached
         this process before the break (see `TargetCache`'s outage rule)."""
         vouched = self._vouched
@@ -221,6 +224,13 @@ class ChangeFeed:
             except Exception as err:  # noqa: BLE001 - any failure means: cannot vouch
                 was_healthy = self._healthy
                 self._lost()   # first: a lookup meanwhile must see the loss at once
+                if not connection_lost(err):
+                    # The server itself said no (a reconnect refused: too many
+                    # clients, a database not accepting connections): it is up,
+                    # so changes may commit that no notification announces to
+                    # this feed. What was read before is vouched for no more
+                    # (review, session 33: served again in a later outage).
+                    self._vouched = None
                 if was_healthy or self.reconnects == 0:
                     log.warning("change feed lost (%s): endpoint lookups query the database "
                                 "until it is back", type(err).__name__)

@@ -24,7 +24,7 @@ from peewee import InterfaceError, OperationalError, SqliteDatabase
 
 from models.change_feed import ChangeFeed
 from models.db import database
-from service.core.db_errors import connection_lost
+from models.db_errors import connection_lost
 from service.core.lookup_query import (SKIPPED, Backlogged, LookupStalled, Query, answer_of,
                                        close_held, feed_noticed, retrieve, shut)
 from service.core.target_read import InvokeTarget, load_target
@@ -191,14 +191,18 @@ class TargetCache:
         found = self.lookup(guild_id, script_id)
         if not isinstance(found, NeedsQuery):
             return found
-        version = self._feed.generation if self._feed is not None else None
+        feed = self._feed
+        version = feed.generation if feed is not None else None
+        started = time.monotonic()
         try:
             found = load_target(guild_id, script_id, self._plans)
         except (OperationalError, InterfaceError) as err:
             return self._failed(err, (guild_id, script_id))
         self._reachable()
-        if version is not None and version == self._version and self._conn is self._feed:
+        if version is not None and version == self._version and self._conn is feed:
             self._store((guild_id, script_id), found)
+        elif feed is not None and version is None:
+            self._answered_unvouched(feed, started)
         return found
 
     def lookup(self, guild_id: str, script_id: str) -> InvokeTarget | None | NeedsQuery:
@@ -298,6 +302,8 @@ class TargetCache:
         self._reachable()
         if version is not None and version == self._version and self._conn is feed:
             self._store(key, found)
+        elif feed is not None and version is None:
+            self._answered_unvouched(feed, query.started)
         return found   # type: ignore[no-any-return]
 
     def _query(self, query: Query, guild_id: str, script_id: str, probe: bool) -> Any:
@@ -318,6 +324,17 @@ class TargetCache:
             return load_target(guild_id, script_id, self._plans)
         finally:
             close_held(query.held)
+
+    def _answered_unvouched(self, feed: ChangeFeed, started: float | None) -> None:
+        """A query begun after the feed's connection broke was answered: the
+        server is up and may commit changes no notification announces, so what
+        was read under the generation the feed vouched for is no longer served
+        in an outage (review, session 33: a secret regenerated while the feed
+        was lost was accepted again when the database then became unreachable)."""
+        lost_at = feed.lost_at
+        if lost_at is not None and started is not None and started >= lost_at:
+            self._entries.clear()
+            self._version = None
 
     def _serving_until(self) -> float | None:
         """Until when (clock) remembered answers may be served, or None: none may."""

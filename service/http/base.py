@@ -19,7 +19,7 @@ from http import HTTPStatus
 from peewee import InterfaceError, OperationalError
 from tornado.web import HTTPError, RequestHandler, stream_request_body
 
-from service.core.db_errors import connection_lost
+from models.db_errors import connection_lost
 from service.http.errors import STATUS_CODES, BusyError, NotFoundError, ServiceError
 from service.http.redaction import loggable_path
 

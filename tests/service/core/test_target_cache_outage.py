@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from service import core
-from service.core.db_errors import connection_lost
+from models.db_errors import connection_lost
 from service.core.invoke_target import (NEEDS_QUERY, InvokeTarget, TargetCache,
                                          TargetsUnavailable)
 from tests.factories import OWNER, make_guild, make_script
@@ -458,3 +458,59 @@ def test_a_connection_the_server_refuses_is_refused_never_answered_from_memory(
     with pytest.raises(psycopg2.OperationalError) as refused:
         psycopg2.connect(**{**params, "port": free_port()})
     assert connection_lost(refused.value)
+
+
+def test_an_endpoint_read_while_the_feed_was_lost_is_never_served_stale_in_a_later_outage(
+        private_db: tuple[PrivatePostgres, Any]) -> None:
+    # Review, session 33: with the feed lost and the server up, lookups
+    # queried it (and saw the endpoint disabled) but stored nothing, so the
+    # answer remembered under the generation the feed vouched for was still
+    # there, and served as the truth once the server then went away.
+    pg, db = private_db
+    cache, gid, sid = _lost_feed_with_a_stale_answer(db)
+    assert _try(cache, gid, sid) is False        # the server is up and answers: off
+    db.close()
+    pg.stop("fast")
+    with pytest.raises(TargetsUnavailable):
+        _answer(cache, gid, sid)
+    with pytest.raises(TargetsUnavailable):
+        _answer(cache, gid, sid)
+    cache.close()
+
+
+def test_a_feed_the_server_refuses_to_reconnect_vouches_for_nothing(
+        private_db: tuple[PrivatePostgres, Any]) -> None:
+    # Review, session 33: the feed's backend killed and its reconnect refused
+    # by the server (here: the database not accepting new connections; in
+    # production, too many clients) while the other connections still
+    # commit. No lookup in between: the node must not serve what it read
+    # before once the server then goes away.
+    import psycopg2  # type: ignore[import-untyped,unused-ignore]
+
+    from models.change_feed import APPLICATION_NAME, ChangeFeed
+
+    pg, db = private_db
+    gid, sid = _enabled_endpoint()
+    feed = ChangeFeed.for_database(db, retry_s=0.1).start()
+    try:
+        assert feed.healthy
+        cache = TargetCache(feed=feed, outage_serve_s=3600)
+        assert poll(lambda: cache(gid, sid) is cache.lookup(gid, sid))
+        params = {k: v for k, v in db.connect_params.items() if k not in ("database", "dbname")}
+        admin = psycopg2.connect(**params, dbname="template1")   # not the database it alters
+        admin.autocommit = True
+        with admin.cursor() as cur:
+            cur.execute(f'ALTER DATABASE "{db.database}" ALLOW_CONNECTIONS false')
+        admin.close()
+        db.execute_sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE application_name LIKE %s", (APPLICATION_NAME + "/%",))
+        assert poll(lambda: not feed.healthy and feed.reconnects == 1
+                    and feed.vouched_until is None and feed.lost_at is None)
+        core.disable_endpoint(OWNER, gid, sid)     # on a connection already open
+        db.close()
+        pg.stop("fast")
+        with pytest.raises(TargetsUnavailable):
+            _answer(cache, gid, sid)
+        cache.close()
+    finally:
+        feed.stop()
