@@ -120,7 +120,7 @@ class WorkerHandle:
     __slots__ = ("slot", "pid", "pidfd", "sock", "fd", "reader", "known", "cache_size", "jobs",
                  "max_jobs", "spawned_at", "ready", "req", "alive", "outbuf", "guild",
                  "idle_since", "asked_at", "fork_ms", "rss_first", "rss_last", "offered",
-                 "idle_cpu", "sent")
+                 "idle_cpu", "sent", "busy_s")
 
     def __init__(self, slot: int, pid: int, channel_fd: int, pidfd: int, *, cache_size: int,
                  max_jobs: int, now: float) -> None:
@@ -152,8 +152,12 @@ class WorkerHandle:
         self.rss_first = 0
         self.rss_last = 0
         self.offered = False   # it offered compiled code (once at most, sandbox.compiling)
-        #: (jobs done, CPU seconds) when housekeeping last looked at it idle.
-        self.idle_cpu: tuple[int, float] | None = None
+        #: (jobs done, `busy_s`, CPU seconds) when housekeeping last looked at it idle.
+        self.idle_cpu: tuple[int, float, float] | None = None
+        #: Wall seconds it held requests (jobs, compiles), each from its dispatch
+        #: to its answer: a single-threaded process uses at most that much CPU
+        #: on them, so CPU beyond it was used between requests.
+        self.busy_s = 0.0
         #: Requests sent to it: each one's id (a count of this worker's own, so
         #: the ids tell it nothing of other guilds' traffic, as one pool-wide
         #: counter did: review, session 30).

@@ -374,6 +374,8 @@ class Compiling:
         w.req = None
         self._busy -= 1
         w.jobs += 1
+        if self._loop is not None:
+            w.busy_s += self._loop.time() - req.t0
         req.resolve(msg)
         return bool(msg["exit"]) or w.jobs >= w.max_jobs
 

@@ -171,6 +171,7 @@ class Inbox(Compiling, Supervisor):
         loop = self._loop
         assert loop is not None
         now = loop.time()
+        w.busy_s += now - req.t0
         if t == "xres":
             self._end(req, now - req.t0)
             req.resolve((msg["ok"], msg.get("value")))

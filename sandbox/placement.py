@@ -91,6 +91,7 @@ class Placement(Quarantine):
     _unready: int
     _c: dict[str, int]
     _compiler: WorkerHandle | None
+    _zygote_alive: bool
 
     if TYPE_CHECKING:  # provided by Pool / Supervisor (after this class in the MRO)
         def _dispatch(self, w: WorkerHandle, req: RequestState) -> None: ...
@@ -276,7 +277,10 @@ class Placement(Quarantine):
         # The compile worker (sandbox.compiling) is not one of the max_workers.
         compiler = self._compiler
         extra = 1 if compiler is not None and self._workers.get(compiler.slot) is compiler else 0
-        while want > 0 and self._state in ("starting", "running"):
+        # Without the fork server nothing replaces a worker: none is retired to
+        # make room (review, session 33: each new guild's request retired a
+        # warm worker of another guild, which then had none either).
+        while want > 0 and self._state in ("starting", "running") and self._zygote_alive:
             if (len(self._workers) - extra < self.max_workers
                     and (len(self._workers) + 1) * WORKER_BYTES + self._grown
                     <= self.memory_budget):

@@ -62,6 +62,8 @@ class Ticking:
     _house_handle: asyncio.TimerHandle | None
     _zygote_alive: bool
     _c: dict[str, int]
+    _compiler: WorkerHandle | None    # sandbox.compiling
+    _compiler_guild: str | None
 
     if TYPE_CHECKING:  # provided by Supervisor and Pool
         def _note_crash(self, req: RequestState, reason: str, now: float) -> None: ...
@@ -76,6 +78,9 @@ class Ticking:
 
         def _replace(self, w: WorkerHandle, outcome: Outcome | None, *,
                      backoff: bool) -> None: ...
+
+        @staticmethod
+        def _fell_into_debt(guild: str | None, script: str) -> None: ...
 
     def _ensure_tick(self) -> None:
         """Start the deadline ticker unless it runs (it stops when nothing is in flight)."""
@@ -208,15 +213,14 @@ class Ticking:
         if idle:
             start = self._rss_turn % len(idle)
             for w in (idle[start:] + idle[:start])[:RSS_CHECKS_PER_ROUND]:
-                if w.alive and w.rss() > self.max_rss:
-                    log.info("sandbox worker %d passed %d MiB RSS; recycled", w.pid,
-                             self.max_rss >> 20)
-                    self._replace(w, None, backoff=False)
-                elif w.alive and self._spun_while_idle(w):
-                    log.error("sandbox worker %d used CPU while idle; killing it", w.pid)
-                    self._c["crashes"] += 1
-                    self._replace(w, None, backoff=False)
+                self._check_idle(w)
             self._rss_turn = start + RSS_CHECKS_PER_ROUND
+        compiler = self._compiler
+        if compiler is not None and compiler.req is None:
+            # Idle between compiles, it is checked as any idle worker, every
+            # round (review, session 33: a compile worker taken over by its
+            # guild spun, or kept 300 MB, unchecked).
+            self._check_idle(compiler)
         self._retire_idle(self._loop.time())
         now = time.monotonic()
         for slot, held in self._workers.items():
@@ -224,13 +228,34 @@ class Ticking:
             if held is None and (asked is None or now - asked > self.spawn_timeout):
                 self._request_spawn(slot)
 
-    @staticmethod
-    def _spun_while_idle(w: WorkerHandle) -> bool:
+    def _check_idle(self, w: WorkerHandle) -> None:
+        if w.alive and w.rss() > self.max_rss:
+            log.info("sandbox worker %d passed %d MiB RSS; recycled", w.pid, self.max_rss >> 20)
+            self._replace(w, None, backoff=False)
+        elif w.alive and self._spun_while_idle(w):
+            log.error("sandbox worker %d used CPU while idle; killing it", w.pid)
+            self._c["crashes"] += 1
+            self._replace(w, None, backoff=False)
+
+    def _spun_while_idle(self, w: WorkerHandle) -> bool:
         """Whether ``w`` used more than IDLE_CPU_S of CPU since the last round
-        that found it idle, having done no job meanwhile."""
+        that found it idle, having done no job meanwhile.
+
+        The CPU it used beyond the wall time it held requests since then (its
+        clean-up after a reply; or, taken over, a spin between its guild's
+        jobs, which resets this check: review, session 33) is charged to its
+        guild: every CPU second a guild's worker uses is the guild's."""
         cpu = w.cpu_seconds()
-        seen, w.idle_cpu = w.idle_cpu, (w.jobs, cpu)
-        return seen is not None and seen[0] == w.jobs and cpu - seen[1] > IDLE_CPU_S
+        seen, w.idle_cpu = w.idle_cpu, (w.jobs, w.busy_s, cpu)
+        if seen is None:
+            return False
+        jobs, busy, before = seen
+        outside = (cpu - before) - (w.busy_s - busy)
+        guild = self._compiler_guild if w is self._compiler else w.guild
+        if outside > 0 and guild is not None:
+            if self._sched.charge(guild, outside):
+                self._fell_into_debt(guild, "- (its worker's CPU between requests)")
+        return jobs == w.jobs and cpu - before > IDLE_CPU_S
 
     def _clear_failures(self, w: WorkerHandle) -> None:
         if w.alive:

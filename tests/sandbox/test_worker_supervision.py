@@ -1,0 +1,137 @@
+"""Supervision a compromised worker must not escape (review, session 33).
+
+A worker cannot be made to spin or grow here without taking one over, so, as
+in ``test_redteam.py::test_an_idle_worker_that_uses_cpu_is_killed``, what is
+stood in for is what housekeeping reads of it: its CPU clock (the real
+reading plus a second a look, as a spinning worker shows) or its resident
+size. Everything else is a real pool with real workers.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from sandbox.channel import WorkerHandle
+from sandbox.errors import PoolBusyError
+from sandbox.pool import Limits, Pool
+from tests.sandbox.poolkit import event, ref, run_with_pool, wait_for
+from tests.sandbox.script_helpers import block
+
+LIMITS = Limits(1000, 4096)
+
+
+def _stand_in(monkeypatch: pytest.MonkeyPatch) -> tuple[set[int], set[int]]:
+    """(pids that spin, pids that grew past any bound), as housekeeping sees them."""
+    real_cpu, real_rss = WorkerHandle.cpu_seconds, WorkerHandle.rss
+    spinning: set[int] = set()
+    growing: set[int] = set()
+    looks: dict[int, int] = {}
+
+    def cpu_seconds(self: WorkerHandle) -> float:
+        if self.pid not in spinning:
+            return real_cpu(self)
+        looks[self.pid] = looks.get(self.pid, 0) + 1
+        return real_cpu(self) + looks[self.pid]
+
+    def rss(self: WorkerHandle) -> int:
+        return 1 << 40 if self.pid in growing else real_rss(self)
+
+    monkeypatch.setattr(WorkerHandle, "cpu_seconds", cpu_seconds)
+    monkeypatch.setattr(WorkerHandle, "rss", rss)
+    return spinning, growing
+
+
+def _run(pool: Pool, guild: str, n: int = 1) -> Any:
+    return pool.run(ref(block(f"event.reply({n})"), key=f"logic_{guild}{n}"), event(), LIMITS,
+                    guild)
+
+
+def test_an_idle_compile_worker_that_spins_or_grows_is_replaced(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The compile worker was in no idle list, so neither the resident-size
+    # check nor the idle-CPU kill ever looked at it: one its guild took over
+    # spun for seconds (bounded only by its hour of CPU) or kept 300 MB.
+    spinning, growing = _stand_in(monkeypatch)
+
+    async def scenario(pool: Pool) -> None:
+        n = 0
+        for marks in (None, spinning, growing):
+            n += 1
+            out = await _run(pool, "A", n)       # a new version: the compile worker compiles it
+            assert out.body == str(n).encode()
+            await wait_for(lambda: pool._compiler is not None and pool._compiler.alive
+                           and pool._compiler.req is None, 10)
+            compiler = pool._compiler
+            assert compiler is not None
+            if marks is None:
+                await asyncio.sleep(2.5)         # two rounds: a quiet one is kept
+                assert pool._compiler is compiler and compiler.alive
+                continue
+            marks.add(compiler.pid)
+            await wait_for(lambda: not compiler.alive, 4)
+            assert compiler.pid not in pool.worker_pids
+        out = await _run(pool, "A", 9)           # and the pool goes on
+        assert out.body == b"9"
+
+    run_with_pool(scenario, size=1)
+
+
+def test_cpu_a_worker_uses_between_its_guilds_jobs_is_charged_to_its_guild(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A taken-over worker that spins between its jobs, its guild sending one
+    # request a round, reset the idle-CPU check at every job: the CPU was
+    # nobody's. What a worker uses beyond the time it held requests is now
+    # charged to its guild (which then runs only when no other guild waits).
+    spinning, _ = _stand_in(monkeypatch)
+
+    async def scenario(pool: Pool) -> tuple[float, float]:
+        assert (await _run(pool, "A")).body == b"1"
+        target = next(w for w in pool._workers.values() if w is not None and w.guild == "A")
+        before = pool._sched.standing("A")
+        spinning.add(target.pid)
+        held = 0.0
+        end = time.monotonic() + 4.6             # three looks after the first at least
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            out = await _run(pool, "A")
+            held += time.monotonic() - t0
+            assert out.body == b"1"
+            await asyncio.sleep(0.3)
+        return held, before - pool._sched.standing("A")
+
+    # (1 s of budget a minute: what is charged is not refilled meanwhile)
+    held, spent = run_with_pool(scenario, size=1, guild_budget_s=1.0)
+    # Each look after the first shows a second more than it held: before,
+    # only the held time was charged.
+    assert spent >= held + 2.0, (spent, held)
+
+
+def test_without_the_fork_server_no_warm_worker_is_retired_for_a_new_guild() -> None:
+    # With the fork server dead, each new guild's request retired another
+    # guild's idle worker to make room for a spare that could never be
+    # forked: the pool went from 3 workers to none, and guilds that had a
+    # worker got 503 busy too.
+    async def scenario(pool: Pool) -> None:
+        for g in "AB":
+            assert (await _run(pool, g)).body == b"1"
+        warm = {w.guild: w.pid for w in pool._workers.values()
+                if w is not None and w.guild in ("A", "B")}
+        assert set(warm) == {"A", "B"}
+        os.kill(pool._zygote_pid, signal.SIGKILL)
+        await wait_for(lambda: not pool._zygote_alive, 10)
+        for g in "CDE":                          # the last spare, then nothing
+            try:
+                await _run(pool, g)
+            except PoolBusyError:
+                pass
+        assert set(warm.values()) <= set(pool.worker_pids)
+        for g in "AB":
+            out = await _run(pool, g)
+            assert out.body == b"1", (g, out.error_kind, out.error_message)
+
+    run_with_pool(scenario, size=2, spares=1, max_workers=4, queue_timeout_ms=500)
