@@ -97,23 +97,15 @@ class TargetCache:
     the query on one of two threads (at most `MAX_PENDING` waiting).
 
     PostgreSQL unreachable (a query fails with a connection error,
-    `connection_lost`): the answers read under the generation that was
-    current when the feed's connection broke (`ChangeFeed.vouched_until`) are
-    served as they are, for at most `outage_serve_s` after the feed noticed
-    the break (`ChangeFeed.lost_at`; 0: never) — no change can commit on a
-    server that is down, and every change whose notification reached this
-    process before the break was already applied; the bound limits what a
-    partition that cuts off only this node can serve stale. Anything else
-    raises `TargetsUnavailable`. One query at a time probes the server,
-    `PROBE_GAP_S` after the previous one ended; the first that reaches the
-    server ends the outage, and the feed's reconnect starts a new generation,
-    so nothing served during the outage survives it. An error the server
-    reports (too many clients, a cancelled query) is no outage: that lookup
-    raises `TargetsUnavailable` and nothing is served from memory. A query
-    with no answer after `lookup_timeout_s` (a stalled server, proxy or
-    network that keeps the connection open) counts as a lost connection: its
-    socket is shut, which ends the query and frees its thread.
-    docs/architecture.md states the exact guarantee and its limits.
+    `connection_lost`, or stalls past `lookup_timeout_s`): the answers read
+    under the generation current when the feed's connection broke
+    (`ChangeFeed.vouched_until`) are served as they are, for at most
+    `outage_serve_s` after the feed noticed the break (`ChangeFeed.lost_at`;
+    0: never), unless the server was seen up since (`_answered_unvouched`).
+    Anything else raises `TargetsUnavailable`, as does an error the server
+    reports while up. One query at a time probes the server; the first that
+    reaches it ends the outage. docs/architecture.md ("PostgreSQL down")
+    states the exact guarantee and its limits.
 
     `clock` is `time.monotonic` (the feed's `lost_at` uses it); tests shift it.
     """
