@@ -65,7 +65,7 @@ import threading
 import time
 from typing import Any
 
-from models.db_errors import connection_lost
+from models.db_errors import server_answered
 
 log = logging.getLogger("logic.change_feed")
 
@@ -224,7 +224,7 @@ class ChangeFeed:
             except Exception as err:  # noqa: BLE001 - any failure means: cannot vouch
                 was_healthy = self._healthy
                 self._lost()   # first: a lookup meanwhile must see the loss at once
-                if not connection_lost(err):
+                if server_answered(err):
                     # The server itself said no (a reconnect refused: too many
                     # clients, a database not accepting connections): it is up,
                     # so changes may commit that no notification announces to

@@ -54,3 +54,13 @@ def connection_lost(err: BaseException) -> bool:
             return False   # the server itself refused (e.g. "too many clients already")
     return True
 
+
+
+def server_answered(err: BaseException) -> bool:
+    """True when `err` is the server's own answer (a SQLSTATE, or a `FATAL:`
+    line that is not one of a server going away): it is up, and may be
+    committing changes. False for anything else, a lost connection included."""
+    orig = err.args[0] if err.args and isinstance(err.args[0], BaseException) else err
+    if getattr(orig, "pgcode", None):
+        return not connection_lost(err)
+    return "fatal:" in str(orig).lower() and not connection_lost(err)

@@ -102,6 +102,10 @@ class Inbox(Compiling, Supervisor):
                 raise ProtocolError("second ready message")
             w.ready = True
             self._unready -= 1
+            # From here on every CPU second it uses is looked at (housekeeping:
+            # charged to its guild beyond the time it held requests); its
+            # start-up and hardening before this are the pool's.
+            w.idle_cpu = (0, 0.0, w.cpu_seconds())
             self._merge_hardening(msg["hard"], msg["notes"])
             self._count_steps(w, msg.get("ms"))
             if self._loop is not None:

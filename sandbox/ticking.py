@@ -37,6 +37,10 @@ RSS_CHECKS_PER_ROUND = 64  # idle workers whose /proc size one housekeeping roun
 #: raised its own RLIMIT_CPU spun while idle, outside every budget: review,
 #: session 30), killed.
 IDLE_CPU_S = 0.05
+#: CPU a worker may use after each reply, outside the time it held the request
+#: (back to its poll; the message it answered freed at the next): far below
+#: this. More, and it spun between its guild's jobs, which reset the rule above.
+AFTER_REPLY_CPU_S = 0.002
 #: Reads of a worker's channel before its job is timed out (a whole reply frame, 64 KiB a read).
 READS_BEFORE_TIMEOUT = protocol.MAX_REPLY_BYTES // 65536 + 1
 
@@ -64,6 +68,7 @@ class Ticking:
     _c: dict[str, int]
     _compiler: WorkerHandle | None    # sandbox.compiling
     _compiler_guild: str | None
+    _spin_us: int
 
     if TYPE_CHECKING:  # provided by Supervisor and Pool
         def _note_crash(self, req: RequestState, reason: str, now: float) -> None: ...
@@ -238,13 +243,13 @@ class Ticking:
             self._replace(w, None, backoff=False)
 
     def _spun_while_idle(self, w: WorkerHandle) -> bool:
-        """Whether ``w`` used more than IDLE_CPU_S of CPU since the last round
-        that found it idle, having done no job meanwhile.
-
-        The CPU it used beyond the wall time it held requests since then (its
-        clean-up after a reply; or, taken over, a spin between its guild's
-        jobs, which resets this check: review, session 33) is charged to its
-        guild: every CPU second a guild's worker uses is the guild's."""
+        """Whether ``w`` used CPU between its requests since it was last looked
+        at (or became ready): more than IDLE_CPU_S, plus AFTER_REPLY_CPU_S (and
+        the configured spin) for each request it answered meanwhile, beyond the
+        wall time it held them. A single-threaded process uses at most that
+        wall time on its requests, so a guild's own requests no longer reset
+        the check (review, session 33: a taken-over worker spun between its
+        guild's jobs). What it used so is charged to its guild all the same."""
         cpu = w.cpu_seconds()
         seen, w.idle_cpu = w.idle_cpu, (w.jobs, w.busy_s, cpu)
         if seen is None:
@@ -255,7 +260,8 @@ class Ticking:
         if outside > 0 and guild is not None:
             if self._sched.charge(guild, outside):
                 self._fell_into_debt(guild, "- (its worker's CPU between requests)")
-        return jobs == w.jobs and cpu - before > IDLE_CPU_S
+        allowed = IDLE_CPU_S + (w.jobs - jobs) * (AFTER_REPLY_CPU_S + self._spin_us / 1e6)
+        return outside > allowed
 
     def _clear_failures(self, w: WorkerHandle) -> None:
         if w.alive:

@@ -168,7 +168,10 @@ def set_whitelist(actor: Actor, guild_id: str, script_id: str, cidrs: Sequence[s
     (not at `expected_revision`)."""
     normalised = normalise_cidrs(cidrs)
     with database.atomic():
-        guild, script, _ = guild_and_script(actor, guild_id, script_id, "edit the whitelist")
+        # The guild's row lock: two saves against one read must not both pass
+        # the revision check (review, session 33).
+        guild, script, _ = guild_and_script(actor, guild_id, script_id, "edit the whitelist",
+                                            lock=True)
         plan = resolve_plan(plans, guild.plan)
         if normalised and not plan.ip_whitelist:
             raise QuotaError(f"plan {plan.name} does not include an IP whitelist (a stored one "

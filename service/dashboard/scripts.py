@@ -116,6 +116,7 @@ class ScriptHandler(DashboardHandler):
         values: dict[str, Any] = {"notice": None, "error": None, "field_error": {},
                                   "compile": None, "draft": None, "console": None,
                                   "draft_cidrs": None, "draft_revision": None,
+                                  "whitelist_revision": None,
                                   "conflict": False}
         values.update(extra)
         self.page("script.html", status=status, title=data["script"]["name"], tab=tab,
@@ -203,8 +204,12 @@ class WhitelistHandler(ScriptHandler):
                          f"whitelist is now {saved}. Your text is kept: save again to replace it."})
             return
         except (ValidationError, QuotaError) as err:
+            # The form still says what its page showed: a save after fixing the
+            # text is checked against that, not against the state now (review,
+            # session 33: a typo's re-render let the next save undo a change).
             await self.show(guild_id, script_id, status=400 if isinstance(err, ValidationError)
-                            else 409, field_error={"cidrs": err.message}, draft_cidrs=text)
+                            else 409, field_error={"cidrs": err.message}, draft_cidrs=text,
+                            whitelist_revision=revision)
             return
         except CoreError:
             raise PageError(404, "Not found.") from None

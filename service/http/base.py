@@ -168,8 +168,10 @@ class BaseHandler(RequestHandler):
             for name, value in exc.headers.items():
                 self.set_header(name, value)
         else:
-            if isinstance(exc, HTTPError) and exc.status_code == 405:
-                self.set_header("Allow", ", ".join(self.allowed_methods()))
+            allowed = self.allowed_methods() if (
+                isinstance(exc, HTTPError) and exc.status_code == 405) else None
+            if allowed:
+                self.set_header("Allow", ", ".join(allowed))
             code = STATUS_CODES.get(status_code, "error")
             message = status_message(status_code)
         self.set_header("Content-Type", "application/json")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from service import core
-from models.db_errors import connection_lost
+from models.db_errors import connection_lost, server_answered
 from service.core.invoke_target import (NEEDS_QUERY, InvokeTarget, TargetCache,
                                          TargetsUnavailable)
 from tests.factories import OWNER, make_guild, make_script
@@ -435,6 +435,7 @@ def test_a_connection_the_server_refuses_is_refused_never_answered_from_memory(
         else:
             pytest.fail(f"the private server accepted more than {SLOTS} connections")
         assert fillers and full is not None and not connection_lost(full)
+        assert server_answered(full)     # the feed stops vouching on such a refusal
         # libpq tries every address (a name with ::1 and 127.0.0.1, or a host
         # list) and joins their failures: nothing listening at the first, the
         # full server at the second. The server's refusal wins.
@@ -457,7 +458,10 @@ def test_a_connection_the_server_refuses_is_refused_never_answered_from_memory(
     # Nothing listening at all is a lost connection.
     with pytest.raises(psycopg2.OperationalError) as refused:
         psycopg2.connect(**{**params, "port": free_port()})
-    assert connection_lost(refused.value)
+    assert connection_lost(refused.value) and not server_answered(refused.value)
+    # Nothing the server said (a local failure): the feed keeps what it vouched for.
+    assert not server_answered(OSError(9, "Bad file descriptor"))
+    assert not server_answered(psycopg2.OperationalError("Software caused connection abort"))
 
 
 def test_an_endpoint_read_while_the_feed_was_lost_is_never_served_stale_in_a_later_outage(

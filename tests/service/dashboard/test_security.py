@@ -380,6 +380,12 @@ def test_a_whitelist_form_from_an_older_page_does_not_undo_a_newer_change(
     assert old, shown[:300]
     core.set_whitelist(owner, gid, sid, ["10.0.0.0/8"], plans=site.plans)   # elsewhere
     stale = {"cidrs": "10.0.0.0/8\n192.0.2.0/24\n198.51.100.0/24", "_xsrf": client.xsrf()}
+    # A typo first: its page keeps saying what the first page showed, so the
+    # save after the fix is still one from the older page.
+    typo = client.post(f"{page}/whitelist", {**stale, "cidrs": stale["cidrs"] + "\n10.0.0.1/8",
+                                             "revision": old.group(1)})
+    assert typo.status == 400 and "did you mean 10.0.0.0/8" in typo.body.decode()
+    assert f'name="revision" value="{old.group(1)}"' in typo.body.decode()
     for form in ({**stale, "revision": old.group(1)}, stale):       # older page; none named
         resp = client.post(f"{page}/whitelist", form)
         text = resp.body.decode()
