@@ -55,7 +55,6 @@ def connection_lost(err: BaseException) -> bool:
     return True
 
 
-
 def server_answered(err: BaseException) -> bool:
     """True when `err` is the server's own answer (a SQLSTATE, or a `FATAL:`
     line that is not one of a server going away): it is up, and may be

@@ -370,6 +370,16 @@ def _lost_feed_with_a_stale_answer(db: Any) -> tuple[TargetCache, str, str]:
     stays up, and the endpoint disabled since (this node heard nothing of it).
     The remembered answer is read on this thread's connection: the cache's
     lookup threads have not connected yet."""
+    feed, cache, gid, sid = _listening_cache(db)
+    feed.stop()
+    assert feed.vouched_until is not None and feed.lost_at is not None
+    core.disable_endpoint(OWNER, gid, sid)
+    return cache, gid, sid
+
+
+def _listening_cache(db: Any) -> tuple[Any, TargetCache, str, str]:
+    """A listening feed and a cache that remembers an enabled endpoint
+    (read on this thread's connection), for an hour of outage."""
     from models.change_feed import ChangeFeed
 
     gid, sid = _enabled_endpoint()
@@ -379,11 +389,10 @@ def _lost_feed_with_a_stale_answer(db: Any) -> tuple[TargetCache, str, str]:
         cache = TargetCache(feed=feed, outage_serve_s=3600)
         assert poll(lambda: cache(gid, sid) is cache.lookup(gid, sid))
         assert cache.lookup(gid, sid).enabled  # type: ignore[union-attr]
-    finally:
+    except BaseException:
         feed.stop()
-    assert feed.vouched_until is not None and feed.lost_at is not None
-    core.disable_endpoint(OWNER, gid, sid)
-    return cache, gid, sid
+        raise
+    return feed, cache, gid, sid
 
 
 def test_a_lookup_the_server_cancels_is_refused_never_answered_from_memory(
@@ -491,15 +500,11 @@ def test_a_feed_the_server_refuses_to_reconnect_vouches_for_nothing(
     # before once the server then goes away.
     import psycopg2  # type: ignore[import-untyped,unused-ignore]
 
-    from models.change_feed import APPLICATION_NAME, ChangeFeed
+    from models.change_feed import APPLICATION_NAME
 
     pg, db = private_db
-    gid, sid = _enabled_endpoint()
-    feed = ChangeFeed.for_database(db, retry_s=0.1).start()
+    feed, cache, gid, sid = _listening_cache(db)
     try:
-        assert feed.healthy
-        cache = TargetCache(feed=feed, outage_serve_s=3600)
-        assert poll(lambda: cache(gid, sid) is cache.lookup(gid, sid))
         params = {k: v for k, v in db.connect_params.items() if k not in ("database", "dbname")}
         admin = psycopg2.connect(**params, dbname="template1")   # not the database it alters
         admin.autocommit = True
