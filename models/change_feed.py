@@ -215,6 +215,14 @@ class ChangeFeed:
         vouched = self._vouched
         return None if self._healthy or vouched is None else vouched[1]
 
+    @property
+    def vouch(self) -> tuple[int, float] | None:
+        """(`vouched_until`, `lost_at`) read at once: one outage's generation
+        never with another's time (two reads could straddle a reconnect and
+        a new loss)."""
+        vouched = self._vouched
+        return None if self._healthy else vouched
+
     # ------------------------------------------------------------ thread
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -333,10 +333,10 @@ class TargetCache:
         feed = self._feed
         if feed is None or self._serve_s <= 0:
             return None
-        vouched, lost_at = feed.vouched_until, feed.lost_at
-        if vouched is None or lost_at is None or vouched != self._version or self._conn is not feed:
+        vouch = feed.vouch
+        if vouch is None or vouch[0] != self._version or self._conn is not feed:
             return None
-        return lost_at + self._serve_s
+        return vouch[1] + self._serve_s
 
     def _outage_answer(self, key: tuple[str, str]) -> InvokeTarget | None:
         until = self._serving_until()
