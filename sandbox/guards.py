@@ -71,6 +71,30 @@ class ScriptType(type):
             namespace[method] = _decided(method, namespace[method])
         return super().__new__(mcs, name, bases, namespace, **kwargs)
 
+    # CPython 3.11 drops a class attribute's old value before it invalidates
+    # its attribute-lookup cache, which holds plain pointers (cpython#118492):
+    # a generator's `finally` run by that drop read the class attribute back
+    # from the cache, got the object being freed and kept it (a review,
+    # session 33: a freed list handed out again as a new one; a worker
+    # crash). The old value is held here until the cache is invalidated.
+    def __setattr__(cls, name: str, value: Any) -> None:
+        old = cls.__dict__.get(_plain_name(name))
+        type.__setattr__(cls, name, value)
+        del old
+
+    def __delattr__(cls, name: str) -> None:
+        old = cls.__dict__.get(_plain_name(name))
+        type.__delattr__(cls, name)
+        del old
+
+
+def _plain_name(name: Any) -> str:
+    """An attribute name a class's dictionary is looked up with: a plain
+    string (a str subclass's own hash and equality would run script code)."""
+    if type(name) is not str:
+        raise TypeError("attribute name must be a plain string")
+    return name
+
 
 #: The comparisons a script class may define, and their operators.
 _COMPARISONS = {"__eq__": "==", "__ne__": "!=", "__lt__": "<", "__le__": "<=",

@@ -770,3 +770,59 @@ def test_the_c_iterators_scripts_keep_hold_what_they_run() -> None:
                       "starmap", "tee", "product", "permutations", "combinations",
                       "combinations_with_replacement"}
     assert guards.BASE_BUILTINS["iter"] is safe_iterators.iter
+
+
+def test_a_class_attribute_replaced_is_never_read_back_while_it_is_freed() -> None:
+    # Red-team pass, session 33 (cpython#118492): assigning or deleting a
+    # script class's attribute dropped the old value before the type's
+    # lookup cache was invalidated; a generator's `finally` run by that drop
+    # read the attribute back from the cache, kept the object being freed,
+    # and a new list then took its memory (`x is y` was True; a worker crash).
+    import json
+
+    from sandbox.compiler import compile_script
+    from sandbox.runtime import RunReport, run_endpoint
+    from tests.sandbox.script_helpers import make_event
+
+    for replace, expected in (("C.attr = 0", 0), ("del C.attr", "gone")):
+        source = (
+            "keep = []\n"
+            "def g():\n"
+            "    try:\n"
+            "        yield 1\n"
+            "    finally:\n"
+            "        try:\n"
+            "            keep.append(C.attr)\n"
+            "        except AttributeError:\n"
+            "            keep.append('gone')\n"
+            "class C:\n"
+            "    pass\n"
+            "on endpoint(event):\n"
+            "    it = g()\n"
+            "    next(it)\n"
+            "    C.attr = [it]\n"
+            "    it = None\n"
+            "    C.attr\n"
+            f"    {replace}\n"
+            "    y = [1, 2, 3]\n"
+            "    seen = keep[0]\n"
+            "    event.reply({'seen': 'a list' if type(seen) is list else seen, 'alias': seen is y})\n")
+        compiled = compile_script(source)
+        assert compiled.ok and compiled.script is not None, compiled.errors
+        out = run_endpoint(compiled.script, make_event(), report=RunReport())
+        assert out.get("error") is None, out
+        assert json.loads(out["body"]) == {"seen": expected, "alias": False}, out
+
+
+def test_a_class_attribute_name_must_be_a_plain_string() -> None:
+    from sandbox.guards import ScriptType
+
+    class Name(str):
+        pass
+
+    C = ScriptType("C", (), {})
+    with pytest.raises(TypeError, match="plain string"):
+        setattr(C, Name("x"), 1)
+    C.x = 1
+    del C.x
+    assert not hasattr(C, "x")
