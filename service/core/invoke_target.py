@@ -318,11 +318,9 @@ class TargetCache:
             close_held(query.held)
 
     def _answered_unvouched(self, feed: ChangeFeed, started: float | None) -> None:
-        """A query begun after the feed's connection broke was answered: the
-        server is up and may commit changes no notification announces, so what
-        was read under the generation the feed vouched for is no longer served
-        in an outage (review, session 33: a secret regenerated while the feed
-        was lost was accepted again when the database then became unreachable)."""
+        """A query begun after the feed's loss was answered: the server is up and
+        may commit unannounced changes, so nothing read before is served in an
+        outage (review, session 33: a regenerated secret was accepted again)."""
         lost_at = feed.lost_at
         if lost_at is not None and started is not None and started >= lost_at:
             self._entries.clear()

@@ -132,3 +132,27 @@ async def exec_seen(pool: Pool, code: str) -> tuple[bool, Any, dict[str, Any]]:
     if ok and isinstance(value, dict) and "pid" in value:
         assert value["pid"] == pid, (value["pid"], pid)
     return ok, value, outside
+
+
+def stand_in_spin_and_growth(monkeypatch: Any) -> tuple[set[int], set[int]]:
+    """(pids that spin, pids that grew past any bound), as housekeeping sees
+    them: a worker cannot be made to spin or grow here without taking one
+    over, so its CPU clock (the real reading plus a second a look, what a
+    spinning one shows) and its resident size are what is stood in for."""
+    real_cpu, real_rss = WorkerHandle.cpu_seconds, WorkerHandle.rss
+    spinning: set[int] = set()
+    growing: set[int] = set()
+    looks: dict[int, int] = {}
+
+    def cpu_seconds(self: WorkerHandle) -> float:
+        if self.pid not in spinning:
+            return real_cpu(self)
+        looks[self.pid] = looks.get(self.pid, 0) + 1
+        return real_cpu(self) + looks[self.pid]
+
+    def rss(self: WorkerHandle) -> int:
+        return 1 << 40 if self.pid in growing else real_rss(self)
+
+    monkeypatch.setattr(WorkerHandle, "cpu_seconds", cpu_seconds)
+    monkeypatch.setattr(WorkerHandle, "rss", rss)
+    return spinning, growing

@@ -1271,19 +1271,8 @@ def test_an_idle_worker_that_uses_cpu_is_killed(monkeypatch: pytest.MonkeyPatch)
     # worker cannot be made to spin here without taking one over, so its CPU
     # clock is what is stood in for: the real worker's reading plus a second
     # a look, which is what a spinning one shows housekeeping.
-    from sandbox.channel import WorkerHandle
-
-    real = WorkerHandle.cpu_seconds
-    spinning: set[int] = set()
-    looks: dict[int, int] = {}
-
-    def cpu_seconds(self: WorkerHandle) -> float:
-        if self.pid not in spinning:
-            return real(self)
-        looks[self.pid] = looks.get(self.pid, 0) + 1
-        return real(self) + looks[self.pid]
-
-    monkeypatch.setattr(WorkerHandle, "cpu_seconds", cpu_seconds)
+    from tests.sandbox.poolkit import stand_in_spin_and_growth
+    spinning, _ = stand_in_spin_and_growth(monkeypatch)
 
     async def scenario(pool: Pool) -> None:
         ok = await pool.run(ref(block("event.reply(1)")), pool_event(), Limits(1000, 4096), "A")

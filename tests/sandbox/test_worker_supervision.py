@@ -16,34 +16,12 @@ from typing import Any
 
 import pytest
 
-from sandbox.channel import WorkerHandle
 from sandbox.errors import PoolBusyError
 from sandbox.pool import Limits, Pool
-from tests.sandbox.poolkit import event, ref, run_with_pool, wait_for
+from tests.sandbox.poolkit import event, ref, run_with_pool, stand_in_spin_and_growth, wait_for
 from tests.sandbox.script_helpers import block
 
 LIMITS = Limits(1000, 4096)
-
-
-def _stand_in(monkeypatch: pytest.MonkeyPatch) -> tuple[set[int], set[int]]:
-    """(pids that spin, pids that grew past any bound), as housekeeping sees them."""
-    real_cpu, real_rss = WorkerHandle.cpu_seconds, WorkerHandle.rss
-    spinning: set[int] = set()
-    growing: set[int] = set()
-    looks: dict[int, int] = {}
-
-    def cpu_seconds(self: WorkerHandle) -> float:
-        if self.pid not in spinning:
-            return real_cpu(self)
-        looks[self.pid] = looks.get(self.pid, 0) + 1
-        return real_cpu(self) + looks[self.pid]
-
-    def rss(self: WorkerHandle) -> int:
-        return 1 << 40 if self.pid in growing else real_rss(self)
-
-    monkeypatch.setattr(WorkerHandle, "cpu_seconds", cpu_seconds)
-    monkeypatch.setattr(WorkerHandle, "rss", rss)
-    return spinning, growing
 
 
 def _run(pool: Pool, guild: str, n: int = 1) -> Any:
@@ -56,7 +34,7 @@ def test_an_idle_compile_worker_that_spins_or_grows_is_replaced(
     # The compile worker was in no idle list, so neither the resident-size
     # check nor the idle-CPU kill ever looked at it: one its guild took over
     # spun for seconds (bounded only by its hour of CPU) or kept 300 MB.
-    spinning, growing = _stand_in(monkeypatch)
+    spinning, growing = stand_in_spin_and_growth(monkeypatch)
 
     async def scenario(pool: Pool) -> None:
         n = 0
@@ -87,7 +65,7 @@ def test_a_worker_that_spins_between_its_guilds_jobs_is_killed_and_charged(
     # request every 0.3 s, was never "idle with no job done": the kill never
     # came and the CPU was nobody's. The rule now weighs the CPU it used
     # beyond the wall time it held requests, and charges it to its guild.
-    spinning, _ = _stand_in(monkeypatch)
+    spinning, _ = stand_in_spin_and_growth(monkeypatch)
 
     async def scenario(pool: Pool) -> tuple[float, float]:
         assert (await _run(pool, "A")).body == b"1"
