@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import functools
 import logging
+from urllib.parse import urlsplit
 
 from tornado.httputil import HTTPHeaders
+from tornado.routing import PathMatches
 from tornado.web import Application, RequestHandler
 
 from service import api, dashboard
 from service.chat import handler as chat
 from service.http import health, metrics_handler
 from service.dashboard.base import signed_session_in
-from service.http.base import NotFoundHandler
+from service.http.base import BaseHandler, NotFoundHandler
 from service.http.context import AppContext
 from service.http.metrics import Metrics
 from service.http.redaction import loggable_path
@@ -58,6 +60,16 @@ class ServiceApplication(Application):
                 and signed_session_in(headers.get("Cookie", ""), self.service_settings)):
             return None
         return ANONYMOUS_BODY_CAP, False
+
+    def methods_for(self, target: str) -> list[str] | None:
+        """The methods the route of a request target answers; None: no route."""
+        path = urlsplit(target).path
+        for rule in self.wildcard_router.rules:
+            matcher, handler = rule.matcher, rule.target
+            if isinstance(matcher, PathMatches) and matcher.regex.match(path) \
+                    and isinstance(handler, type) and issubclass(handler, BaseHandler):
+                return handler.allowed_methods()
+        return None
 
 
 def log_request(handler: RequestHandler, metrics: Metrics | None = None) -> None:

@@ -113,8 +113,6 @@ def render_connection_error(status: int) -> tuple[list[tuple[str, str]], bytes]:
     request_id = new_request_id()
     headers = [("Content-Type", "application/json"), ("X-Request-Id", request_id),
                *CONNECTION_ERROR_HEADERS]
-    if status == 405:
-        headers.append(("Allow", "POST, OPTIONS"))
     return (headers,
             error_body(STATUS_CODES.get(status, "bad_request"), status_message(status),
                        request_id))
@@ -139,10 +137,11 @@ class BaseHandler(RequestHandler):
         self.set_header("X-Request-Id", self.request_id)
         self.clear_header("Server")
 
-    def allowed_methods(self) -> list[str]:
+    @classmethod
+    def allowed_methods(cls) -> list[str]:
         """The methods this handler answers (what a 405's `Allow` names)."""
-        return [m for m in self.SUPPORTED_METHODS
-                if getattr(type(self), m.lower()) is not getattr(RequestHandler, m.lower())]
+        return [m for m in cls.SUPPORTED_METHODS
+                if getattr(cls, m.lower()) is not getattr(RequestHandler, m.lower())]
 
     def write_json(self, payload: Any, status: int = 200) -> None:
         self.set_status(status)

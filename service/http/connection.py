@@ -36,7 +36,8 @@ the ones it left to a proxy):
 - malformed requests get 400 and the connection closes (so do HTTP/1.1
   requests without `Host`); whitespace after a header's value is not part
   of it (RFC 9112 5); versions other than HTTP/1.0 and 1.1 get 505; a
-  well-formed request line with a method no registry knows gets 405;
+  well-formed request line with a method no registry knows gets 405 with
+  the `Allow` of its path (`HTTP1Server.methods_for`), 404 off every route;
 - no protocol switch is served: an `Upgrade` request is answered normally
   and the connection closes; llhttp leaves its body to the new protocol, so a
   `Content-Length` body is read here by hand (a chunked one gets 400);
@@ -50,11 +51,9 @@ delegate than the default one, before any Tornado routing (the invoke endpoint
 uses this to skip `Application` and `RequestHandler`). A delegate that sets
 ``plain_headers = True`` receives the request headers as a plain dict with
 lower-case names (repeated names joined with ", ") instead of `HTTPHeaders`.
-
 A delegate's `Connection: close` header closes the connection after the
 answer; the connection writes its own `Connection` header in every case.
 """
-
 
 from __future__ import annotations
 
@@ -334,20 +333,21 @@ class Connection(asyncio.Protocol):
                 wait = min(wait, self.limits.head_timeout)
             self.deadline = self.loop.time() + wait
 
-    def _stop_parsing(self, status: int) -> None:
-        """The request stream cannot go on: answer `status` (0: none) in turn, then close."""
+    def _stop_parsing(self, status: int, extra: tuple[tuple[str, str], ...] = ()) -> None:
+        """The stream cannot go on: answer `status` (0: none; + `extra` headers), then close."""
         self._broken = True
         ex = self._parsing or Exchange(self)
         self._parsing = None
-        self._push(self._fail, ex, status)
+        self._push(lambda ex, status: self._fail(ex, status, extra), ex, status)
 
-    def _fail(self, ex: Exchange, status: int) -> None:
+    def _fail(self, ex: Exchange, status: int, extra: tuple[tuple[str, str], ...] = ()) -> None:
         """In turn after every earlier step: answer `status` unless an answer began; close."""
         ex.close_after = True
         if status and not ex.answer_started:
             headers, body = self.server.render_error(status)
             if status == 503:
                 headers = [*headers, ("Retry-After", "1")]
+            headers = [*headers, *extra]
             ex.respond(status, headers, body)  # closes once written
         elif ex.answered or not ex.answer_started:
             self._close_after_answer()

@@ -65,7 +65,9 @@ PREFIX = "/endpoints/"
 _ROUTE = re.compile(r"/endpoints/([^/]+)/([^/]+)")
 _GUILD_ID = re.compile(r"[0-9]{1,25}")
 _SCRIPT_ID = re.compile(r"logic_[A-Za-z0-9_-]{22}")
-_ALLOW = "POST, OPTIONS"
+#: What the invoke path answers (its 405's and OPTIONS' `Allow`).
+INVOKE_METHODS = ("POST", "OPTIONS")
+_ALLOW = ", ".join(INVOKE_METHODS)
 
 
 class InvokeEndpoint(httputil.HTTPServerConnectionDelegate):

@@ -26,7 +26,7 @@ import ipaddress
 import resource
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tornado import httputil
 
@@ -84,8 +84,12 @@ class HTTP1Server:
                  render_error: ErrorRenderer | None = None, max_connections: int = 0,
                  max_connections_per_ip: int = 256, fd_reserve: int = 256,
                  cap_exempt: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = (),
-                 ipv6_prefix: int = 64) -> None:
+                 ipv6_prefix: int = 64,
+                 methods_for: Callable[[str], Sequence[str] | None] | None = None) -> None:
         self.delegate = delegate
+        #: The methods a request target's route answers (None: no route serves
+        #: it), for the answer to a method token nothing knows; unset: 405 alone.
+        self.methods_for = methods_for or (lambda target: ())
         self.max_connections = max_connections or derived_connection_cap(fd_reserve)
         self.max_connections_per_ip = max_connections_per_ip
         self.ipv6_prefix = ipv6_prefix

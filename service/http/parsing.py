@@ -60,11 +60,20 @@ class ParsingConnection(Feeding):
             self._stop_parsing(status)
         except httptools.HttpParserInvalidMethodError:
             # llhttp knows every registered method: a well-formed request line
-            # with another token names a method no route serves (405); anything
-            # else (TLS on the plain port, binary noise) is a bad request. The
-            # request cannot be framed either way: the connection closes.
-            unknown = REQUEST_LINE.match(data) is not None
-            self._stop_parsing(405 if unknown else 400)
+            # with another token names a method no route serves (405, `Allow`:
+            # what its path has; 404 for a path nothing serves, as a known
+            # method there); anything else (TLS on the plain port, binary
+            # noise) is a bad request. The request cannot be framed either
+            # way: the connection closes.
+            line = REQUEST_LINE.match(data)
+            if line is None:
+                self._stop_parsing(400)
+            else:
+                allowed = self.server.methods_for(line.group(1).decode("ascii"))
+                if allowed is None:
+                    self._stop_parsing(404)
+                else:
+                    self._stop_parsing(405, (("Allow", ", ".join(allowed)),) if allowed else ())
         except httptools.HttpParserUpgrade as exc:
             # No protocol switch is served: the request is answered normally,
             # then the connection closes.

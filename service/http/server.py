@@ -17,6 +17,7 @@ import signal
 import socket
 from collections.abc import Callable, Coroutine
 from typing import Any
+from urllib.parse import urlsplit
 
 from peewee import Database
 from tornado.netutil import bind_sockets
@@ -32,7 +33,7 @@ from service.http.base import render_connection_error
 from service.http.context import AppContext
 from service.http.deadlines import quiet
 from service.http.listener import HTTP1Server, ServerLimits
-from service.http.invoke import PREFIX, InvokeEndpoint
+from service.http.invoke import INVOKE_METHODS, PREFIX, InvokeEndpoint
 from service.http.memory_windows import MemoryWindows
 from service.http.priority import background_executor
 from service.http.ratelimit import RateLimits
@@ -231,7 +232,8 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         db_ping=db_ping,
     )
     max_body = max((p.body_bytes for p in settings.plans.values()), default=0) + 1
-    server = HTTP1Server(make_app(context), prefixes=[(PREFIX, InvokeEndpoint(context))],
+    app = make_app(context)
+    server = HTTP1Server(app, prefixes=[(PREFIX, InvokeEndpoint(context))],
                          limits=ServerLimits(max_body_bytes=max_body, idle_timeout=60,
                                              body_timeout=30,
                                              max_pipelined=settings.server.max_pipelined,
@@ -250,7 +252,10 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
                          fd_reserve=(FD_RESERVE + 8 * settings.sandbox.worker_count
                                      + WORKER_FDS * (pool.max_workers + 1)),
                          cap_exempt=settings.server.trusted_proxies,
-                         ipv6_prefix=settings.ratelimit.ipv6_prefix)
+                         ipv6_prefix=settings.ratelimit.ipv6_prefix,
+                         methods_for=lambda target: (
+                             INVOKE_METHODS if urlsplit(target).path.startswith(PREFIX)
+                             else app.methods_for(target)))
     await server.add_sockets(sockets)
     port = sockets[0].getsockname()[1]
     log.info("listening on http://%s:%d (%d sandbox workers, %s event loop, "

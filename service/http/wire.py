@@ -26,7 +26,7 @@ ErrorRenderer = Callable[[int], tuple[list[tuple[str, str]], bytes]]
 
 REASONS = {status.value: status.phrase for status in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-REQUEST_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,32} [\x21-\x7e]+ HTTP/1\.[01]\r?\n")
+REQUEST_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,32} ([\x21-\x7e]+) HTTP/1\.[01]\r?\n")
 LAST_CHUNK = b"0\r\n\r\n"
 
 

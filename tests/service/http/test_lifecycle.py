@@ -58,6 +58,21 @@ def test_probes_answer_head_and_name_their_methods(server: Server) -> None:
     assert_error(resp, 405, "method_not_allowed")
 
 
+def test_a_method_nothing_knows_gets_what_its_path_has(server: Server) -> None:
+    # A token no registry knows is refused by the connection itself (it cannot
+    # frame the request): Allow still names its path's methods, a path nothing
+    # serves is 404 as for a known method, and the invoke path keeps its own.
+    for target, allow in (("/healthz", "GET, HEAD"), ("/readyz?x=1", "GET, HEAD"),
+                          ("/endpoints/1/logic_" + "x" * 22, "POST, OPTIONS"),
+                          ("http://h/endpoints/1/x", "POST, OPTIONS"),
+                          ("/api/v1/guilds/1/scripts", "GET, POST")):
+        resp = server.request(target, method="BREW")
+        assert_error(resp, 405, "method_not_allowed")
+        assert resp.headers["allow"] == allow, target
+    assert_error(server.request("/no/such/path", method="BREW"), 404, "not_found")
+    assert server.request("/no/such/path", method="DELETE").status == 404
+
+
 async def _post(port: int, path: str, secret: str, body: object) -> tuple[int, bytes]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     data = json.dumps(body).encode()
