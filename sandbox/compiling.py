@@ -142,6 +142,15 @@ class Compiling:
         self._compiling_now = None
         self._for_cache = set()
 
+    def _forget_compiles(self) -> None:
+        """The event loop closed (``Supervisor._forget_loop``): compiles waited for
+        on it are forgotten (their futures were its own; a busy compile worker is
+        killed with its job), so the next loop compiles those versions again."""
+        self._compiles.clear()
+        self._compile_q.clear()
+        self._for_cache.clear()
+        self._compiling_now = None
+
     def _await_code(self, w: WorkerHandle, req: RequestState) -> bool:
         """Before a job goes to ``w``: when ``w`` lacks the version and the cache has no
         code for it, compile it in the compile worker first and return True (``w`` and

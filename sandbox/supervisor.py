@@ -88,6 +88,9 @@ class Supervisor(Ticking):
     def _top_up(self) -> None:
         raise NotImplementedError
 
+    def _forget_compiles(self) -> None:   # provided by Compiling
+        raise NotImplementedError
+
     # --- zygote control channel -------------------------------------------
     def _on_control(self) -> None:
         while True:
@@ -318,6 +321,7 @@ class Supervisor(Ticking):
         self._homeless.clear()
         self._queued.clear()
         self._sched = _fresh(self._sched)
+        self._forget_compiles()
         for w in list(self._workers.values()):
             if w is not None and (w.req is not None or w.outbuf is not None):
                 w.req = None  # its future belongs to the closed loop

@@ -427,3 +427,31 @@ def test_one_guild_compiling_many_versions_keeps_the_other_guilds_code() -> None
     assert cache.held("A") <= cache.max_bytes // 16
     assert cache.get(("A", "logic_a", 199, b"a" * 32)) is not None   # its newest stay
     assert cache.get(("A", "logic_a", 0, b"a" * 32)) is None
+
+
+def test_a_compile_in_flight_when_the_loop_closed_does_not_hold_the_next_loop() -> None:
+    # The pool is rebound when its event loop closes (`Pool.attach`): a compile
+    # the compile worker was on then is forgotten with the loop, so the same
+    # version asked for on the next loop is compiled again, not waited for.
+    pool = Pool(size=1, max_workers=4)
+    pool.start()
+    try:
+        async def first() -> None:
+            asyncio.ensure_future(pool.run(ref(BIG, "logic_big"), event(), LIMITS, "a"))
+            compiler = pool._compiler
+            assert compiler is not None
+            while compiler.req is None:
+                await asyncio.sleep(0.001)   # left compiling: its loop closes under it
+
+        asyncio.run(first())
+
+        async def second() -> None:
+            out = await asyncio.wait_for(
+                pool.run(ref(BIG, "logic_big"), event(), LIMITS, "a"), 20.0)
+            assert out.status == 200, out
+            await pool.stop()
+
+        asyncio.run(second())
+    finally:
+        if pool._state != "stopped":
+            asyncio.run(pool.stop())

@@ -34,7 +34,7 @@ from sandbox.pool import Limits, Pool
 from sandbox.runtime import RunReport, run_endpoint
 from tests.sandbox.poolkit import event as pool_event
 from tests.sandbox.poolkit import exec_seen, ref, run_with_pool
-from tests.sandbox.script_helpers import block, compiled, error_kind, make_event
+from tests.sandbox.script_helpers import block, error_kind, make_event
 
 SECRET = "redteam-secret-5be0c2"
 TRUSTED_SECRET = SECRET  # a module global of trusted code: must never be reachable
