@@ -83,6 +83,10 @@ def install(flag_classes: Iterable[type[enum.Flag]] = ()) -> None:
     codecs.register(_bounded_search)
     _encodings_warm.clear()
     _encodings_warm.update(_encodings_cache)
+    # Put back when its length changed: exact only while an addition cannot
+    # evict, i.e. below `re`'s bound, where it drops its oldest entry first.
+    while len(_re_cache) >= getattr(re, "_MAXCACHE", 512):
+        del _re_cache[next(iter(_re_cache))]
     _re_warm.clear()
     _re_warm.update(_re_cache)
     for cls in flag_classes:

@@ -131,10 +131,11 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
     # fresh one so precision/traps/flags set by one script are gone next time.
     decimal.setcontext(decimal.Context())
     old_limit = sys.getrecursionlimit()
+    limit = _stack_depth() + RECURSION_BUDGET
     error: dict[str, Any] | None = None
     try:
         ev = new_event(event, state, copy=not decoded)
-        sys.setrecursionlimit(_stack_depth() + RECURSION_BUDGET)
+        sys.setrecursionlimit(limit)
         error = _run_script(script, scope, ev, old_limit, state)
     except MemoryError as exc:
         error = _error("script_memory_exceeded", "the script used more memory than its plan allows")
@@ -152,6 +153,9 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
         # next invocation; what they raise is dropped, not printed.
         hook = sys.unraisablehook
         sys.unraisablehook = _ignore_unraisable
+        # Finalisers are script code: the run's recursion budget holds for them
+        # too (red-team pass, session 34).
+        sys.setrecursionlimit(limit)
         try:
             dict_tables.original_clear(scope)
             # Every piece of script code that could still run (functions,
@@ -171,6 +175,7 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
                 # Still referenced: script code survives in process-wide state.
                 report.leaked = sys.getrefcount(scope) > _OWN_SCOPE_REFERENCES
         finally:
+            sys.setrecursionlimit(old_limit)
             sys.unraisablehook = hook
             resets.after_invocation()
     if state.invalid is not None and (error is None or error["kind"] == "script_error"):

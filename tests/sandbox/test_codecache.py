@@ -386,30 +386,57 @@ def test_a_compile_past_the_budget_is_killed_and_counted_only_when_it_spent_the_
 
 
 def test_the_queue_of_compiles_for_the_cache_is_bounded() -> None:
-    # What a guild's long sources queue for the compile worker (nobody waits
+    # What guilds' long sources queue for the compile worker (nobody waits
     # for them) stays within BACKGROUND_COMPILES sources and BACKGROUND_CHARS
-    # characters, however many are sent (outside review, session 17: no test).
-    from sandbox.compiling import BACKGROUND_CHARS, BACKGROUND_COMPILES
+    # characters, however many are sent (outside review, session 17: no test),
+    # one guild's within its share of both, so that its flood leaves room for
+    # the other guilds' versions (red-team pass, session 34).
+    from sandbox.compiling import BACKGROUND_CHARS, BACKGROUND_COMPILES, BACKGROUND_SHARE
 
-    async def scenario(pool: Pool) -> tuple[int, int, int, int]:
-        await pool.run(ref(REPLY % 0, "logic_warm"), event(), LIMITS, "a")   # binds the loop
-        small = [("a", f"logic_s{i}", 1, f"{i:064x}") for i in range(BACKGROUND_COMPILES + 50)]
-        for key in small:
-            pool._compile_later(key, "# small\n")
-        by_count = len(pool._compile_q)
-        for item in list(pool._compile_q):        # empty it again, as if compiled
+    def emptied(pool: Pool) -> None:
+        for item in list(pool._compile_q):        # as if compiled
             pool._compiles.pop(item[0], None)
         pool._compile_q.clear()
+
+    def queued(pool: Pool, guild: str | None = None) -> tuple[int, int]:
+        mine = [s for key, s, _ in pool._compile_q if guild in (None, key[0])]
+        return len(mine), sum(map(len, mine))
+
+    async def scenario(pool: Pool) -> dict[str, tuple[int, int]]:
+        await pool.run(ref(REPLY % 0, "logic_warm"), event(), LIMITS, "a")   # binds the loop
+        seen = {}
+        for i in range(BACKGROUND_COMPILES + 50):     # one guild, many small sources
+            pool._compile_later(("a", f"logic_s{i}", 1, f"{i:064x}"), "# small\n")
+        seen["one guild, by count"] = queued(pool, "a")
+        for g in range(BACKGROUND_SHARE + 4):         # many guilds, many small sources
+            for i in range(BACKGROUND_COMPILES):
+                pool._compile_later((f"g{g}", f"logic_s{i}", 1, f"{i:064x}"), "# small\n")
+        seen["all guilds, by count"] = queued(pool)
+        emptied(pool)
         big = "#" + "x" * (1 << 20) + "\n"            # 1 MiB of characters each
         for i in range(40):
             pool._compile_later(("a", f"logic_b{i}", 1, f"{i:064x}"), big)
-        return by_count, len(pool._compile_q), sum(len(s) for _, s, _ in pool._compile_q), \
-            BACKGROUND_CHARS
+        seen["one guild, by size"] = queued(pool, "a")
+        pool._compile_later(("b", "logic_b", 1, f"{0:064x}"), big)
+        seen["another guild after it"] = queued(pool, "b")
+        for g in range(BACKGROUND_SHARE + 4):
+            for i in range(40):
+                pool._compile_later((f"g{g}", f"logic_b{i}", 1, f"{i:064x}"), big)
+        seen["all guilds, by size"] = queued(pool)
+        return seen
 
-    by_count, by_chars, chars, limit = run_with_pool(scenario, size=2)
-    # (one of each batch may already be with the compile worker, off the queue)
-    assert BACKGROUND_COMPILES - 1 <= by_count <= BACKGROUND_COMPILES
-    assert chars <= limit and by_chars >= limit // ((1 << 20) + 2) - 1
+    seen = run_with_pool(scenario, size=2)
+    share = BACKGROUND_COMPILES // BACKGROUND_SHARE
+    # (one source may already be with the compile worker, off the queue)
+    assert share - 1 <= seen["one guild, by count"][0] <= share
+    assert BACKGROUND_COMPILES - 1 <= seen["all guilds, by count"][0] <= BACKGROUND_COMPILES
+    mib = (1 << 20) + 2
+    count, chars = seen["one guild, by size"]
+    assert chars <= BACKGROUND_CHARS // BACKGROUND_SHARE
+    assert count >= BACKGROUND_CHARS // BACKGROUND_SHARE // mib - 1
+    assert seen["another guild after it"][0] == 1
+    count, chars = seen["all guilds, by size"]
+    assert chars <= BACKGROUND_CHARS and count >= BACKGROUND_CHARS // mib - 1
 
 
 def test_one_guild_compiling_many_versions_keeps_the_other_guilds_code() -> None:

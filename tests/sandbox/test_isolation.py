@@ -187,6 +187,26 @@ print(json.dumps([out["error"], before == after, searched, second["body"].decode
         None, True, ["cp1250"], '"long name refused"']
 
 
+def test_a_full_regex_cache_at_warm_up_is_still_put_back() -> None:
+    # The pattern cache is put back when its length changed; had warm-up left
+    # it at `re`'s bound, a new pattern would evict the oldest one and keep
+    # the length: a change nobody put back.
+    code = r'''
+import json, re
+for i in range(re._MAXCACHE + 10):
+    re.compile("warm-%d" % i)
+from sandbox import resets
+resets.install()
+warm = list(re._cache)
+re.compile("an-invocations-own")
+resets.after_invocation()
+print(json.dumps([list(re._cache) == warm, len(warm) < re._MAXCACHE]))
+'''
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=True)
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, True]
+
+
 def test_library_random_state_is_not_shared_between_workers_or_invocations() -> None:
     # NormalDist.samples() draws from the module-global generator, which every
     # worker inherited, seeded once, from the fork server: two workers' first

@@ -142,6 +142,39 @@ def test_recursion_budget_allows_reasonable_depth() -> None:
     assert out["body"] == str(RECURSION_BUDGET - 50).encode()
 
 
+def test_a_generators_finally_run_at_the_end_has_the_same_recursion_budget() -> None:
+    # A generator left suspended in the script's globals runs its finally block
+    # when they are released after the run: script code, held to the run's
+    # recursion budget too (it had the interpreter's default of 1,000 frames:
+    # red-team pass, session 34), and its output is still the request's.
+    out = run_block("""\
+        held.append(late())
+        next(held[0])
+        event.reply(deepest(0))
+        """, prelude="""\
+        def deepest(n):
+            try:
+                return deepest(n + 1)
+            except RecursionError:
+                return n
+        def late():
+            def deeper(n):   # a closure: the globals are gone when it runs
+                try:
+                    return deeper(n + 1)
+                except RecursionError:
+                    return n
+            try:
+                yield 1
+            finally:
+                print("late", deeper(0))
+        held = []
+        """)
+    during = int(out["body"])
+    assert 0 < during < RECURSION_BUDGET
+    late = int(out["output"].split()[1])
+    assert 0 < late < RECURSION_BUDGET, (during, late)
+
+
 def test_int_str_digits_limit_is_enforced() -> None:
     previous = sys.get_int_max_str_digits()
     sys.set_int_max_str_digits(0)  # a careless embedder turned the limit off
