@@ -38,6 +38,10 @@ FORBIDDEN_HEADERS = frozenset({
     # for later responses, a device-bound session, storage access, cache keys.
     "use-as-dictionary", "sec-session-registration", "activate-storage-access",
     "no-vary-search",
+    # More of it (red-team pass, session 34): the origin's shared storage, its
+    # identity-provider sign-in status, speculative loads of its other URLs.
+    "shared-storage-write", "idp-signinstatus", "speculation-rules",
+    "observe-browsing-topics",
 })
 # Proxy-control headers: a reverse proxy in front (nginx's X-Accel-*, Apache's
 # and lighttpd's X-Sendfile*, LiteSpeed's X-LiteSpeed-*) obeys them, so a
@@ -50,7 +54,14 @@ FORBIDDEN_PREFIXES = ("proxy-", "x-accel-", "x-sendfile", "x-litespeed-", "x-lig
                       # `RateLimit` and `RateLimit-Policy` too), the service's hint
                       # (`X-Logic-Hint`; review, session 28: a script could send one
                       # a caller would take for the service's).
-                      "ratelimit", "x-logic-")
+                      "ratelimit", "x-logic-",
+                      # Origin-keyed browser state: attribution reporting's sources
+                      # and triggers, ad auctions' interest groups and signals.
+                      "attribution-reporting-", "ad-auction-", "shared-storage-")
+#: `WWW-Authenticate` schemes a browser answers with its own password prompt,
+#: which would ask for credentials on the dashboard's origin.
+_PROMPTING_SCHEME = re.compile(r"(?:^|,)[ \t]*(?:basic|digest|ntlm|negotiate)(?![!#$%&'*+\-.^_`|~\w])",
+                               re.IGNORECASE)
 _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789"
                          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -295,6 +306,9 @@ def header_problem(name: Any, value: Any) -> str | None:
         return f"header {name!r} value is longer than {MAX_HEADER_VALUE} characters"
     if _NOT_PRINTABLE_LATIN1.search(value) is not None:
         return f"header {name!r} value contains control or non-Latin-1 characters"
+    if lowered == "www-authenticate" and _PROMPTING_SCHEME.search(value) is not None:
+        return (f"header {name!r} cannot ask a browser for a password "
+                "(Basic, Digest, NTLM or Negotiate)")
     return None
 
 

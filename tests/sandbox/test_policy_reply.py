@@ -116,7 +116,8 @@ DOCUMENTED = [
     "Clear-Site-Data", "NEL", "Report-To", "Reporting-Endpoints", "Accept-CH", "Critical-CH",
     "Set-Login", "Origin-Agent-Cluster", "Expect-CT", "Public-Key-Pins",
     "Public-Key-Pins-Report-Only", "Service-Worker-Allowed", "Use-As-Dictionary",
-    "Activate-Storage-Access", "No-Vary-Search",
+    "Activate-Storage-Access", "No-Vary-Search", "Shared-Storage-Write", "IdP-SigninStatus",
+    "Speculation-Rules", "Observe-Browsing-Topics",
 ]
 DOCUMENTED_BY_PREFIX = [
     "Proxy-Authorization", "Proxy-Connection", "Proxy-Authenticate",
@@ -124,6 +125,8 @@ DOCUMENTED_BY_PREFIX = [
     "X-Sendfile", "X-Sendfile-Type", "X-LiteSpeed-Location", "X-Lighttpd-Send-File",
     "Sec-Session-Registration", "Sec-Session-Challenge", "Secure-Session-Registration",
     "Secure-Session-Id", "RateLimit", "RateLimit-Policy", "X-Logic-Hint",
+    "Attribution-Reporting-Register-Source", "Attribution-Reporting-Register-Trigger",
+    "Ad-Auction-Register-Event", "Ad-Auction-Signals", "Shared-Storage-Cross-Origin-Worker-Allowed",
 ]
 FORBIDDEN = DOCUMENTED + DOCUMENTED_BY_PREFIX + ["proxy-connection", "transfer-encoding",
                                                  "CONTENT-LENGTH", "set-COOKIE", "x-ACCEL-redirect"]
@@ -137,6 +140,24 @@ def test_every_name_the_code_refuses_is_documented() -> None:
 def test_forbidden_headers(name: str) -> None:
     error = invalid(f'event.header("{name}", "x")')
     assert error["message"] == f"header {name!r} is set by the server and cannot be set by a script"
+
+
+@pytest.mark.parametrize("value", ["Basic realm=x", 'Bearer realm="api", basic realm="x"',
+                                   "DIGEST realm=x, qop=auth", "NTLM", "Negotiate"])
+def test_no_browser_password_prompt(value: str) -> None:
+    # A browser answers these schemes with its own password prompt, on the
+    # origin the dashboard shares (red-team pass, session 34).
+    error = invalid(f'event.status(401)\nevent.header("WWW-Authenticate", {value!r})')
+    assert error["message"] == ("header 'WWW-Authenticate' cannot ask a browser for a password "
+                                "(Basic, Digest, NTLM or Negotiate)")
+
+
+def test_other_authentication_challenges_are_sent() -> None:
+    out = run_block('event.status(401)\n'
+                    'event.header("WWW-Authenticate", \'Bearer realm="api", error="basic"\')\n'
+                    'event.reply("no")')
+    assert out["error"] is None and out["status"] == 401
+    assert out["headers"] == [["WWW-Authenticate", 'Bearer realm="api", error="basic"']]
 
 
 @pytest.mark.parametrize(("call", "message"), [

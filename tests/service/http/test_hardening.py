@@ -102,6 +102,9 @@ def test_a_content_length_with_many_leading_zeros_is_a_length(server: Server,
     "Sec-Session-Challenge", "Secure-Session-Registration", "Secure-Session-Challenge",
     # The service's own names (review, session 28): its hint, every RateLimit header.
     "X-Logic-Hint", "RateLimit", "RateLimit-Policy",
+    # Origin-keyed browser state (red-team pass, session 34).
+    "Shared-Storage-Write", "Attribution-Reporting-Register-Source", "IdP-SigninStatus",
+    "Speculation-Rules",
 ])
 def test_script_cannot_send_proxy_control_or_origin_wide_headers(server: Server, make_endpoint,
                                                                  name: str) -> None:

@@ -42,6 +42,11 @@ HOSTILE = {
     "Secure-Session-Challenge": '"c"',
     "Activate-Storage-Access": "retry; allowed-origin=*", "No-Vary-Search": "params",
     "Clear-Site-Data": '"cookies", "storage"',
+    "Shared-Storage-Write": "set;key=a;value=b", "IdP-SigninStatus": "action=signin",
+    "Speculation-Rules": '"/rules.json"', "Observe-Browsing-Topics": "?1",
+    "Attribution-Reporting-Register-Source": '{"destination":"https://evil.example"}',
+    "Attribution-Reporting-Register-Trigger": '{"event_trigger_data":[]}',
+    "Ad-Auction-Register-Event": "", "Ad-Auction-Signals": "[]",
 }
 
 
