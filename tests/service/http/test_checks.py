@@ -69,6 +69,31 @@ def test_unknown_guild_script_and_malformed_ids_are_404(server: Server, make_end
         assert_error(server.request(path, json_body={}, secret=ep.secret), 404, "endpoint_not_found")
 
 
+def test_an_unknown_guild_and_a_known_guilds_unknown_script_are_answered_alike(
+        server: Server, make_endpoint) -> None:
+    # Nothing in the answer tells a caller which guilds exist, nor whether a
+    # script id belongs to another guild (docs/security.md, "What a caller
+    # can learn"): the same headers in the same order and the same body, but
+    # for the request's own id and the date.
+    ep = make_endpoint(source=ECHO)
+    other = make_endpoint(source=ECHO)
+
+    def shape(path: str) -> tuple[int, list[tuple[str, str]], object]:
+        resp = server.request(path, json_body={"x": 1}, secret=ep.secret)
+        body = resp.json
+        body["error"].pop("requestId")
+        return resp.status, [(k.lower(), v) for k, v in resp.raw_headers
+                             if k.lower() not in ("x-request-id", "date")], body
+
+    answers = {repr(shape(path)) for path in (
+        f"/endpoints/999999999999/{ep.script_id}",          # no such guild
+        f"/endpoints/{ep.guild_id}/logic_{'A' * 22}",        # the guild, no such script
+        f"/endpoints/{ep.guild_id}/{other.script_id}",       # another guild's script
+    )}
+    assert len(answers) == 1, answers
+    assert "endpoint_not_found" in answers.pop()
+
+
 def test_unknown_path_is_json_404(server: Server) -> None:
     assert_error(server.request("/nothing/here", method="GET"), 404, "not_found")
 
