@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import time
 from typing import Any, Awaitable, Callable
 
 from sandbox.channel import WorkerHandle
@@ -77,6 +78,20 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
         if loop.time() > end:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.005)
+
+
+async def settled_workers(pool: Pool, timeout: float = 10.0) -> set[int]:
+    """The pool's worker pids once no spare is starting and the set stays the
+    same for half a second (a loaded host readies spares late)."""
+    deadline = time.monotonic() + timeout
+    seen = set(pool.worker_pids)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        now = set(pool.worker_pids)
+        if now == seen and pool._unready == 0:
+            return now
+        seen = now
+    raise AssertionError(f"the pool's workers did not settle: {seen}")
 
 
 async def job_worker(pool: Pool) -> WorkerHandle:
