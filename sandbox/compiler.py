@@ -16,6 +16,7 @@ import ast
 import importlib
 import inspect
 import io
+import marshal
 import re
 import sys
 import tokenize
@@ -37,6 +38,11 @@ ENDPOINT_EVENT = "endpoint"
 #: save-time verdict, 8 MB per answer; review, session 26).
 MAX_ERRORS = 20
 MAX_MESSAGE_CHARS = 300
+#: Marshalled code of one version (what workers load; `protocol.MAX_SHIPPED_CODE`
+#: is the same): CPython writes a `finally` block's code once for every way out
+#: of its `try`, so a 1.7 KB source of `try/finally` nested in `finally` blocks
+#: made 7 MiB, which no worker could be sent (red-team pass, session 34).
+MAX_CODE_BYTES = 1 << 20
 
 # PEP 263 coding declaration, as tokenize matches it.
 _COOKIE_RE = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.ASCII)
@@ -327,6 +333,12 @@ def _compile(source: str | bytes, filename: str) -> CompileResult:
             code = compile(tree, filename, "exec", dont_inherit=True)
         except SyntaxError as exc:
             return _fail(_syntax_error(exc, header_lines))
+    size = len(marshal.dumps(code))
+    if size > MAX_CODE_BYTES:
+        return _fail(CompileError(1, 1, f"script compiles to {size / (1 << 20):.1f} MiB of "
+                                        f"bytecode, over the {MAX_CODE_BYTES >> 20} MiB limit: "
+                                        "a finally block is compiled once for every way out of "
+                                        "its try, so nested try/finally blocks multiply it"))
     events = tuple(dict.fromkeys(h.event for h in headers))
     return CompileResult(CompiledScript(code, events, ENDPOINT_EVENT in events,
                                         tuple(text.split("\n")), _has_generators(code)), ())

@@ -48,8 +48,8 @@ from sandbox.event import MAX_BODY_BYTES, MAX_HEADERS, header_problem
 # body, each up to the largest plan's 1 MiB) plus a source of up to 256 KiB.
 MAX_JOB_BYTES = 5 * 1024 * 1024
 MAX_REPLY_BYTES = 4 * 1024 * 1024
-#: Marshalled code a worker offers with its reply (larger code is not offered:
-#: the job's other workers compile it themselves, or the compile worker does).
+#: Marshalled code a worker offers with its reply or the compile worker sends
+#: (`sandbox.compiler.MAX_CODE_BYTES`: no version that compiles is larger).
 MAX_SHIPPED_CODE = 1024 * 1024
 HEADER_BYTES = 4
 

@@ -482,3 +482,25 @@ def test_a_compile_in_flight_when_the_loop_closed_does_not_hold_the_next_loop() 
     finally:
         if pool._state != "stopped":
             asyncio.run(pool.stop())
+
+
+def test_a_version_too_big_to_ship_is_a_compile_error_remembered_not_a_crash() -> None:
+    # A version saved before the bytecode limit (or by a store this service did
+    # not check) made 7 MiB of code: the compile worker died writing its answer
+    # and the request's worker compiled it again, every request (red-team pass,
+    # session 34). Now it does not compile, once, and nothing dies.
+    from tests.service.core.test_script_compile import finally_in_finally
+    bomb = finally_in_finally(10)
+
+    async def scenario(pool: Pool) -> tuple[list[object], dict[str, int]]:
+        outs = []
+        for _ in range(3):
+            out = await pool.run(ref(bomb, "logic_bomb"), event({"a0": 1}), LIMITS, "g")
+            outs.append((out.status, out.error_kind, out.error_message))
+        return outs, pool.counters
+
+    outs, counters = run_with_pool(scenario, size=1, max_workers=4)
+    for status, kind, message in outs:
+        assert (status, kind) == (500, "script_error"), outs
+        assert "MiB of bytecode, over the 1 MiB limit" in (message or ""), outs
+    assert counters["crashes"] == 0 and counters["restarts"] == 0, counters

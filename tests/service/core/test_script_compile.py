@@ -32,6 +32,36 @@ def test_a_compile_bomb_is_refused_at_save_with_a_compile_error(db: Any) -> None
     assert Script.select().count() == 0
 
 
+def finally_in_finally(depth: int) -> str:
+    """``try/finally`` nested in ``finally`` blocks: CPython writes each level's
+    finally code twice (normal and exceptional way out), 2**depth copies."""
+    lines, indent = ["on endpoint(event):", "    x = 0"], "    "
+    for _ in range(depth):
+        lines += [indent + "try:", indent + "    x = x + 1", indent + "finally:"]
+        indent += "    "
+    lines += [indent + f"x = x + event.body['a{i}'] * 3 + len(str(x))" for i in range(10)]
+    return "\n".join(lines + ["    event.reply(x)"]) + "\n"
+
+
+def test_a_source_whose_bytecode_explodes_is_refused_at_save(db: Any) -> None:
+    # 1.7 KB compiled, within the CPU budget, to 7 MiB of bytecode (here 2 KB: 1.9): no
+    # worker could be sent it, and each request killed two workers compiling
+    # it again (red-team pass, session 34).
+    gid = make_guild()
+    bomb = finally_in_finally(10)
+    assert len(bomb) < 4000
+    with pytest.raises(core.ValidationError) as err:
+        core.create_script(OWNER, gid, "bomb", bomb)
+    assert err.value.code == "compile_error"
+    assert err.value.message.startswith("script does not compile: 1:1: script compiles to ")
+    assert err.value.message.endswith(
+        " MiB of bytecode, over the 1 MiB limit: a finally block is compiled once for every "
+        "way out of its try, so nested try/finally blocks multiply it")
+    assert Script.select().count() == 0
+    # A few levels, as a script may have, are saved.
+    core.create_script(OWNER, gid, "nested", finally_in_finally(4))
+
+
 def _counting_children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(compile_gate, "_verdicts", compile_gate.new_verdicts())
     children: list[str] = []
