@@ -58,9 +58,11 @@ _FUNCTIONS_RE = re.compile(r"\b(?:def|lambda|class)\b")
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """What the save-time compile found: nothing (``ok``) or the errors."""
+    """What the save-time compile found: nothing (``ok``) or the errors, and the
+    save-time checks' warnings (``sandbox.checks``, run in the same process)."""
 
     errors: tuple[CompileError, ...]
+    warnings: tuple[CompileError, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -127,7 +129,7 @@ def check_source(text: str, scope: str = "") -> Verdict:
     if left > 0:
         return Verdict(_failed(f"a compile of this guild's scripts failed; saves are refused "
                                f"for {math.ceil(left)} s more"))
-    errors, lasting = _run_child(text)
+    errors, lasting, warnings = _run_child(text)
     if errors is _CRASHED:
         with _lock:
             now = time.monotonic()
@@ -137,7 +139,7 @@ def check_source(text: str, scope: str = "") -> Verdict:
                     del _crashed[ended]
             while len(_crashed) > VERDICT_CACHE:
                 del _crashed[next(iter(_crashed))]
-    verdict = Verdict(errors)
+    verdict = Verdict(errors, warnings)
     if lasting:
         with _lock:
             _verdicts.put(scope, key, verdict)
@@ -176,8 +178,9 @@ CRASH_COOLDOWN_S = 60.0
 _crashed: dict[str, float] = {}
 
 
-def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
-    """The compile process's verdict, and whether it is the source's (lasting)."""
+def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool, tuple[CompileError, ...]]:
+    """The compile process's verdict, whether it is the source's (lasting), and
+    the save-time checks' warnings."""
     uid, gid = _sandbox_ids()
     params = {"cpu": limits.COMPILE_CPU_BUDGET_S, "mem": limits.COMPILE_MEMORY_BYTES,
               "uid": uid, "gid": gid, "wall": WALL_TIMEOUT_S,
@@ -187,26 +190,26 @@ def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
     source = text.encode("utf-8", "surrogatepass")
     if len(source) > MAX_SOURCE_BYTES:   # the compiler's own answer, without a process
         return (CompileError(1, 1, f"source is {len(source)} bytes, over the "
-                                   f"{MAX_SOURCE_BYTES}-byte limit"),), True
+                                   f"{MAX_SOURCE_BYTES}-byte limit"),), True, ()
     try:
         answer, ended = _ask_server(params, source)
     except compile_server.ServerGone as exc:
-        return _failed(str(exc)), False
+        return _failed(str(exc)), False, ()
     except TimeoutError:
-        return _failed("the compile server did not answer"), False
+        return _failed("the compile server did not answer"), False, ()
     except OSError as exc:
-        return _failed(f"compile process could not start: {exc.strerror}"), False
+        return _failed(f"compile process could not start: {exc.strerror}"), False, ()
     try:
         end = json.loads(ended)
         if end.get("busy"):
-            return _failed("too many scripts are being compiled at once; try again"), False
+            return _failed("too many scripts are being compiled at once; try again"), False, ()
         code, sig, wall = int(end["code"]), int(end["signal"]), bool(end["wall"])
     except (ValueError, KeyError, TypeError, AttributeError):
-        return _failed("the compile server did not answer"), False
+        return _failed("the compile server did not answer"), False, ()
     if wall:
-        return _too_long(text), False
+        return _too_long(text), False, ()
     if sig in (signal.SIGPROF, signal.SIGXCPU):
-        return _too_long(text), True
+        return _too_long(text), True, ()
     if code != 0 or sig:
         if sig:
             # A crash may be a probe of a memory bug: the next compile is forked
@@ -215,24 +218,26 @@ def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool]:
             # than that it failed.
             _server.retire(WALL_TIMEOUT_S + ANSWER_GRACE_S)
             log.warning("save-time compile process ended with signal %d", sig)
-            return _CRASHED, False
+            return _CRASHED, False, ()
         log.warning("save-time compile process ended with exit status %d", code)
-        return _failed("compile process failed"), False
+        return _failed("compile process failed"), False, ()
     if len(answer) > MAX_ANSWER_BYTES:
-        return _failed("compile process answered too much"), False
+        return _failed("compile process answered too much"), False, ()
     try:
         out = json.loads(answer)
         errors = tuple(CompileError(int(e[0]), int(e[1]), str(e[2])[:MAX_MESSAGE_CHARS])
                        for e in out["errors"][:MAX_ERRORS + 1])
+        warnings = tuple(CompileError(int(w[0]), int(w[1]), str(w[2])[:MAX_MESSAGE_CHARS])
+                         for w in out.get("warnings", ())[:MAX_ERRORS])
         over = bool(out["over"])
     except (ValueError, KeyError, TypeError, IndexError):
-        return _failed("compile process answered nonsense"), False
+        return _failed("compile process answered nonsense"), False, ()
     _note_inactive(out.get("inactive"))
     if over:
         return (CompileError(1, 1, f"script needs more than "
                                    f"{limits.COMPILE_MEMORY_BYTES >> 20} MB of memory to "
-                                   "compile"),), True
-    return errors, True
+                                   "compile"),), True, ()
+    return errors, True, warnings
 
 
 def _ask_server(params: dict[str, Any], source: bytes) -> tuple[bytes, bytes]:
@@ -343,6 +348,7 @@ def compile_child(params: dict[str, Any]) -> None:
     """The compile process, forked by the compile server (``sandbox.compile_server``):
     descriptor 0 and 1 are its data socket. Reads the source to its end,
     hardens, compiles within budget, writes the verdict and exits."""
+    from sandbox.checks import check_source as run_checks
     from sandbox.compiler import compile_script
     params["parent"] = os.getppid()   # the server: this process dies with it
     try:
@@ -364,13 +370,23 @@ def compile_child(params: dict[str, Any]) -> None:
     guarded = accountant.enforcing  # tracemalloc would slow the compile 8-24x
     if guarded:
         accountant.arm(int(params["mem"]))
+    found: list[list[Any]] = []
     try:
         result = compile_script(source)
+        if result.ok:
+            # The save-time checks (imports, builtins, handlers) parse and walk
+            # the source again: here, within the same budget, not in the
+            # service (red-team pass, session 34: 1.5 s of the service's CPU
+            # a save, holding its GIL up to 0.26 s at a time).
+            report = run_checks(source.decode("utf-8", "surrogatepass"))
+            errors = [[e.line, e.column, e.message] for e in report.errors[:MAX_ERRORS + 1]]
+            found = [[w.line, w.column, w.message] for w in report.warnings[:MAX_ERRORS]]
+        else:
+            errors = [[e.line, e.column, e.message] for e in result.errors]
     finally:
         over = accountant.disarm()[1] if guarded else False
     signal.setitimer(signal.ITIMER_PROF, 0)
-    errors = [[e.line, e.column, e.message] for e in result.errors]
-    answer = memoryview(json.dumps({"errors": errors, "over": over,
+    answer = memoryview(json.dumps({"errors": errors, "warnings": found, "over": over,
                                     "inactive": inactive}).encode())
     while answer:
         answer = answer[os.write(1, answer):]

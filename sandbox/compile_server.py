@@ -180,8 +180,9 @@ def main(ctl_fd: int, payload: dict[str, Any]) -> NoReturn:
     try:
         # Everything a compile needs, imported once: after the uid drop and
         # Landlock a compile process can open no file.
-        from sandbox import compile_gate, compiler, hardening, landlock, limits, seccomp_rules
-        del compiler, hardening, landlock, limits, seccomp_rules
+        from sandbox import (checks, compile_gate, compiler, hardening, landlock, limits,
+                             seccomp_rules)
+        del checks, compiler, hardening, landlock, limits, seccomp_rules
         gc.collect()
         gc.freeze()   # the imports' pages stay shared with every compile
         _serve(socket.socket(fileno=ctl_fd), compile_gate.compile_child,

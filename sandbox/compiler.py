@@ -42,7 +42,7 @@ MAX_MESSAGE_CHARS = 300
 #: is the same): CPython writes a `finally` block's code once for every way out
 #: of its `try`, so a 1.7 KB source of `try/finally` nested in `finally` blocks
 #: made 7 MiB, which no worker could be sent (red-team pass, session 34).
-MAX_CODE_BYTES = 1 << 20
+MAX_CODE_BYTES = 2 << 20
 
 # PEP 263 coding declaration, as tokenize matches it.
 _COOKIE_RE = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.ASCII)

@@ -79,8 +79,9 @@ BACKGROUND_CHARS = 16 << 20
 #: One guild's share of that queue: the others' long versions still get in.
 BACKGROUND_SHARE = 8
 #: Sources at most this long are left to the worker that compiles them for a job,
-#: which offers the code (under protocol.MAX_SHIPPED_CODE: marshalled code is a
-#: few times the source at most); longer ones are queued for the compile worker.
+#: which offers the code (under protocol.MAX_SHIPPED_CODE: ordinary code marshals
+#: to about twice its source; the compiler refuses more than that bound);
+#: longer ones are queued for the compile worker.
 OFFERED_SOURCE_CHARS = 128 * 1024
 #: Offered code larger than this many bytes per source character (plus 64 KiB)
 #: is not kept: a crafted offer could otherwise flush the shared cache.

@@ -285,9 +285,10 @@ def wipe_initial_environment() -> bool:
     return True
 
 
-def set_parent_death_signal(expected_parent: int) -> None:
-    """Die with the parent (the zygote with the service); a credential change clears it."""
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def set_parent_death_signal(expected_parent: int, signum: int = signal.SIGKILL) -> None:
+    """Get ``signum`` when the parent dies (the zygote: the service; the compile
+    process: its server); a credential change clears it."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
     if os.getppid() != expected_parent:  # parent died before the prctl
         os._exit(70)
 

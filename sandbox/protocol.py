@@ -50,7 +50,7 @@ MAX_JOB_BYTES = 5 * 1024 * 1024
 MAX_REPLY_BYTES = 4 * 1024 * 1024
 #: Marshalled code a worker offers with its reply or the compile worker sends
 #: (`sandbox.compiler.MAX_CODE_BYTES`: no version that compiles is larger).
-MAX_SHIPPED_CODE = 1024 * 1024
+MAX_SHIPPED_CODE = 2 * 1024 * 1024
 HEADER_BYTES = 4
 
 ERROR_KINDS = frozenset(

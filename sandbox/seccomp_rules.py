@@ -67,6 +67,10 @@ _EPERM_ALWAYS = (
     # The host's free memory and load (outside review, session 17): they move
     # with the memory and CPU other guilds' scripts use. capget names any pid.
     "sysinfo", "capget",
+    # Red-team pass, session 34: sync() writes back every file system of the
+    # host (loopable within a job); flock() on a descriptor every worker
+    # shares (its /dev/null) is a bit another guild's worker can read.
+    "sync", "syncfs", "flock",
 )
 # statmount and listmount (Linux 6.8; one number on every architecture since
 # 5.1's unified table): the host's mount table, which Landlock leaves open
@@ -88,9 +92,16 @@ _DENIED_IOCTLS = (0x5412, 0x541C,  # TIOCSTI, TIOCLINUX
                   0x8901, 0x8902, 0x5452)  # FIOSETOWN, SIOCSPGRP, FIOASYNC
 # fcntl commands that direct a signal at a process the caller names: F_SETOWN,
 # F_SETSIG, F_SETOWN_EX, F_SETLEASE (a lease's break signal), F_NOTIFY.
-_DENIED_FCNTLS = (8, 10, 15, 1024, 1026)
+_DENIED_FCNTLS = (8, 10, 15, 1024, 1026,
+                  # Record locks (F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW):
+                  # flock's channel by another call; a pipe's buffer grown to
+                  # 1 MiB (F_SETPIPE_SZ), kernel memory outside every memory
+                  # bound (red-team pass, session 34).
+                  6, 7, 37, 38, 1031)
 _IOCTL_CMD_MASK = 0xFFFFFFFF
 _PR_SET_PDEATHSIG = 1
+# The name `ps` and /proc show for the process (a worker called itself "sshd").
+_PR_SET_NAME = 15
 # Calls that read something of the process (or thread) their argument names,
 # with 0 meaning the caller (outside review, session 17: a sibling's CPU clock
 # showed when and how long another guild's script ran, getpriority() which
@@ -161,7 +172,8 @@ def build_seccomp_filter() -> Any:
     # The parent-death signal (security review, session 27): a save-time
     # compile process dies with the compile server that enforces its
     # wall-clock limit; unsetting it would let a taken-over one outlive it.
-    flt.add_rule(eperm, "prctl", sc.Arg(0, sc.MASKED_EQ, _IOCTL_CMD_MASK, _PR_SET_PDEATHSIG))
+    for option in (_PR_SET_PDEATHSIG, _PR_SET_NAME):
+        flt.add_rule(eperm, "prctl", sc.Arg(0, sc.MASKED_EQ, _IOCTL_CMD_MASK, option))
     # Resource limits of another process (a same-uid sibling: lowering its
     # RLIMIT_CPU or RLIMIT_AS kills the guild it serves); pid 0 is "myself",
     # which is what setrlimit() uses and what the CPU backstop needs.

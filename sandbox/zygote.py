@@ -33,7 +33,10 @@ did not fit in the control socket's queue).
 When the control socket closes (the service stops or dies, possibly with
 spawn requests still queued: the answer to one then fails) the zygote kills
 its workers, waits for them and exits; it does the same if its loop fails,
-and it dies with the service (PR_SET_PDEATHSIG).
+and when the service dies it is told (PR_SET_PDEATHSIG, SIGTERM) and does the
+same: a worker taken over by a script that ignores its channel's end must not
+outlive the service (red-team pass, session 34: one slept on, as `nobody`,
+after the service was killed).
 """
 from __future__ import annotations
 
@@ -183,6 +186,7 @@ class _Zygote:
             try:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)   # the fork server's alone
                 # Detach every socket object so that none of them closes a
                 # descriptor number later reused for the channel.
                 self.ctl.detach()
@@ -303,6 +307,20 @@ class _Zygote:
         self.children.clear()
 
 
+#: The fork server of this process, once made (for `_service_gone`).
+_current: list["_Zygote | None"] = [None]
+
+
+def _service_gone(signum: int, frame: Any) -> None:
+    """SIGTERM, the parent-death signal: the service died (or someone asked the
+    fork server to end). Its workers are killed and waited for, then it exits:
+    one that ignores its channel's end would otherwise live on."""
+    zygote = _current[0]
+    if zygote is not None:
+        zygote.end_children()
+    os._exit(0)
+
+
 def _batch_scheduling() -> None:
     """Put the fork server, and so every worker it forks, under SCHED_BATCH.
 
@@ -343,7 +361,8 @@ def _main(ctl_fd: int, cfg: worker.WorkerConfig, service_pid: int,
         except (OSError, ValueError):
             pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    hardening.set_parent_death_signal(service_pid)
+    signal.signal(signal.SIGTERM, _service_gone)
+    hardening.set_parent_death_signal(service_pid, signal.SIGTERM)
     _batch_scheduling()
     warm()
     # After the imports (which may read the environment), before any fork.
@@ -352,7 +371,7 @@ def _main(ctl_fd: int, cfg: worker.WorkerConfig, service_pid: int,
         # Exec'd: the address space that workers start from is ours, now.
         cfg = dataclasses.replace(cfg, hardening=dataclasses.replace(
             cfg.hardening, address_space=limits.current_address_space() + as_headroom))
-    zygote = _Zygote(ctl_fd, cfg)
+    zygote = _current[0] = _Zygote(ctl_fd, cfg)
     # A Python-level SIGCHLD handler that does nothing: its only effect is the
     # byte written to the wakeup fd, which ends select() so we reap at once.
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)

@@ -1,5 +1,8 @@
 """Save-time checks on script source, for every front: compile, then `sandbox.checks`.
 
+Both run in the sandboxed save-time compile process (`sandbox.compile_gate`);
+the functions below run the checks in this process, for a build without it.
+
 `refuse_errors(text)` raises the same `CompileError` (`compile_error`,
 `"script does not compile: LINE:COL: message; ..."`) as a syntax error, so a
 front shows a refused import exactly like a typo.  `warnings_of(text)` gives
@@ -42,6 +45,5 @@ def stored_warnings(raw: str | None) -> list[dict[str, Any]]:
 def check_source(source: str | bytes) -> dict[str, Any]:
     """`{"ok": true, "warnings": [...]}` for a source that would be accepted.
     Raises `ValidationError` exactly as saving it would."""
-    from service.core.scripts import validate_source    # scripts imports this module
-    text = validate_source(source)
-    return {"ok": True, "warnings": warnings_of(text)}
+    from service.core.scripts import checked_source    # scripts imports this module
+    return {"ok": True, "warnings": checked_source(source)[1]}

@@ -490,7 +490,7 @@ def test_a_version_too_big_to_ship_is_a_compile_error_remembered_not_a_crash() -
     # and the request's worker compiled it again, every request (red-team pass,
     # session 34). Now it does not compile, once, and nothing dies.
     from tests.service.core.test_script_compile import finally_in_finally
-    bomb = finally_in_finally(10)
+    bomb = finally_in_finally(11)
 
     async def scenario(pool: Pool) -> tuple[list[object], dict[str, int]]:
         outs = []
@@ -499,8 +499,10 @@ def test_a_version_too_big_to_ship_is_a_compile_error_remembered_not_a_crash() -
             outs.append((out.status, out.error_kind, out.error_message))
         return outs, pool.counters
 
+    from sandbox import compiler, protocol
+    assert protocol.MAX_SHIPPED_CODE == compiler.MAX_CODE_BYTES   # every version can be sent
     outs, counters = run_with_pool(scenario, size=1, max_workers=4)
     for status, kind, message in outs:
         assert (status, kind) == (500, "script_error"), outs
-        assert "MiB of bytecode, over the 1 MiB limit" in (message or ""), outs
+        assert "MiB of bytecode, over the 2 MiB limit" in (message or ""), outs
     assert counters["crashes"] == 0 and counters["restarts"] == 0, counters

@@ -227,3 +227,52 @@ def test_a_worker_whose_pidfd_did_not_arrive_is_not_used() -> None:
         assert all(w.pidfd >= 0 for w in pool._workers.values() if w is not None)
 
     run_with_pool(scenario, size=1, spares=1)
+
+
+_IGNORES_ITS_CHANNEL = '''
+import resource, time
+hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))   # the backstop is its own to move
+while True:          # never reads its channel again: never sees it close
+    time.sleep(0.2)
+'''
+_SERVICE = '''
+import asyncio, sys
+sys.path[:0] = [ROOT]
+from tests.sandbox.poolkit import run_with_pool
+async def scenario(pool):
+    print("WORKERS", *pool.worker_pids, flush=True)
+    await pool._test_exec(HOOK, timeout_ms=60000)
+run_with_pool(scenario, size=1, _unsafe_test_hooks=True)
+'''
+
+
+def test_a_worker_that_ignores_its_channel_does_not_outlive_a_killed_service() -> None:
+    # Red-team pass, session 34: a taken-over worker that never reads its
+    # channel again (standing in: the test hook) slept on as `nobody`,
+    # reparented to init, after the service was SIGKILLed (the OOM killer, a
+    # crash): its fork server died with the service and killed nobody. Now
+    # the fork server is told of the service's death and kills its workers.
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = _SERVICE.replace("ROOT", repr(root)).replace("HOOK", repr(_IGNORES_ITS_CHANNEL))
+    service = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert service.stdout is not None
+        line = service.stdout.readline()
+        assert line.startswith("WORKERS "), line
+        workers = [int(pid) for pid in line.split()[1:]]
+        time.sleep(1.0)                      # the hook runs: the worker stopped listening
+        assert workers and all(alive(pid) for pid in workers)
+    finally:
+        service.kill()
+        service.wait(10)
+        service.stdout.close()   # type: ignore[union-attr]
+    deadline = time.monotonic() + 5.0
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in workers if alive(pid)]
+    for pid in left:                         # do not leave it behind for the next tests
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "a worker outlived the service"

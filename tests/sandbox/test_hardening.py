@@ -748,6 +748,53 @@ def test_a_worker_cannot_watch_another_process(seccomp: bool) -> None:
     assert others == dict.fromkeys(others, errno.EPERM), others
 
 
+HOST_PROBE = ATTEMPT + '''
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+def c_call(fn, *args):
+    def call():
+        ctypes.set_errno(0)
+        if fn(*args) == -1 and ctypes.get_errno():
+            raise OSError(ctypes.get_errno(), "")
+    return call
+def sync():
+    ctypes.set_errno(0)
+    libc.sync()   # returns nothing: only errno tells
+    if ctypes.get_errno():
+        raise OSError(ctypes.get_errno(), "")
+attempt("sync", sync)
+attempt("syncfs", c_call(libc.syncfs, 2))
+attempt("flock", c_call(libc.flock, 2, 2 | 4))                  # LOCK_EX | LOCK_NB on stderr
+lock = (ctypes.c_short * 16)()                                     # struct flock, F_WRLCK (1)
+lock[0] = 1
+attempt("fcntl_setlk", c_call(libc.fcntl, 2, 6, ctypes.byref(lock)))
+read_end, write_end = os.pipe()
+attempt("pipe_size", c_call(libc.fcntl, write_end, 1031, 1 << 20))
+attempt("set_name", c_call(libc.prctl, 15, b"sshd", 0, 0, 0))
+result = res
+'''
+
+
+@pytest.mark.parametrize("seccomp", [True, False])
+def test_a_worker_cannot_touch_host_wide_or_shared_kernel_state(seccomp: bool) -> None:
+    # Red-team pass, session 34, each from a taken-over worker: sync() wrote
+    # back every file system of the host (in a loop, for a whole job); flock()
+    # or a record lock on the /dev/null every worker shares is a bit another
+    # guild's worker reads; a pipe grown to 1 MiB is kernel memory outside
+    # every memory bound; prctl(PR_SET_NAME) showed it as "sshd" in ps.
+    async def scenario(pool: Pool) -> dict[str, Any]:
+        ok, res, _ = await exec_seen(pool, HOST_PROBE)
+        assert ok, res
+        return res  # type: ignore[no-any-return]
+
+    res = run_with_pool(scenario, size=1, _unsafe_test_hooks=True, seccomp=seccomp)
+    if not seccomp:
+        assert res["sync"] == "allowed" and res["pipe_size"] == "allowed", res
+        assert res["set_name"] == "allowed", res
+        return
+    assert res == dict.fromkeys(res, errno.EPERM) and len(res) == 6, res
+
+
 I386_GETPID = '''
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
