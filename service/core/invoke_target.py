@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +25,7 @@ from models.change_feed import ChangeFeed
 from models.db import database
 from models.db_errors import connection_lost
 from service.core.lookup_query import (SKIPPED, Backlogged, LookupStalled, Query, answer_of,
-                                       close_held, feed_noticed, retrieve, shut)
+                                       feed_noticed, retrieve, say_refused)
 from service.core.target_read import InvokeTarget, load_target
 from service.core.target_generation import generation
 from service.core.wal_index import WalIndex
@@ -49,10 +48,14 @@ FEED_NOTICE_S = 1.0
 #: How long remembered answers are served once the change feed's connection
 #: broke (`database.outage_serve_s`); 0: never (fail closed).
 OUTAGE_SERVE_S = 30.0
-#: A lookup's query unanswered after this long counts as a lost connection: a
-#: server, proxy or network that keeps the connection open but answers nothing
-#: (the lookup thread's socket is then shut, which frees the thread).
+#: A lookup's query unanswered after this long is cancelled; with no answer to
+#: the cancel either it counts as a lost connection: a server, proxy or network
+#: that keeps the connection open but answers nothing (the lookup thread's
+#: socket is then shut, which frees the thread; `service.core.lookup_query`).
 LOOKUP_TIMEOUT_S = 2.0
+#: The lookup threads' sessions cancel a statement themselves after this long
+#: past `lookup_timeout_s` (`statement_timeout`), should the cancel not reach them.
+SERVER_MARGIN_S = 3.0
 
 
 class TargetsUnavailable(Exception):
@@ -97,8 +100,9 @@ class TargetCache:
     the query on one of two threads (at most `MAX_PENDING` waiting).
 
     PostgreSQL unreachable (a query fails with a connection error,
-    `connection_lost`, or stalls past `lookup_timeout_s`): the answers read
-    under the generation current when the feed's connection broke
+    `connection_lost`, or stalls past `lookup_timeout_s` and its cancel
+    brings no answer: a query blocked by a lock is cancelled, no outage):
+    the answers read under the generation current when the feed's connection broke
     (`ChangeFeed.vouched_until`) are served as they are, for at most
     `outage_serve_s` after the feed noticed the break (`ChangeFeed.lost_at`;
     0: never), unless the server was seen up since (`_answered_unvouched`).
@@ -255,7 +259,7 @@ class TargetCache:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="logic-lookup")
         self._pending += 1
-        query = Query()
+        query = Query(self._lookup_timeout + SERVER_MARGIN_S)
         future = asyncio.get_running_loop().run_in_executor(
             self._executor, self._query, query, guild_id, script_id, probe)
         future.add_done_callback(retrieve)
@@ -263,10 +267,9 @@ class TargetCache:
             found = await answer_of(query, future, self._lookup_timeout)
         except (OperationalError, InterfaceError) as err:
             if waited or feed is None or not feed.healthy or not connection_lost(err):
-                return self._failed(err, key)
+                return self._failed(err, key, cancelled=query.abandoned)
             lost_first = True
         except LookupStalled as err:
-            shut(query.held)
             self._unreachable(err, key, answer=False)
             if not waited and feed is not None and feed.healthy:
                 await self._feed_notices(feed)   # its heartbeat finds the same stall
@@ -299,8 +302,8 @@ class TargetCache:
         return found   # type: ignore[no-any-return]
 
     def _query(self, query: Query, guild_id: str, script_id: str, probe: bool) -> Any:
-        """`load_target` on a lookup thread; `query.held` has a duplicate of
-        its connection's socket meanwhile, for `shut` should it stall."""
+        """`load_target` on a lookup thread, under `query` (its connection and
+        socket known, for `given_up` should it stall)."""
         # (Plain attributes only: the feed's `generation` polls its socket,
         # which one thread at a time may do, the loop's.)
         feed = self._feed
@@ -308,14 +311,11 @@ class TargetCache:
                                and (feed is None or not feed.healthy)):
             return SKIPPED   # given up on, or an outage began while it waited
         query.started = time.monotonic()
-        try:
-            query.held.append(os.dup(database.connection().fileno()))
-        except (OSError, AttributeError, OperationalError, InterfaceError):
-            pass   # not connected (load_target says why), or no socket to hold
-        try:
+        watching = getattr(database.obj, "watching", None)
+        if watching is None:
             return load_target(guild_id, script_id, self._plans)
-        finally:
-            close_held(query.held)
+        with watching(query):
+            return load_target(guild_id, script_id, self._plans)
 
     def _answered_unvouched(self, feed: ChangeFeed, started: float | None) -> None:
         """A query begun after the feed's loss was answered: the server is up and
@@ -349,8 +349,10 @@ class TargetCache:
                             " remembered endpoint answers are no longer served", self._serve_s)
         raise TargetsUnavailable("the database is unreachable")
 
-    def _failed(self, err: BaseException, key: tuple[str, str]) -> InvokeTarget | None:
-        """A lookup's query failed: an outage only when the connection was lost."""
+    def _failed(self, err: BaseException, key: tuple[str, str],
+                cancelled: bool = False) -> InvokeTarget | None:
+        """A lookup's query failed: an outage only when the connection was lost.
+        `cancelled`: it had run `lookup_timeout_s` and was cancelled (a lock)."""
         if connection_lost(err):
             return self._unreachable(err, key)
         # The server is up and said no: no outage (one that was on ends here),
@@ -358,11 +360,7 @@ class TargetCache:
         self._end_outage()
         if not self._refusing:
             self._refusing = True
-            # The error's kind and SQLSTATE only: its text may carry the server's address.
-            orig = err.args[0] if err.args and isinstance(err.args[0], BaseException) else err
-            log.warning("the database refused an endpoint lookup (%s, SQLSTATE %s): such "
-                        "lookups get 503 busy, never a remembered answer",
-                        type(orig).__name__, getattr(orig, "pgcode", None) or "none")
+            say_refused(log, err, self._lookup_timeout if cancelled else None)
         raise TargetsUnavailable("the database refused the lookup")
 
     def _unreachable(self, err: BaseException, key: tuple[str, str],

@@ -1,0 +1,200 @@
+"""Giving up on a thread's PostgreSQL statement: cancel it on the server, free the thread.
+
+A `StatementWatch` is installed on the thread that runs the statements
+(`ReconnectingPostgresqlDatabase.watching`). While it is, the database tells
+it the connection each statement runs on (`attach`, on that thread, before
+the statement) and when a statement runs (`running`). Another thread that
+decides the statement has waited too long gives up on it:
+
+1. `abandon()`: from now on the database's automatic reconnect never runs
+   the statement again. (It would: once the socket is shut, libpq reports
+   "server closed the connection", one of the reconnect errors, and peewee's
+   `ReconnectMixin` ran the query again on a new socket nobody watched; a
+   statement blocked by a lock kept its thread for as long as the lock
+   lasted. Outside attack pass, session 35.)
+2. `cancel(grace)`: asks the server to cancel it, `pg_cancel_backend` over a
+   new connection, made without blocking and given up after `grace` seconds.
+   psycopg2's `connection.cancel()` is not used: it holds the GIL while it
+   waits for the server's answer, so a stalled server or proxy would freeze
+   the whole process (every thread, the event loop included), for ever.
+3. `shut()`: shuts the connection's socket (through a duplicate taken in
+   `attach`), so a statement still waiting fails now. A statement given up
+   on ends its connection either way: the database closes it (or, inside a
+   transaction, shuts it) once the statement returns, so a cancel that lands
+   late can never hit another statement.
+
+Each connection attached also gets a server-side `statement_timeout` of
+`server_timeout_s` (lowered to it, never raised: an operator's lower one
+stands), should the cancel not reach the server.
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import peewee
+from peewee import OperationalError
+
+#: A cancel's connection and query, at most (`StatementWatch.cancel`'s default grace).
+CANCEL_GRACE_S = 0.5
+
+_BELT_SQL = ("SELECT set_config('statement_timeout', %s, false) "
+             "WHERE current_setting('statement_timeout')::interval "
+             "NOT BETWEEN interval '1 ms' AND %s::interval")
+
+#: The connections that got their server-side bound (ms), so that each gets it once.
+_belted: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_belted_lock = threading.Lock()
+
+
+class StatementWatch:
+    """What a thread's running statement needs to be given up on from another thread."""
+
+    def __init__(self, server_timeout_s: float | None = None) -> None:
+        #: Given up on: never retried, and nothing more runs on its connection.
+        self.abandoned = False
+        self._server_timeout_ms = (None if server_timeout_s is None
+                                   else max(1, int(server_timeout_s * 1000)))
+        self._lock = threading.Lock()
+        self._conn: Any = None          # the psycopg2 connection last attached
+        self._fd: int | None = None     # a duplicate of its socket
+        self._pid: int | None = None    # its backend
+        self._target: tuple[str, dict[str, Any]] | None = None   # (dbname, connect params)
+
+    # On the watched thread -------------------------------------------------
+
+    def attach(self, db: Any) -> None:
+        """Before a statement: note the connection it runs on (opening it if
+        needed), and give a new one its server-side bound."""
+        if self.abandoned:
+            raise OperationalError("the database connection timed out: the statement "
+                                   "was given up on")
+        conn = db.connection()
+        if conn is self._conn:
+            return
+        try:
+            fd: int | None = os.dup(conn.fileno())
+        except (OSError, AttributeError, ValueError):
+            fd = None
+        try:
+            pid: int | None = int(conn.info.backend_pid)
+        except (AttributeError, TypeError, ValueError):
+            pid = None
+        with self._lock:
+            self._close_fd()
+            self._conn, self._fd, self._pid = conn, fd, pid
+            self._target = (db.database, dict(db.connect_params))
+        bound = self._server_timeout_ms
+        if bound is not None:
+            with _belted_lock:
+                done = _belted.get(conn) == bound
+            if not done:
+                with peewee.__exception_wrapper__:   # type: ignore[attr-defined]
+                    with conn.cursor() as cur:
+                        cur.execute(_BELT_SQL, (f"{bound}ms", f"{bound} ms"))
+                with _belted_lock:
+                    _belted[conn] = bound
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Around one statement (a subclass may time it)."""
+        yield
+
+    def detach(self) -> None:
+        """The watched thread is done with the watch: its duplicate is closed."""
+        with self._lock:
+            self._close_fd()
+            self._conn = None
+
+    # From another thread ---------------------------------------------------
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+    def cancel(self, grace: float = CANCEL_GRACE_S) -> bool:
+        """Ask the server to cancel the statement (see the module docstring);
+        True when it signalled the backend. Blocks `grace` seconds at most,
+        without holding the GIL."""
+        with self._lock:
+            pid, target = self._pid, self._target
+        if pid is None or target is None:
+            return False
+        return cancel_backend(target[0], target[1], pid, grace)
+
+    def shut(self) -> None:
+        """Shut the connection's socket: a statement waiting on it fails now."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            os.close(fd)
+            return
+        with sock:   # closes the duplicate
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+
+def cancel_backend(dbname: str, params: dict[str, Any], pid: int, timeout: float) -> bool:
+    """`pg_cancel_backend(pid)` over a new, asynchronous connection; True when
+    the server signalled the backend. Gives up after `timeout` seconds (a
+    stalled or unreachable server): never blocks longer, never holds the GIL
+    while it waits."""
+    import psycopg2  # type: ignore[import-untyped,unused-ignore]
+
+    deadline = time.monotonic() + timeout
+    try:
+        conn = psycopg2.connect(dbname=dbname, async_=True, **params)
+    except psycopg2.Error:
+        return False
+    try:
+        _wait(conn, deadline)
+        cur = conn.cursor()
+        cur.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        _wait(conn, deadline)
+        row = cur.fetchone()
+        return bool(row and row[0])
+    except (psycopg2.Error, OSError, TimeoutError):
+        return False
+    finally:
+        try:
+            conn.close()
+        except psycopg2.Error:
+            pass
+
+
+def _wait(conn: Any, deadline: float) -> None:
+    """Drive an asynchronous psycopg2 connection until its operation is done."""
+    import psycopg2.extensions as ext  # type: ignore[import-untyped,unused-ignore]
+
+    while True:
+        state = conn.poll()
+        if state == ext.POLL_OK:
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError()
+        if state == ext.POLL_READ:
+            select.select([conn.fileno()], [], [], left)
+        elif state == ext.POLL_WRITE:
+            select.select([], [conn.fileno()], [], left)
+        else:
+            raise OSError(f"unexpected poll state {state}")
