@@ -14,23 +14,21 @@ thread pool gets one connection per worker thread, opened on first use and
 reused.  `close()` closes the calling thread's connection.  A PostgreSQL
 connection the server dropped is reopened on the next statement outside a
 transaction (see `ReconnectingPostgresqlDatabase`), except a statement given
-up on (`watching`, `models.db_watch`).
+up on (`models.db_watched`).
 """
 from __future__ import annotations
 
 import logging
 import os
 import sqlite3
-import threading
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlparse, urlsplit
 
 from peewee import (Database, DatabaseProxy, InterfaceError, Model, OperationalError,
                     PostgresqlDatabase, SqliteDatabase)
 from playhouse.shortcuts import ReconnectMixin  # type: ignore[import-untyped]
 
-from models.db_watch import StatementWatch
+from models.db_watched import WatchedMixin
 
 # peewee logs every query WITH its parameters at DEBUG: script source, request
 # bodies and hashes would reach the logs of an operator who turns on DEBUG.
@@ -187,16 +185,17 @@ class BaseModel(Model):
         legacy_table_names = False
 
 
-class ReconnectingPostgresqlDatabase(ReconnectMixin, PostgresqlDatabase):  # type: ignore[misc]
+class ReconnectingPostgresqlDatabase(WatchedMixin, ReconnectMixin,  # type: ignore[misc]
+                                     PostgresqlDatabase):
     """PostgreSQL that reopens a connection the server dropped (restart,
     failover, idle timeout).  The mixin never retries inside a transaction,
     and every write here runs in one, so a retried statement is a read or a
     BEGIN: nothing is applied twice.
 
-    A thread that runs its statements under a `StatementWatch` (`watching`)
-    tells it each statement's connection and span, and a statement the
-    watch gave up on is never retried: its connection ends with it (see
-    `models.db_watch`)."""
+    A thread that runs its statements under a `StatementWatch` (`watching`,
+    `models.db_watched`) tells it each statement's connection and span, and
+    a statement the watch gave up on is never retried: its connection ends
+    with it."""
 
     #: Connection parameters the URL's query string set (`open_database`).
     url_params: frozenset[str] = frozenset()
@@ -207,77 +206,6 @@ class ReconnectingPostgresqlDatabase(ReconnectMixin, PostgresqlDatabase):  # typ
         (OperationalError, "could not receive data from server"),
         (InterfaceError, "connection already closed"),
     )
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._watches = threading.local()
-
-    @contextmanager
-    def watching(self, watch: StatementWatch) -> Iterator[StatementWatch]:
-        """The calling thread's statements run under `watch` meanwhile."""
-        previous = getattr(self._watches, "watch", None)
-        self._watches.watch = watch
-        try:
-            yield watch
-        finally:
-            self._watches.watch = previous
-            watch.detach()
-
-    def _reconnect(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        watch: StatementWatch | None = getattr(self._watches, "watch", None)
-        if watch is None:
-            return super()._reconnect(func, *args, **kwargs)
-        with watch.running():
-            try:
-                watch.attach(self)
-                try:
-                    return func(*args, **kwargs)
-                except Exception as exc:
-                    # Given up on: never again, on a socket nobody watches.
-                    if watch.abandoned or self.in_transaction() or not self._reconnectable(exc):
-                        raise
-                if not self.is_closed():
-                    self.close()
-                self.connect()
-                watch.attach(self)
-                return func(*args, **kwargs)
-            finally:
-                if watch.abandoned:
-                    self._end_abandoned(watch)
-
-    def commit(self) -> None:
-        self._watched(super().commit)
-
-    def rollback(self) -> None:
-        self._watched(super().rollback)
-
-    def _watched(self, func: Callable[[], Any]) -> Any:
-        watch: StatementWatch | None = getattr(self._watches, "watch", None)
-        if watch is None:
-            return func()
-        with watch.running():
-            try:
-                if not self.is_closed():
-                    watch.attach(self)
-                return func()
-            finally:
-                if watch.abandoned:
-                    self._end_abandoned(watch)
-
-    def _reconnectable(self, exc: BaseException) -> bool:
-        fragments = self._reconnect_errors.get(type(exc), ())
-        text = str(exc).lower()
-        return any(fragment in text for fragment in fragments)
-
-    def _end_abandoned(self, watch: StatementWatch) -> None:
-        """A statement given up on returned: its connection is used no more
-        (a cancel landing late must not hit the next statement)."""
-        watch.shut()
-        if not self.in_transaction():   # else the transaction's rollback fails, then a reconnect
-            try:
-                self.close()
-            except Exception:  # noqa: BLE001 - closing a shut connection may complain
-                self._state.reset()
 
 
 class DatabaseURLError(ValueError):

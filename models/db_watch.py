@@ -66,6 +66,7 @@ class StatementWatch:
         self._fd: int | None = None     # a duplicate of its socket
         self._pid: int | None = None    # its backend
         self._target: tuple[str, dict[str, Any]] | None = None   # (dbname, connect params)
+        self._running = False           # a statement runs (`running`)
 
     # On the watched thread -------------------------------------------------
 
@@ -80,11 +81,11 @@ class StatementWatch:
             return
         try:
             fd: int | None = os.dup(conn.fileno())
-        except (OSError, AttributeError, ValueError):
+        except Exception:  # noqa: BLE001 - closed (the statement says so), or no socket
             fd = None
         try:
             pid: int | None = int(conn.info.backend_pid)
-        except (AttributeError, TypeError, ValueError):
+        except Exception:  # noqa: BLE001 - as above
             pid = None
         with self._lock:
             self._close_fd()
@@ -103,8 +104,18 @@ class StatementWatch:
 
     @contextmanager
     def running(self) -> Iterator[None]:
-        """Around one statement (a subclass may time it)."""
-        yield
+        """Around one statement: from its start to its end (with its retry)."""
+        with self._lock:
+            self._running = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running = False
+
+    def timed_out(self, err: BaseException) -> Exception | None:
+        """What a statement given up on raises instead of `err` (None: `err`)."""
+        return None
 
     def detach(self) -> None:
         """The watched thread is done with the watch: its duplicate is closed."""
@@ -114,8 +125,12 @@ class StatementWatch:
 
     # From another thread ---------------------------------------------------
 
-    def abandon(self) -> None:
-        self.abandoned = True
+    def abandon(self) -> bool:
+        """Give up on the statement running now, or any the thread would begin;
+        True when one was running (then `cancel` and `shut` are for it)."""
+        with self._lock:
+            self.abandoned = True
+            return self._running
 
     def cancel(self, grace: float = CANCEL_GRACE_S) -> bool:
         """Ask the server to cancel the statement (see the module docstring);
@@ -151,6 +166,83 @@ class StatementWatch:
             except OSError:
                 pass
             self._fd = None
+
+
+class StatementTimedOut(OperationalError):
+    """A statement a `DeadlineWatch` gave up on: no answer within its limit."""
+
+
+class DeadlineWatch(StatementWatch):
+    """Gives up on any statement of its thread still running `limit` seconds
+    after it began (its connection included): a thread of its own watches
+    the clock. The statement then fails with `StatementTimedOut` (the
+    database raises it in place of the error the give-up caused), and the
+    next one starts afresh (on a new connection: the database reconnects)."""
+
+    def __init__(self, limit: float, server_timeout_s: float | None = None,
+                 name: str = "logic-db-watch", grace: float = CANCEL_GRACE_S) -> None:
+        super().__init__(server_timeout_s)
+        self.limit = limit
+        self.grace = grace
+        #: Statements given up on so far.
+        self.gave_up = 0
+        self._cond = threading.Condition(self._lock)
+        self._serial = 0
+        self._started_at = 0.0
+        self._closed = False
+        self._thread = threading.Thread(target=self._watch, name=name, daemon=True)
+        self._thread.start()
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        with self._cond:
+            self.abandoned = False
+            self._serial += 1
+            self._started_at = time.monotonic()
+            self._running = True
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
+
+    def timed_out(self, err: BaseException) -> Exception | None:
+        return StatementTimedOut(f"timed out: no answer within {self.limit:g} s")
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _watch(self) -> None:
+        seen = 0   # the last statement looked at
+        while True:
+            with self._cond:
+                while not self._closed and not (self._running and self._serial != seen):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                seen = self._serial
+                deadline = self._started_at + self.limit
+                while self._running and self._serial == seen and not self._closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                if self._closed or not (self._running and self._serial == seen):
+                    continue
+                self.abandoned = True
+                self.gave_up += 1
+            self.cancel(self.grace)
+            with self._cond:
+                settle = time.monotonic() + self.grace / 2
+                while self._running and self._serial == seen and time.monotonic() < settle:
+                    self._cond.wait(settle - time.monotonic())
+                stuck = self._running and self._serial == seen
+            if stuck:
+                self.shut()
 
 
 def cancel_backend(dbname: str, params: dict[str, Any], pid: int, timeout: float) -> bool:

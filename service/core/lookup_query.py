@@ -53,8 +53,9 @@ SKIPPED = object()
 
 async def answer_of(query: Query, future: asyncio.Future[Any], limit: float) -> Any:
     """The query's answer (or error); `LookupStalled` when it ran `limit`
-    seconds without one and the cancel brought none (`given_up`), `Backlogged` when it waited too long for a thread (the
-    time a lookup waits for a thread is not the server's)."""
+    seconds without one and the cancel brought none (`given_up`),
+    `Backlogged` when it waited too long for a thread (the time a lookup
+    waits for a thread is not the server's)."""
     queued_at = time.monotonic()
     while True:
         now = time.monotonic()
@@ -79,8 +80,8 @@ async def given_up(query: Query, future: asyncio.Future[Any]) -> Any:
     the server (on a thread of its own: the cancel connects), and its own
     outcome taken if it comes within `CANCEL_WAIT_S` (a server that is up
     answers the cancel at once); else its socket is shut: `LookupStalled`."""
-    query.abandon()
-    threading.Thread(target=query.cancel, name="logic-lookup-cancel", daemon=True).start()
+    if query.abandon():   # else it ended meanwhile: its outcome is on its way
+        threading.Thread(target=query.cancel, name="logic-lookup-cancel", daemon=True).start()
     try:
         return await asyncio.wait_for(asyncio.shield(future), CANCEL_WAIT_S)
     except asyncio.TimeoutError:

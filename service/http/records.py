@@ -13,11 +13,15 @@ add up to the same rows; a batch over fewer endpoints brings the short wait
 back (docs/performance.md: with 1,000 endpoints in rotation the writer's CPU
 per request halves). `stop()` writes everything still queued, so a
 SIGTERM loses no record; with a `Journal` (as `logic serve` runs it) a crash
-of the process loses none either (service.http.journal).
+of the process loses none either (service.http.journal). What a stop leaves
+unwritten (the database unreachable, or the writer still in a statement when
+the stop's wait ends) is counted: `dropped`, or `kept` by the journal.
 
-While the database is unreachable (a write fails with a connection error),
-entries stay queued, in order, and the writer retries (0.25 s, doubling to
-2 s); they are written once it answers, each exactly once. The bound
+While the database is unreachable (a write fails with a connection error, or
+a statement gets no answer within `WRITE_TIMEOUT_S` on PostgreSQL:
+service.http.record_outage), entries stay queued, in order, and the writer
+retries (0.25 s, doubling to 2 s); they are written once it answers, each
+exactly once. The bound
 (`max_queued`) counts every entry not yet written: queued, in the batch being
 written, or held by a batch that found the database down; past it, new
 entries are dropped and counted, with one warning per episode. Other write
@@ -45,15 +49,13 @@ from peewee import InterfaceError, OperationalError
 
 from service.http.journal import Journal
 from service.http.journal_facts import JournaledRequest
-from service.http.record_batches import expand, local_reason, mark_of
+from service.http.record_batches import expand, mark_of
+from service.http.record_outage import RETRY_MAX_S, RETRY_S, WRITE_TIMEOUT_S, Outage
 from service.http.write_barrier import WriteBarrier
 
 log = logging.getLogger("logic.records")
 
-
-#: While the database is unreachable: first retry after this, doubling up to RETRY_MAX_S.
-RETRY_S = 0.25
-RETRY_MAX_S = 2.0
+__all__ = ["RecordWriter", "Recordable", "RETRY_S", "RETRY_MAX_S", "WRITE_TIMEOUT_S"]
 #: A batch over more endpoints than this makes the writer wait SPREAD_INTERVAL_S next.
 SPREAD_ENDPOINTS = 256
 SPREAD_INTERVAL_S = 1.0
@@ -107,16 +109,16 @@ class RecordWriter:
         self._thread: threading.Thread | None = None
         self.written = 0
         self.dropped = 0
+        #: Unwritten at stop, kept by the journal for the next start.
+        self.kept = 0
+        self._counted_at_stop = False
         self.failed_batches = 0
         self._sealed: list[Path] = []
         self._held: list[Any] = []
         #: Entries of the batch being written now: still unwritten, so they count
         #: towards `max_queued` (the batch becomes `_held` if the database is down).
         self._in_flight = 0
-        self._down_since: float | None = None
-        self._dropped_at_outage = 0
-        self._retry_s = RETRY_S
-        self._down_words = ("the database is unreachable", "the database is reachable")
+        self._outage = Outage(max_queued)
         self._overflowing = False
         self._barriers = 0   # WriteBarriers queued (service.http.write_barrier)
 
@@ -179,32 +181,51 @@ class RecordWriter:
                         self._journal_errors, err.strerror or err)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Write everything queued, then end the thread."""
+        """Write everything queued, then end the thread. If it is still busy
+        after `timeout` (a write that does not end), what it has not written
+        is counted now: dropped, or kept by the journal."""
         if self._thread is None:
             return
         self._stopping = True
         self._wake.set()
         self._stop_wait.set()
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._count_unwritten(self.pending, f"the records writer is still writing after "
+                                                f"{timeout:g} s")
         self._thread = None
+
+    def _count_unwritten(self, left: int, why: str) -> None:
+        """At stop (once): `left` records are not written by this process."""
+        if self._counted_at_stop:
+            return
+        self._counted_at_stop = True
+        if not left:
+            return
+        log.warning("stopping with %d records unwritten (%s)%s", left, why,
+                    "; the journal keeps them" if self._journal else "")
+        if self._journal is None:
+            self.dropped += left
+        else:
+            self.kept += left
 
     @property
     def database_down(self) -> bool:
         """True from a failed write that found the database unreachable to the next success."""
-        return self._down_since is not None
+        return self._outage.down
 
     def _run(self) -> None:
         if self._on_start:
             self._on_start()
         try:
             while True:
-                if self._down_since is None:
+                if not self._outage.down:
                     self._wake.wait(self.next_wait)
                 else:  # a full queue must not make the writer hammer a database that is down
-                    self._stop_wait.wait(self._retry_s)
+                    self._stop_wait.wait(self._outage.retry_s)
                 self._wake.clear()
                 stopping = self._stopping  # read before draining: nothing is left behind
-                if self._down_since is not None and self._held and not stopping:
+                if self._outage.down and self._held and not stopping:
                     # Probe with the held batch alone: no journal segment is
                     # sealed (kept open and mapped) per turn of a long outage.
                     if self._flush(self._held):
@@ -228,14 +249,9 @@ class RecordWriter:
                     if self._held:
                         self._queue.extendleft(reversed(self._held))
                         self._held = []
-                    if self._queue:
-                        # The database is down at shutdown: the journal keeps them
-                        # for the next start (without one they are lost, counted).
-                        log.warning("stopping with %d records unwritten (the database is "
-                                    "unreachable)%s", len(self._queue),
-                                    "; the journal keeps them" if self._journal else "")
-                        if self._journal is None:
-                            self.dropped += len(self._queue)
+                    # The database is down at shutdown: the journal keeps them
+                    # for the next start (without one they are lost, counted).
+                    self._count_unwritten(len(self._queue), "the database is unreachable")
                     if self._journal is not None:
                         self._journal.close()
                         if not self._queue and self._forget_run is not None:
@@ -327,7 +343,7 @@ class RecordWriter:
                 items = expand(batch)
                 self._store(items, mark_of(batch))
             except (OperationalError, InterfaceError) as err:
-                self._unreachable(err, len(batch))
+                self._outage.began(err, len(batch), self.dropped)
                 return True
             except Exception:  # noqa: BLE001 - a bad batch must not kill the writer
                 log.warning("writing %d records failed (attempt %d)", len(batch), attempt + 1,
@@ -335,8 +351,8 @@ class RecordWriter:
                 if attempt < 2:
                     time.sleep(0.1 * (attempt + 1))
                 continue
-            if self._down_since is not None:
-                self._reachable()  # before `written` moves: whoever waits on it sees the line
+            if self._outage.down:
+                self._outage.ended(self.dropped)  # before `written` moves: whoever waits sees it
             self.written += len(batch)
             self._overflowing = False
             self._pace(items)
@@ -356,7 +372,7 @@ class RecordWriter:
                 self._store(expand([entry]), mark_of([entry]))
             except (OperationalError, InterfaceError) as err:
                 del batch[:i]
-                self._unreachable(err, len(batch))
+                self._outage.began(err, len(batch), self.dropped)
                 return True
             except Exception:  # noqa: BLE001 - as in _flush
                 log.warning("a record could not be written; dropped", exc_info=True)
@@ -373,27 +389,3 @@ class RecordWriter:
         endpoints = {getattr(item, "endpoint_id", None) for item in items}
         self.next_wait = (self._spread_interval if len(endpoints) > self._spread_endpoints
                           else self._interval)
-
-    def _unreachable(self, err: BaseException, size: int) -> None:
-        self._retry_s = min(RETRY_MAX_S, self._retry_s * 2) if self._down_since else RETRY_S
-        if self._down_since is None:
-            self._down_since = time.monotonic()
-            self._dropped_at_outage = self.dropped
-            local = local_reason(err)
-            self._down_words = ("writing records to the database fails", "writing records works") \
-                if local else ("the database is unreachable", "the database is reachable")
-            # A server's error: its kind only (its text may carry the server's
-            # address); a SQLite file's reason is the operator's to know.
-            log.warning("%s (%s): records wait in memory (%d now, at most %d) and are written "
-                        "when it is back", self._down_words[0], local or type(err).__name__,
-                        size, self._max_queued)
-
-    def _reachable(self) -> None:
-        assert self._down_since is not None
-        lost = self.dropped - self._dropped_at_outage
-        log.warning("%s again after %.1f s: waiting records written%s", self._down_words[1],
-                    time.monotonic() - self._down_since,
-                    f"; {lost} dropped while the buffer was full" if lost else "")
-        self._down_since = None
-        self._overflowing = False
-

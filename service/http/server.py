@@ -24,6 +24,7 @@ from tornado.netutil import bind_sockets
 
 from models.change_feed import CHANNEL, TOKENS_CHANNEL, ChangeFeed
 from models.db import is_postgres
+from models.db_watch import DeadlineWatch
 from sandbox.hardening import make_undumpable
 from sandbox.budget import WORKER_FDS
 from sandbox.pool import Pool
@@ -39,6 +40,7 @@ from service.http.priority import background_executor
 from service.http.ratelimit import RateLimits
 from service.http.journal import Journal
 from service.http.journal_replay import replay_journal
+from service.http.record_outage import SERVER_MARGIN_S, WRITE_TIMEOUT_S
 from service.http.records import RecordWriter
 from service.settings import Settings
 
@@ -183,10 +185,24 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     # A SQLite file replaced while serving: models.db refuses every write
     # (the writer holds its records, as for an unreachable database).
     replaced = getattr(db, "file_replaced", None)
+    # PostgreSQL: every statement of the writer's thread is bounded (service.http.record_outage).
+    watch = (DeadlineWatch(WRITE_TIMEOUT_S, WRITE_TIMEOUT_S + SERVER_MARGIN_S,
+                           name="logic-records-watch") if hasattr(db, "watch_thread") else None)
+
+    def writer_started() -> None:
+        if watch is not None:
+            db.watch_thread(watch)  # type: ignore[attr-defined]
+        db.connect(reuse_if_open=True)
+
+    def writer_stopped() -> None:
+        db.close()
+        if watch is not None:
+            watch.close()
+
     records = RecordWriter(
         write_batch,
-        on_thread_start=lambda: db.connect(reuse_if_open=True),
-        on_thread_stop=db.close,
+        on_thread_start=writer_started,
+        on_thread_stop=writer_stopped,
         journal=journal,
         forget_run=lambda run: journal_marks.forget([run]),
     )
@@ -315,8 +331,10 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     context.load_target.close()
     if feed is not None:
         feed.stop()
-    log.info("stopped: %d records written, %d dropped (%d failed batches)", records.written,
-             records.dropped, records.failed_batches)
+    # Every record this process did not write is counted: dropped, or kept by the journal.
+    log.info("stopped: %d records written, %d dropped%s (%d failed batches)", records.written,
+             records.dropped, f", {records.kept} kept in the journal" if records.kept else "",
+             records.failed_batches)
 
 
 #: Front process N of `server.processes` > 1 journals in DIR/front-N.

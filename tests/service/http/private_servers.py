@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -229,3 +230,65 @@ def dependency_down(server: Any, dependency: str) -> float | None:
                     and sample.labels.get("dependency") == dependency):
                 return float(sample.value)
     return None
+
+
+class StallingProxy:
+    """A TCP proxy on a free loopback port to `host:port`. `stall()`: every
+    connection, open or new, stays open and nothing more is forwarded either
+    way (a stalled pooler, proxy or network; a close is still passed on);
+    `close()` ends it all."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.stalled = False
+        self._closed = False
+        self._socks: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stall(self) -> None:
+        self.stalled = True
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self._socks.append(client)
+            if self.stalled:
+                continue   # accepted, never answered
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            self._socks.append(upstream)
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                while self.stalled and not self._closed:
+                    time.sleep(0.05)
+                dst.sendall(data)
+        except OSError:
+            pass
+        try:
+            dst.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        for sock in self._socks:
+            try:
+                sock.close()
+            except OSError:
+                pass

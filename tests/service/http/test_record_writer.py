@@ -119,6 +119,34 @@ def test_stop_writes_everything_queued(make_writer, max_batch):
     assert all(len(batch) <= max_batch for batch in sink.batches)
 
 
+def test_a_stop_that_outwaits_a_write_that_does_not_end_counts_what_was_not_written(
+        make_writer, caplog):
+    # Outside attack pass, session 35: a writer stuck in a statement (a stalled
+    # database) outlived the stop's wait, and the stop line said "0 dropped"
+    # for every answered request it never wrote. Now the batch in flight and
+    # everything queued behind it are counted (dropped: no journal here).
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(items: Sequence[Any], mark: Any = None) -> None:
+        entered.set()
+        release.wait(30)
+
+    writer = make_writer(stuck, interval=0.02)
+    writer.start()
+    try:
+        for n in range(5):
+            writer.put(n)
+        assert entered.wait(5)
+        for n in range(3):
+            writer.put(n)          # queued behind the batch in flight
+        with caplog.at_level(logging.WARNING, logger="logic.records"):
+            writer.stop(timeout=0.3)
+        assert (writer.written, writer.dropped, writer.kept) == (0, 8, 0)
+        assert any("stopping with 8 records unwritten" in r.getMessage() for r in caplog.records)
+    finally:
+        release.set()
+
+
 def test_stop_while_a_producer_is_putting(make_writer):
     """The writer is busy (short interval) while another thread puts; stop()
     right after the last put still writes every entry, once, in order."""
