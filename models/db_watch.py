@@ -11,7 +11,7 @@ decides the statement has waited too long gives up on it:
    "server closed the connection", one of the reconnect errors, and peewee's
    `ReconnectMixin` ran the query again on a new socket nobody watched; a
    statement blocked by a lock kept its thread for as long as the lock
-   lasted. Outside attack pass, session 35.)
+   lasted. Outside attack pass, session 34.)
 2. `cancel(grace)`: asks the server to cancel it, `pg_cancel_backend` over a
    new connection, made without blocking and given up after `grace` seconds.
    psycopg2's `connection.cancel()` is not used: it holds the GIL while it

@@ -4,7 +4,7 @@ Runs against a PRIVATE PostgreSQL cluster (`tests/service/http/private_servers.p
 where another session holds `endpoint` locked (`LOCK TABLE ... ACCESS
 EXCLUSIVE`, as a migration does) for longer than `lookup_timeout_s`.
 
-Outside attack pass, session 35: a lookup given up on after 2 s had its
+Outside attack pass, session 34: a lookup given up on after 2 s had its
 socket shut, which libpq reports as "server closed the connection": peewee's
 reconnect mixin then reconnected and ran the query again on a new socket no
 one watched, so the lookup thread stayed blocked for the whole lock, later

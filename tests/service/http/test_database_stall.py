@@ -4,7 +4,7 @@
 (`private_servers.py`); the test stalls it with records waiting, then stops
 the server with SIGTERM.
 
-Outside attack pass, session 35: the records writer's statements had no
+Outside attack pass, session 34: the records writer's statements had no
 time bound, so on such a database it blocked in one statement for ever,
 never logged that the database was unreachable, and at SIGTERM the stop line
 said `stopped: 1 records written, 0 dropped` while 70 answered requests were

@@ -121,7 +121,7 @@ def test_stop_writes_everything_queued(make_writer, max_batch):
 
 def test_a_stop_that_outwaits_a_write_that_does_not_end_counts_what_was_not_written(
         make_writer, caplog):
-    # Outside attack pass, session 35: a writer stuck in a statement (a stalled
+    # Outside attack pass, session 34: a writer stuck in a statement (a stalled
     # database) outlived the stop's wait, and the stop line said "0 dropped"
     # for every answered request it never wrote. Now the batch in flight and
     # everything queued behind it are counted (dropped: no journal here).
