@@ -216,7 +216,14 @@ class RecordWriter:
 
     def _run(self) -> None:
         if self._on_start:
-            self._on_start()
+            try:
+                self._on_start()
+            except Exception as err:  # noqa: BLE001 - the first batch connects again
+                # The database was unreachable as the writer started: it writes
+                # (connecting again) at its first batch, as after any outage;
+                # before, the thread ended here and nothing was ever written.
+                log.warning("the records writer could not connect at its start (%s): it "
+                            "tries again with its first batch", type(err).__name__)
         try:
             while True:
                 if not self._outage.down:

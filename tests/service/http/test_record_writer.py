@@ -147,6 +147,25 @@ def test_a_stop_that_outwaits_a_write_that_does_not_end_counts_what_was_not_writ
         release.set()
 
 
+def test_a_database_unreachable_as_the_writer_starts_does_not_end_it(make_writer, caplog):
+    """The writer's thread connects when it starts; a database unreachable
+    then ended the thread, and nothing was ever written (found in session 34's
+    review). It says so once and writes when its batches can be."""
+    def unreachable() -> None:
+        raise OperationalError("could not connect to server")
+
+    sink = Sink()
+    with caplog.at_level(logging.WARNING, logger="logic.records"):
+        writer = make_writer(sink, interval=0.01, on_thread_start=unreachable)
+        writer.start()
+        writer.put(("item", 1))
+        assert wait_for(lambda: sink.items == [("item", 1)])
+    assert writer.written == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "the records writer could not connect at its start (OperationalError): it tries "
+        "again with its first batch"]
+
+
 def test_stop_while_a_producer_is_putting(make_writer):
     """The writer is busy (short interval) while another thread puts; stop()
     right after the last put still writes every entry, once, in order."""
