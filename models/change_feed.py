@@ -49,9 +49,11 @@ backend, or a proxy or pooler that keeps the client side open) is what
 keepalives cannot see: every `heartbeat_s` the thread runs `SELECT 1` on
 the connection, and from `heartbeat_timeout_s` after it was sent without an
 answer the feed vouches for nothing (the hot path reads the time the query
-went out) and counts as lost from that moment (`vouch`: the generation and
-that time, as after a broken connection); at twice that the socket is shut
-down, the query fails, and the feed reconnects.  Lookups during a heartbeat's round trip go to the
+went out); then the socket is shut down, the query fails, the loss is
+counted as any other (`_lost`: notifications read with the heartbeat still
+count) and the feed reconnects. (The shutdown came at twice the timeout
+before, and remembered endpoints got 503 in between: outside attack pass,
+session 34.)  Lookups during a heartbeat's round trip go to the
 database (a fraction of a millisecond every `heartbeat_s` on a healthy
 server): the price of the bound.
 """
@@ -106,7 +108,7 @@ APPLICATION_NAME = "logic-change-feed"
 #: Seconds between heartbeat queries on the feed's connection.
 HEARTBEAT_S = 2.0
 #: Seconds a heartbeat may wait for its answer before the feed stops vouching
-#: (and twice that before its connection is shut down and made again).
+#: and its connection is shut down and made again.
 HEARTBEAT_TIMEOUT_S = 2.0
 
 
@@ -120,8 +122,6 @@ class ChangeFeed:
         self._heartbeat_s, self._heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
         #: `time.monotonic()` when the heartbeat query now waiting for its answer was sent.
         self._beat_sent: float | None = None
-        #: When the heartbeat that just failed was sent (read once by `_lost`).
-        self._unanswered: float | None = None
         #: True while the thread reads the socket, until what it read is counted:
         #: a notification read off the socket (so no longer "readable") but not
         #: yet counted must not let the old generation pass for current.
@@ -202,21 +202,20 @@ class ChangeFeed:
     @property
     def vouched_until(self) -> int | None:
         """While the feed cannot vouch: the generation that was current when its
-        connection broke or its heartbeat went unanswered past its timeout
-        (None before it ever listened, while listening, and once the server
-        itself refused a reconnect: it is up and may commit). Answers read
-        under it reflect every change whose notification reached this process
-        before then (see `TargetCache`'s outage rule)."""
+        connection broke (its heartbeat unanswered for `heartbeat_timeout_s`
+        breaks it too; None before it ever listened, while listening, and once
+        the server itself refused a reconnect: it is up and may commit).
+        Answers read under it reflect every change whose notification reached
+        this process before the break (see `TargetCache`'s outage rule)."""
         vouched = self.vouch
         return None if vouched is None else vouched[0]
 
     @property
     def lost_at(self) -> float | None:
-        """While the feed cannot vouch: when (`time.monotonic()`) its
-        `vouched_until` answers stopped being vouched for — the connection's
-        loss noticed, or the heartbeat's timeout passed unanswered, whichever
-        came first (None before it ever listened, and while listening).
-        `TargetCache` serves them for `outage_serve_s` after it."""
+        """While the feed cannot vouch: when (`time.monotonic()`) this process
+        noticed its connection broke, the moment its `vouched_until` answers
+        stopped being vouched for (None before it ever listened, and while
+        listening). `TargetCache` serves them for `outage_serve_s` after it."""
         vouched = self.vouch
         return None if vouched is None else vouched[1]
 
@@ -224,34 +223,9 @@ class ChangeFeed:
     def vouch(self) -> tuple[int, float] | None:
         """(`vouched_until`, `lost_at`) read at once: one outage's generation
         never with another's time (two reads could straddle a reconnect and
-        a new loss). Event loop thread only (it polls the feed's socket)."""
-        if self._healthy:
-            return self._overdue()
-        return self._vouched
-
-    def _overdue(self) -> tuple[int, float] | None:
-        """While the heartbeat waits past its timeout on a connection not yet
-        shut (a stalled backend, or a proxy that keeps it open): the
-        generation and the moment the timeout passed, so that remembered
-        answers are served from then, not from the shutdown `heartbeat_timeout_s`
-        later (outside attack pass, session 34: 2-5 s of 503 for endpoints it
-        remembered). None when no heartbeat is overdue, or when a notification
-        was read or is waiting (then nothing is vouched for)."""
-        sent = self._beat_sent
-        if sent is None:
-            return None
-        deadline = sent + self._heartbeat_timeout_s
-        if time.monotonic() <= deadline:
-            return None
-        generation = self._generation
-        conn, poller = self._conn, self._poller
-        if conn is not None and getattr(conn, "notifies", None):
-            return None      # read with the heartbeat's answer, not counted yet
-        if poller is not None and poller.poll(0):
-            return None
-        if self._beat_sent != sent or not self._healthy:
-            return None      # answered, or lost, meanwhile: read again next time
-        return generation, deadline
+        a new loss)."""
+        vouched = self._vouched
+        return None if self._healthy else vouched
 
     # ------------------------------------------------------------ thread
     def _run(self) -> None:
@@ -336,17 +310,14 @@ class ChangeFeed:
 
     def _heartbeat(self, conn: Any) -> None:
         """`SELECT 1` on the feed's own connection; shut down if unanswered for
-        twice `heartbeat_timeout_s` (the query then fails and the feed reconnects)."""
-        cut = threading.Timer(2 * self._heartbeat_timeout_s, self._cut, args=(self._watched,))
+        `heartbeat_timeout_s` (the query then fails and the feed reconnects)."""
+        cut = threading.Timer(self._heartbeat_timeout_s, self._cut, args=(self._watched,))
         cut.daemon = True
-        sent = self._beat_sent = time.monotonic()
+        self._beat_sent = time.monotonic()
         cut.start()
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT 1")
-        except BaseException:
-            self._unanswered = sent   # `_lost` dates the loss from its timeout
-            raise
         finally:
             cut.cancel()
             self._beat_sent = None
@@ -376,14 +347,7 @@ class ChangeFeed:
             if conn is not None and getattr(conn, "notifies", None):
                 conn.notifies.clear()
                 self._generation += 1
-            now = time.monotonic()
-            sent, self._unanswered = self._unanswered, None
-            if sent is not None:
-                # A heartbeat that went unanswered: its timeout ended the vouch
-                # (`_overdue`), not the shutdown that followed.
-                now = min(now, sent + self._heartbeat_timeout_s)
-            self._vouched = (self._generation, now)
-        self._unanswered = None
+            self._vouched = (self._generation, time.monotonic())
         self._healthy = False
 
     def _drop(self) -> None:

@@ -143,9 +143,10 @@ def start(cfg: worker.WorkerConfig, fresh_interpreter: bool = True) -> tuple[int
 
 
 class _Zygote:
-    def __init__(self, ctl_fd: int, cfg: worker.WorkerConfig) -> None:
+    def __init__(self, ctl_fd: int, cfg: worker.WorkerConfig, service_pid: int) -> None:
         self.ctl = socket.socket(fileno=ctl_fd)
         self.cfg = cfg
+        self.service_pid = service_pid
         self.children: set[int] = set()
         # Workers the service named as ending ("reap"), waited for by pid.
         self.ending: set[int] = set()
@@ -252,6 +253,8 @@ class _Zygote:
         poller.register(self.ctl.fileno(), select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
         while True:
+            if _terminated[0]:
+                _terminating(self, self.service_pid)
             wait_ms = (self.walked_at + FULL_REAP_S - time.monotonic()) * 1000.0
             try:
                 readable = [fd for fd, _ in poller.poll(max(0, int(wait_ms) + 1))]
@@ -307,18 +310,29 @@ class _Zygote:
         self.children.clear()
 
 
-#: The fork server of this process, once made (for `_service_gone`).
-_current: list["_Zygote | None"] = [None]
+#: SIGTERM seen (`_on_sigterm`): the loop decides what it means at its next turn.
+_terminated = [False]
 
 
-def _service_gone(signum: int, frame: Any) -> None:
-    """SIGTERM, the parent-death signal: the service died (or someone asked the
-    fork server to end). Its workers are killed and waited for, then it exits:
-    one that ignores its channel's end would otherwise live on."""
-    zygote = _current[0]
-    if zygote is not None:
-        zygote.end_children()
-    os._exit(0)
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM, also the parent-death signal. Only noted here: the handler runs
+    between any two bytecodes, inside a reap or a fork; the loop, woken by
+    the signal's byte on the wakeup descriptor, acts on it (`_terminating`)."""
+    _terminated[0] = True
+
+
+def _terminating(zygote: "_Zygote", service_pid: int) -> NoReturn:
+    """The loop saw SIGTERM. With the service gone (this process was given to
+    another parent), every worker is killed and waited for, then it exits: one
+    taken over so that it ignores its channel's end would otherwise live on
+    (red-team pass, session 34). From anyone else while the service lives (an
+    operator's `kill`): it ends as SIGTERM always ended it, its workers
+    serving on (they do not die with the fork server)."""
+    if os.getppid() != service_pid:
+        os.write(2, b"sandbox fork server: the service is gone; ending its workers\n")
+        zygote.shutdown()
+    os.write(2, b"sandbox fork server: ended by SIGTERM; its workers serve on\n")
+    os._exit(128 + signal.SIGTERM)
 
 
 def _batch_scheduling() -> None:
@@ -361,7 +375,7 @@ def _main(ctl_fd: int, cfg: worker.WorkerConfig, service_pid: int,
         except (OSError, ValueError):
             pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _service_gone)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     hardening.set_parent_death_signal(service_pid, signal.SIGTERM)
     _batch_scheduling()
     warm()
@@ -371,7 +385,7 @@ def _main(ctl_fd: int, cfg: worker.WorkerConfig, service_pid: int,
         # Exec'd: the address space that workers start from is ours, now.
         cfg = dataclasses.replace(cfg, hardening=dataclasses.replace(
             cfg.hardening, address_space=limits.current_address_space() + as_headroom))
-    zygote = _current[0] = _Zygote(ctl_fd, cfg)
+    zygote = _Zygote(ctl_fd, cfg, service_pid)
     # A Python-level SIGCHLD handler that does nothing: its only effect is the
     # byte written to the wakeup fd, which ends select() so we reap at once.
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)

@@ -96,10 +96,9 @@ def retrieve(future: asyncio.Future[Any]) -> None:
 
 
 async def feed_noticed(feed: Any, bound_s: float) -> None:
-    """Until the change feed no longer listens or no longer vouches for its
-    generation (a heartbeat overdue: `ChangeFeed.vouch`), `bound_s` at most."""
+    """Until the change feed no longer listens, `bound_s` at most."""
     deadline = time.monotonic() + bound_s
-    while feed.healthy and feed.vouch is None and time.monotonic() < deadline:
+    while feed.healthy and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
 
 

@@ -276,3 +276,26 @@ def test_a_worker_that_ignores_its_channel_does_not_outlive_a_killed_service() -
     for pid in left:                         # do not leave it behind for the next tests
         os.kill(pid, signal.SIGKILL)
     assert not left, "a worker outlived the service"
+
+
+def test_a_sigterm_to_the_fork_server_while_the_service_lives_leaves_its_workers_serving() -> None:
+    # The parent-death signal is SIGTERM now; the same signal from anyone else
+    # (an operator's kill) must not end every worker and the requests they
+    # run: the fork server ends as before and its workers serve on (review,
+    # session 34).
+    from tests.sandbox.poolkit import LIMITS, event, ref, run_with_pool, wait_for
+
+    echo = "on endpoint(event):\n    event.reply(event.body)\n"
+
+    async def scenario(pool: Pool) -> tuple[list[int], list[bool], object]:
+        first = await pool.run(ref(echo), event({"n": 1}), LIMITS, "g")
+        assert first.status == 200, first
+        workers = list(pool.worker_pids)
+        os.kill(pool._zygote_pid, signal.SIGTERM)
+        await wait_for(lambda: not alive(pool._zygote_pid), timeout=10.0)
+        again = await pool.run(ref(echo), event({"n": 2}), LIMITS, "g")
+        return workers, [alive(pid) for pid in workers], again
+
+    workers, living, again = run_with_pool(scenario, size=1)
+    assert workers and all(living), (workers, living)
+    assert getattr(again, "body", None) == b'{"n":2}', again
