@@ -67,6 +67,11 @@ class StatementWatch:
         self._pid: int | None = None    # its backend
         self._target: tuple[str, dict[str, Any]] | None = None   # (dbname, connect params)
         self._running = False           # a statement runs (`running`)
+        self._final = False             # ... and it is a COMMIT: never given up on
+        #: What the statement given up on ran on, taken when it was given up on
+        #: (`_take_aim`): (backend pid, target, a duplicate of its socket). The
+        #: cancel and the shutdown go there, never to a later statement's.
+        self._aim: tuple[int | None, tuple[str, dict[str, Any]] | None, int | None] | None = None
 
     # On the watched thread -------------------------------------------------
 
@@ -76,6 +81,10 @@ class StatementWatch:
         if self.abandoned:
             raise OperationalError("the database connection timed out: the statement "
                                    "was given up on")
+        if db.is_closed():
+            with self._lock:   # a reconnect: the last backend is no target any more
+                self._close_fd()
+                self._conn = self._pid = None
         conn = db.connection()
         if conn is self._conn:
             return
@@ -103,24 +112,26 @@ class StatementWatch:
                     _belted[conn] = bound
 
     @contextmanager
-    def running(self) -> Iterator[None]:
-        """Around one statement: from its start to its end (with its retry)."""
+    def running(self, final: bool = False) -> Iterator[None]:
+        """Around one statement: from its start to its end (with its retry).
+        `final`: a COMMIT, which a `DeadlineWatch` never gives up on."""
         with self._lock:
-            self._running = True
+            self._running, self._final = True, final
         try:
             yield
         finally:
             with self._lock:
-                self._running = False
+                self._running = self._final = False
 
     def timed_out(self, err: BaseException) -> Exception | None:
         """What a statement given up on raises instead of `err` (None: `err`)."""
         return None
 
     def detach(self) -> None:
-        """The watched thread is done with the watch: its duplicate is closed."""
+        """The watched thread is done with the watch: its duplicates are closed."""
         with self._lock:
             self._close_fd()
+            self._drop_aim()
             self._conn = None
 
     # From another thread ---------------------------------------------------
@@ -130,22 +141,46 @@ class StatementWatch:
         True when one was running (then `cancel` and `shut` are for it)."""
         with self._lock:
             self.abandoned = True
+            if self._running:
+                self._take_aim()
             return self._running
 
+    def _take_aim(self) -> None:
+        """(Lock held.) Note what the statement given up on runs on."""
+        fd = None
+        if self._fd is not None:
+            try:
+                fd = os.dup(self._fd)
+            except OSError:
+                fd = None
+        self._drop_aim()
+        self._aim = (self._pid, self._target, fd)
+
+    def _drop_aim(self) -> None:
+        aim, self._aim = self._aim, None
+        if aim is not None and aim[2] is not None:
+            try:
+                os.close(aim[2])
+            except OSError:
+                pass
+
     def cancel(self, grace: float = CANCEL_GRACE_S) -> bool:
-        """Ask the server to cancel the statement (see the module docstring);
-        True when it signalled the backend. Blocks `grace` seconds at most,
-        without holding the GIL."""
+        """Ask the server to cancel the statement given up on (see the module
+        docstring); True when it signalled the backend. Blocks `grace` seconds
+        at most, without holding the GIL."""
         with self._lock:
-            pid, target = self._pid, self._target
+            pid, target = self._aim[:2] if self._aim is not None else (None, None)
         if pid is None or target is None:
             return False
         return cancel_backend(target[0], target[1], pid, grace)
 
     def shut(self) -> None:
-        """Shut the connection's socket: a statement waiting on it fails now."""
+        """Shut the socket of the statement given up on: waiting, it fails now."""
         with self._lock:
-            fd, self._fd = self._fd, None
+            aim = self._aim
+            fd = aim[2] if aim is not None else None
+            if aim is not None:
+                self._aim = (aim[0], aim[1], None)
         if fd is None:
             return
         try:
@@ -194,18 +229,19 @@ class DeadlineWatch(StatementWatch):
         self._thread.start()
 
     @contextmanager
-    def running(self) -> Iterator[None]:
+    def running(self, final: bool = False) -> Iterator[None]:
         with self._cond:
             self.abandoned = False
+            self._drop_aim()
             self._serial += 1
             self._started_at = time.monotonic()
-            self._running = True
+            self._running, self._final = True, final
             self._cond.notify_all()
         try:
             yield
         finally:
             with self._cond:
-                self._running = False
+                self._running = self._final = False
                 self._cond.notify_all()
 
     def timed_out(self, err: BaseException) -> Exception | None:
@@ -228,13 +264,20 @@ class DeadlineWatch(StatementWatch):
                 deadline = self._started_at + self.limit
                 while self._running and self._serial == seen and not self._closed:
                     left = deadline - time.monotonic()
-                    if left <= 0:
+                    if left > 0:
+                        self._cond.wait(left)
+                    elif self._final:
+                        # A COMMIT is never given up on: it may be applied
+                        # already, and the batch, retried, would count twice
+                        # (review, session 34). It ends when its connection does.
+                        self._cond.wait()
+                    else:
                         break
-                    self._cond.wait(left)
                 if self._closed or not (self._running and self._serial == seen):
                     continue
                 self.abandoned = True
                 self.gave_up += 1
+                self._take_aim()
             self.cancel(self.grace)
             with self._cond:
                 settle = time.monotonic() + self.grace / 2

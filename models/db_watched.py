@@ -72,17 +72,17 @@ class WatchedMixin(_Base):  # type: ignore[misc]
                 self._end_abandoned(watch)
 
     def commit(self) -> None:
-        self._watched(super().commit)
+        self._watched(super().commit, final=True)
 
     def rollback(self) -> None:
         self._watched(super().rollback)
 
-    def _watched(self, func: Callable[[], Any]) -> Any:
+    def _watched(self, func: Callable[[], Any], final: bool = False) -> Any:
         watch: StatementWatch | None = getattr(self._watches, "watch", None)
         if watch is None:
             return func()
         try:
-            with watch.running():
+            with watch.running(final):
                 if not self.is_closed():
                     watch.attach(self)
                 return func()
