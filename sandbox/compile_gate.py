@@ -230,7 +230,7 @@ def _run_child(text: str) -> tuple[tuple[CompileError, ...], bool, tuple[Compile
         warnings = tuple(CompileError(int(w[0]), int(w[1]), str(w[2])[:MAX_MESSAGE_CHARS])
                          for w in out.get("warnings", ())[:MAX_ERRORS])
         over = bool(out["over"])
-    except (ValueError, KeyError, TypeError, IndexError):
+    except (ValueError, KeyError, TypeError, IndexError, OverflowError):   # inf as a line
         return _failed("compile process answered nonsense"), False, ()
     _note_inactive(out.get("inactive"))
     if over:

@@ -62,13 +62,14 @@ class ServiceApplication(Application):
         return ANONYMOUS_BODY_CAP, False
 
     def methods_for(self, target: str) -> list[str] | None:
-        """The methods the route of a request target answers; None: no route."""
+        """The methods the route of a request target answers; None: no route,
+        or one whose handler answers none (a "not found" catch-all)."""
         path = urlsplit(target).path
         for rule in self.wildcard_router.rules:
             matcher, handler = rule.matcher, rule.target
             if isinstance(matcher, PathMatches) and matcher.regex.match(path) \
                     and isinstance(handler, type) and issubclass(handler, BaseHandler):
-                return handler.allowed_methods()
+                return handler.allowed_methods() or None
         return None
 
 

@@ -197,6 +197,7 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
     def writer_stopped() -> None:
         db.close()
         if watch is not None:
+            watch.detach()
             watch.close()
 
     records = RecordWriter(

@@ -330,3 +330,22 @@ sys.stdout.write(json.dumps(inactive))
     lines = [r.getMessage() for r in caplog.records if "empty_root is NOT active" in r.getMessage()]
     assert len(lines) == 1, lines
     assert compile_gate.inactive_layers()["empty_root"] == inactive["empty_root"]
+
+
+@pytest.mark.parametrize("answer", [
+    b'{"errors": [[Infinity, 1, "x"]], "over": false}',
+    b'{"errors": [], "warnings": [[1, -Infinity, "x"]], "over": false}',
+    b'{"errors": [], "warnings": "not a list", "over": false}',
+])
+def test_a_compile_process_answering_nonsense_fails_the_save_cleanly(
+        db: Any, monkeypatch: pytest.MonkeyPatch, answer: bytes) -> None:
+    # A compile process taken over through a parser bug may answer anything: a
+    # number JSON calls Infinity as a line made int() raise OverflowError, a
+    # 500 with a traceback instead of a refused save (review, session 34).
+    monkeypatch.setattr(compile_gate, "_verdicts", compile_gate.new_verdicts())
+    monkeypatch.setattr(compile_gate, "_ask_server",
+                        lambda params, source: (answer, b'{"code": 0, "signal": 0, "wall": false}'))
+    with pytest.raises(core.ValidationError) as err:
+        core.create_script(OWNER, make_guild(), "s", SOURCE)
+    assert err.value.message == ("script does not compile: 1:1: the script could not be "
+                                 "compiled (compile process answered nonsense)")

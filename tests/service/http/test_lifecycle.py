@@ -70,6 +70,7 @@ def test_a_method_nothing_knows_gets_what_its_path_has(server: Server) -> None:
         assert_error(resp, 405, "method_not_allowed")
         assert resp.headers["allow"] == allow, target
     assert_error(server.request("/no/such/path", method="BREW"), 404, "not_found")
+    assert server.request("/dashboard/no/such/page", method="BREW").status == 404
     assert server.request("/no/such/path", method="DELETE").status == 404
 
 
