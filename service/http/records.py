@@ -112,6 +112,7 @@ class RecordWriter:
         #: Unwritten at stop, kept by the journal for the next start.
         self.kept = 0
         self._counted_at_stop = False
+        self._stop_count_lock = threading.Lock()
         self.failed_batches = 0
         self._sealed: list[Path] = []
         self._held: list[Any] = []
@@ -197,9 +198,10 @@ class RecordWriter:
 
     def _count_unwritten(self, left: int, why: str) -> None:
         """At stop (once): `left` records are not written by this process."""
-        if self._counted_at_stop:
-            return
-        self._counted_at_stop = True
+        with self._stop_count_lock:   # the thread and `stop` may both get here
+            if self._counted_at_stop:
+                return
+            self._counted_at_stop = True
         if not left:
             return
         log.warning("stopping with %d records unwritten (%s)%s", left, why,
