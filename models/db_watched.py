@@ -50,26 +50,19 @@ class WatchedMixin(_Base):  # type: ignore[misc]
         watch: StatementWatch | None = getattr(self._watches, "watch", None)
         if watch is None:
             return super()._reconnect(func, *args, **kwargs)
-        try:
-            with watch.running():
-                watch.attach(self)
-                try:
-                    return func(*args, **kwargs)
-                except Exception as exc:
-                    # Given up on: never again, on a socket nobody watches.
-                    if watch.abandoned or self.in_transaction() or not self._reconnectable(exc):
-                        raise
-                if not self.is_closed():
-                    self.close()
-                self.connect()
-                watch.attach(self)
+        with self._under(watch):
+            watch.attach(self)
+            try:
                 return func(*args, **kwargs)
-        except Exception as exc:
-            self._given_up(watch, exc)
-            raise
-        finally:
-            if watch.abandoned:
-                self._end_abandoned(watch)
+            except Exception as exc:
+                # Given up on: never again, on a socket nobody watches.
+                if watch.abandoned or self.in_transaction() or not self._reconnectable(exc):
+                    raise
+            if not self.is_closed():
+                self.close()
+            self.connect()
+            watch.attach(self)
+            return func(*args, **kwargs)
 
     def commit(self) -> None:
         self._watched(super().commit, final=True)
@@ -81,11 +74,18 @@ class WatchedMixin(_Base):  # type: ignore[misc]
         watch: StatementWatch | None = getattr(self._watches, "watch", None)
         if watch is None:
             return func()
+        with self._under(watch, final):
+            if not self.is_closed():
+                watch.attach(self)
+            return func()
+
+    @contextmanager
+    def _under(self, watch: StatementWatch, final: bool = False) -> Iterator[None]:
+        """One statement under `watch` (`final`: a COMMIT); a failure it gave up
+        on is said as the watch says it, and its connection ends after it."""
         try:
             with watch.running(final):
-                if not self.is_closed():
-                    watch.attach(self)
-                return func()
+                yield
         except Exception as exc:
             self._given_up(watch, exc)
             raise

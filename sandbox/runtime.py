@@ -154,8 +154,11 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
         hook = sys.unraisablehook
         sys.unraisablehook = _ignore_unraisable
         # Finalisers are script code: the run's recursion budget holds for them
-        # too (red-team pass, session 34).
-        sys.setrecursionlimit(limit)
+        # too (red-team pass, session 34). Only a generator's (or coroutine's)
+        # frame can run script code now: nothing else of a script finalises.
+        finalising = script.has_generators
+        if finalising:
+            sys.setrecursionlimit(limit)
         try:
             dict_tables.original_clear(scope)
             # Every piece of script code that could still run (functions,
@@ -175,7 +178,8 @@ def run_endpoint(script: CompiledScript, event: dict[str, Any], *,
                 # Still referenced: script code survives in process-wide state.
                 report.leaked = sys.getrefcount(scope) > _OWN_SCOPE_REFERENCES
         finally:
-            sys.setrecursionlimit(old_limit)
+            if finalising:
+                sys.setrecursionlimit(old_limit)
             sys.unraisablehook = hook
             resets.after_invocation()
     if state.invalid is not None and (error is None or error["kind"] == "script_error"):

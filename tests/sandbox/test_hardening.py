@@ -689,8 +689,9 @@ def test_a_worker_cannot_even_stat_a_file(tmp_path: Any, empty_root: bool) -> No
     assert not os.path.exists(seen["root"][:-len(" (deleted)")])
 
 
-OTHERS_PROBE = ATTEMPT + '''
-import ctypes, time
+#: `attempt` for a C call that reports failure as -1 and errno.
+C_ATTEMPT = ATTEMPT + '''
+import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 def c_call(fn, *args):
     def call():
@@ -698,6 +699,10 @@ def c_call(fn, *args):
         if fn(*args) == -1 and ctypes.get_errno():
             raise OSError(ctypes.get_errno(), "")
     return call
+'''
+
+OTHERS_PROBE = C_ATTEMPT + '''
+import time
 class SysInfo(ctypes.Structure):
     _fields_ = [("uptime", ctypes.c_long), ("loads", ctypes.c_ulong * 3),
                 ("totalram", ctypes.c_ulong), ("freeram", ctypes.c_ulong),
@@ -748,15 +753,7 @@ def test_a_worker_cannot_watch_another_process(seccomp: bool) -> None:
     assert others == dict.fromkeys(others, errno.EPERM), others
 
 
-HOST_PROBE = ATTEMPT + '''
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-def c_call(fn, *args):
-    def call():
-        ctypes.set_errno(0)
-        if fn(*args) == -1 and ctypes.get_errno():
-            raise OSError(ctypes.get_errno(), "")
-    return call
+HOST_PROBE = C_ATTEMPT + '''
 def sync():
     ctypes.set_errno(0)
     libc.sync()   # returns nothing: only errno tells

@@ -70,14 +70,8 @@ def test_the_save_time_checks_run_in_the_compile_process_not_the_service(
     # warn exactly as before, from the sandboxed compile.
     from sandbox import checks
     from service.core import script_checks
-    calls: list[str] = []
-    real = checks.check_source
-
-    def counted(text: str) -> Any:
-        calls.append(text)
-        return real(text)
-    monkeypatch.setattr(checks, "check_source", counted)
-    monkeypatch.setattr(script_checks, "_check", counted)
+    calls = _counting(monkeypatch, checks.check_source,
+                      (checks, "check_source"), (script_checks, "_check"))
     monkeypatch.setattr(compile_gate, "_verdicts", compile_gate.new_verdicts())
     gid = make_guild()
     view = core.create_script(OWNER, gid, "warned", "on tick(event):\n    pass\n" + SOURCE)
@@ -91,17 +85,22 @@ def test_the_save_time_checks_run_in_the_compile_process_not_the_service(
     assert calls == []   # nothing parsed in this process
 
 
-def _counting_children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    monkeypatch.setattr(compile_gate, "_verdicts", compile_gate.new_verdicts())
-    children: list[str] = []
-    real = compile_gate._run_child
+def _counting(monkeypatch: pytest.MonkeyPatch, real: Any, *places: tuple[Any, str]) -> list[str]:
+    """`real` put at each (object, name) of `places`, noting the text of every call."""
+    calls: list[str] = []
 
     def counted(text: str) -> Any:
-        children.append(text)
+        calls.append(text)
         return real(text)
 
-    monkeypatch.setattr(compile_gate, "_run_child", counted)
-    return children
+    for obj, name in places:
+        monkeypatch.setattr(obj, name, counted)
+    return calls
+
+
+def _counting_children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    monkeypatch.setattr(compile_gate, "_verdicts", compile_gate.new_verdicts())
+    return _counting(monkeypatch, compile_gate._run_child, (compile_gate, "_run_child"))
 
 
 def test_a_source_over_the_cpu_budget_is_refused_and_remembered(
