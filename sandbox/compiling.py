@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.codecache import CodeCache, CodeKey
+from sandbox.compile_queue import has_room
 from sandbox.limits import COMPILE_BUDGET_MS, COMPILE_MEMORY_BYTES, Limits
 
 from sandbox.outcome import failure
@@ -72,12 +73,6 @@ log = logging.getLogger("sandbox.pool")
 
 #: The guild mark of the compile worker: no request's guild can be this.
 COMPILER = "\x00compile"
-#: Compiles queued for the cache while the compile worker is busy (nobody waits
-#: for them): at most this many sources, this many characters in all.
-BACKGROUND_COMPILES = 256
-BACKGROUND_CHARS = 16 << 20
-#: One guild's share of that queue: the others' long versions still get in.
-BACKGROUND_SHARE = 8
 #: Sources at most this long are left to the worker that compiles them for a job,
 #: which offers the code (under protocol.MAX_SHIPPED_CODE: ordinary code marshals
 #: to about twice its source; the compiler refuses more than that bound);
@@ -205,21 +200,9 @@ class Compiling:
 
     def _compile_later(self, key: CodeKey, source: str) -> None:
         """Queue a compile nobody waits for (the cache gets the version off the request
-        path); bounded: at most ``BACKGROUND_COMPILES`` sources, ``BACKGROUND_CHARS``,
-        of which one guild's at most a ``BACKGROUND_SHARE``-th (red-team pass,
-        session 34: one guild's flood kept every other guild's version out)."""
+        path), within the queue's bounds (``sandbox.compile_queue``)."""
         q = self._compile_q
-        if key in self._compiles or len(q) >= BACKGROUND_COMPILES or self._loop is None:
-            return
-        chars = mine = own_chars = 0
-        for item in q:
-            chars += len(item[1])
-            if item[0][0] == key[0]:
-                mine += 1
-                own_chars += len(item[1])
-        if (chars + len(source) > BACKGROUND_CHARS
-                or mine >= BACKGROUND_COMPILES // BACKGROUND_SHARE
-                or own_chars + len(source) > BACKGROUND_CHARS // BACKGROUND_SHARE):
+        if key in self._compiles or self._loop is None or not has_room(q, key[0], source):
             return
         future: asyncio.Future[Any] = self._loop.create_future()
         self._compiles[key] = future

@@ -391,7 +391,7 @@ def test_the_queue_of_compiles_for_the_cache_is_bounded() -> None:
     # characters, however many are sent (outside review, session 17: no test),
     # one guild's within its share of both, so that its flood leaves room for
     # the other guilds' versions (red-team pass, session 34).
-    from sandbox.compiling import BACKGROUND_CHARS, BACKGROUND_COMPILES, BACKGROUND_SHARE
+    from sandbox.compile_queue import BACKGROUND_CHARS, BACKGROUND_COMPILES, BACKGROUND_SHARE
 
     def emptied(pool: Pool) -> None:
         for item in list(pool._compile_q):        # as if compiled
