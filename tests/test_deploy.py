@@ -156,5 +156,5 @@ def test_shipped_nginx_retries_only_where_no_answer_began() -> None:
     policies = dict(re.findall(r"(?s)location (?:~\*? )?(\S+) \{[^}]*?proxy_next_upstream\s+([^;]*);",
                                text))
     assert policies == {"/endpoints/": "error timeout non_idempotent", "/": "error timeout",
-                        "login/": "error timeout"}
+                        '"login[/\\x5C%]"': "error timeout"}
     assert "http_5" not in text and "proxy_intercept_errors" not in text

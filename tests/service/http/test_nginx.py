@@ -235,7 +235,11 @@ def _check_failover(port: int, seen: list[str]) -> None:
 LOGGED = [("GET", "/login/TOKENAAAA1?next=/dashboard"), ("GET", "/LOGIN/TOKENAAAA2"),
           ("GET", "/%6Cogin/TOKENAAAA3"), ("GET", "//login/TOKENAAAA4"),
           ("GET", "/dashboard/login/TOKENAAAA5"),
-          ("POST", "/endpoints/1/logic_x?secret=lsk_QUERYSECRET6")]
+          ("POST", "/endpoints/1/logic_x?secret=lsk_QUERYSECRET6"),
+          # Mangled links the service refuses without using up the token
+          # (nginx's $uri decodes once: login%2F, login\, login%5C).
+          ("GET", "/login%252FTOKENAAAA8"), ("GET", "/login%5CTOKENAAAA9"),
+          ("GET", "/LOGIN%255CTOKENAAAA10")]
 
 
 def test_shipped_nginx_logs_no_login_token_and_no_query_string(tmp_path: Path) -> None:
@@ -266,7 +270,8 @@ def test_shipped_nginx_logs_no_login_token_and_no_query_string(tmp_path: Path) -
     assert '"GET /login/[redacted] HTTP/1.1" 502' in lines[0]
     assert '"GET /dashboard/login/[redacted] HTTP/1.1" 502' in lines[4]
     assert '"POST /endpoints/1/logic_x HTTP/1.1" 502' in lines[5]
-    for n in range(1, 7):
+    assert '"GET /login%[redacted] HTTP/1.1" 502' in lines[6]
+    for n in (1, 2, 3, 4, 5, 6, 8, 9, 10):
         assert f"TOKENAAAA{n}" not in access + errors, n
     # Nor the Referer (the error log prints it: the dashboard sends none,
     # Referrer-Policy: no-referrer).
