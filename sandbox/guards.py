@@ -132,9 +132,15 @@ def _decided(method: str, defined: Any) -> Any:
 
 
 # Builtin classes with writable C slots that their own C methods use without
-# a type or bounds check (see ScriptType).
+# a type or bounds check, or without holding them (see ScriptType). OSError's
+# ``__str__`` formats errno, strerror and filename from borrowed pointers: the
+# first one's ``str()`` ran script code that rebound a subclass instance's
+# ``filename``, whose freed object was then formatted (red team, session 35:
+# the worker's instruction pointer set by the script). Scripts reach OSError
+# through ``type()`` of an error a library call raised; its instances are
+# not writable, a subclass's were.
 _UNSAFE_SCRIPT_BASES: tuple[type, ...] = (UnicodeEncodeError, UnicodeDecodeError,
-                                          UnicodeTranslateError)
+                                          UnicodeTranslateError, OSError)
 
 
 def _check_unicode_error_ranges() -> bool:

@@ -264,6 +264,57 @@ def test_r2_unicode_error_subclasses_are_refused(body: str) -> None:
     _assert_plain(out)
 
 
+# OSError.__str__ formats errno, strerror and filename from borrowed pointers:
+# str(errno) ran script code (a date subclass's isoformat) that rebound a
+# subclass instance's filename, and the freed object was formatted next (red
+# team, session 35: the freed list's memory read back as a newer list; with a
+# forged type, the worker jumped to an address the script chose).
+OSERROR_STR = '''
+import time, datetime
+st = {"e": None, "keep": None}
+try:
+    time.gmtime(10 ** 17)
+except Exception as caught:
+    OSE = type(caught)
+class E(OSE):
+    pass
+class D(datetime.date):
+    def isoformat(self):
+        e = st["e"]
+        if e is not None:
+            st["e"] = None
+            e.filename = None
+            st["keep"] = ["made after the free"]
+        return "1"
+on endpoint(event):
+    e = E(1, "x")
+    e.errno = D(2000, 1, 1)
+    e.filename = ["original filename"]
+    st["e"] = e
+    event.reply(str(e))
+'''
+
+
+def test_r2_oserror_subclasses_are_refused_so_its_str_never_formats_freed_memory() -> None:
+    async def scenario(pool: Pool) -> None:
+        out = await pool.run(ref(OSERROR_STR), pool_event(), Limits(1000, 8192))
+        assert out.error_kind == "script_error", (out.error_kind, out.body)
+        assert "classes cannot derive from OSError" in (out.error_message or "")
+        # A plain OSError keeps its str and stays read-only.
+        plain = await pool.run(ref(block('''
+            try:
+                time.gmtime(10 ** 17)
+            except Exception as caught:
+                e = type(caught)(1, "x", ["f"])
+                try:
+                    e.filename = None
+                except TypeError:
+                    event.reply(str(e))''', "import time\n")), pool_event(), Limits(1000, 8192))
+        assert plain.error_kind is None and plain.body == b'"[Errno 1] x: [\'f\']"', plain
+
+    run_with_pool(scenario, size=1)
+
+
 def test_r2_real_unicode_errors_stay_read_only_and_usable() -> None:
     out, _ = _run(block('''
         try:
