@@ -317,6 +317,14 @@ async def _run(settings: Settings, pool: Pool, db: Database, sockets: list[socke
         for conn in list(server.connections):
             if quiet(conn):
                 conn.close_now()
+        # The others hold a request still arriving (its head began within the
+        # grace: answered, not refused 503 as by a node shutting down; red
+        # team, session 35) or an answer still being taken. Each closes after
+        # its answer; the connection deadlines bound how long a client takes.
+        drain_end = loop.time() + drain_seconds
+        while server.connections and loop.time() < drain_end:
+            await asyncio.sleep(0.05)
+        drain_seconds = max(0.0, drain_end - loop.time())
 
     log.info("stopping: draining %d requests in flight", context.in_flight)
     context.draining = True

@@ -567,6 +567,38 @@ def test_a_reload_closes_idle_connections_instead_of_refusing_their_requests(
 
 
 @SQLITE_ONLY
+def test_a_request_whose_head_straddles_the_handover_grace_is_answered(
+        start, make_endpoint) -> None:
+    # Red team, session 35: a request whose head began within the reload's
+    # grace and ended after it was answered 503 "shutting down" by the old
+    # front (its connection was not quiet, so it was kept into the drain),
+    # while the node went on serving.
+    from service.http.server import HANDOFF_GRACE_S
+    server = start()
+    ep = make_endpoint(source=ECHO, plan="bench")
+    head = (f"POST {ep.path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ep.secret}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}").encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    try:
+        sock.sendall(head)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: "new fronts ready" in server.log, timeout=90), server.log
+        time.sleep(HANDOFF_GRACE_S - 1.5)
+        sock.sendall(head[:20])                   # the next request begins in the grace
+        time.sleep(3.0)                           # and ends after it
+        sock.sendall(head[20:])
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+        assert b"\r\nConnection: close\r\n" in answer
+    finally:
+        sock.close()
+
+
+@SQLITE_ONLY
 def test_a_bad_configuration_on_reload_keeps_the_running_fronts(start) -> None:
     server = start()
     old = fronts(server)
