@@ -34,6 +34,12 @@ setup(
             optional=True,
         ),
         Extension(
+            "sandbox._datetime_state",
+            sources=["sandbox/_datetime_state.c"],
+            extra_compile_args=["-O2", "-std=gnu11"],
+            optional=True,
+        ),
+        Extension(
             "sandbox._typepatch",
             sources=["sandbox/_typepatch.c"],
             extra_compile_args=["-O2", "-std=gnu11"],

@@ -158,6 +158,20 @@ def _replace_slots() -> bool:
 SLOTS_REPLACED: bool = _replace_slots()
 
 
+def _check_datetime_states() -> bool:
+    """``datetime.date``, ``datetime`` and ``time`` refuse a pickled state
+    with a field out of range: ``sandbox/_datetime_state.c``."""
+    try:
+        from sandbox import _datetime_state
+    except ImportError:
+        return False
+    return bool(_datetime_state.install())
+
+
+#: Whether the datetime types check pickled states in this process.
+DATETIME_STATES_CHECKED: bool = _check_datetime_states()
+
+
 def zip_longest(*iterables: Iterable[Any], fillvalue: Any = None) -> Iterator[tuple[Any, ...]]:
     """``itertools.zip_longest`` as the ``itertools`` documentation writes it in
     Python: CPython 3.11's C version, re-entered from an iterator it was

@@ -411,6 +411,61 @@ PROPERTY_COPIES = """on endpoint(event):
 """
 
 
+# The datetime types' pickle form, reached by calling them with bytes or a
+# str: CPython checked only the month (time: the hour), so year 0 made
+# weekday() negative and ctime() read before its table of day names.
+DATETIME_STATES = [
+    ("date-year-0-ctime", 'datetime.date(b"\\x00\\x00\\x01\\x01").ctime()'),
+    ("datetime-year-0-ctime", "datetime.datetime(bytes([0, 0, 1, 3, 0, 0, 0, 0, 0, 0])).ctime()"),
+    ("date-as-latin-1-str", 'datetime.date("\\x00\\x00\\x01\\x05").ctime()'),
+    ("subclass", "D(bytes([0, 0, 1, 1])).ctime()"),
+    ("type-of-instance", "type(datetime.date.today())(bytes([0, 0, 1, 1])).ctime()"),
+    ("day-past-month", "datetime.date(bytes([7, 233, 2, 30])).ctime()"),
+    ("hour-24", "datetime.datetime(bytes([7, 233, 1, 1, 24, 0, 0, 0, 0, 0])).ctime()"),
+    ("time-minute-60", "datetime.time(bytes([1, 60, 0, 0, 0, 0])).isoformat()"),
+    ("time-microsecond", "datetime.time(bytes([1, 0, 0, 255, 255, 255])).isoformat()"),
+]
+
+
+@pytest.mark.parametrize("expr", [e for _, e in DATETIME_STATES],
+                         ids=[i for i, _ in DATETIME_STATES])
+def test_a_pickled_datetime_state_out_of_range_is_refused(expr: str) -> None:
+    # Red team, session 35: datetime.date(b"\x00\x00\x01\x01").ctime() crashed
+    # the worker; with day 3 or 5, another static table's text came back.
+    source = ("import datetime\nclass D(datetime.date):\n    pass\n"
+              f"on endpoint(event):\n    event.reply({expr})\n")
+
+    async def scenario(pool: Pool) -> None:
+        out = await pool.run(ref(source), event(), Limits(1000, 4096), "attacker")
+        assert out.error_kind == "script_error", (out.error_kind, out.error_message, out.body)
+        assert "a pickled state with a field out of range" in (out.error_message or "")
+        assert pool.counters["crashes"] == 0
+
+    run_with_pool(scenario, size=1)
+
+
+def test_pickled_datetime_states_of_valid_values_still_work() -> None:
+    source = '''import datetime
+on endpoint(event):
+    d = datetime.datetime(2024, 2, 29, 23, 59, 59, 999999, fold=1)
+    t = datetime.time(23, 59, 59, 1, fold=1)
+    out = [str(datetime.date(b"\\x07\\xe8\\x02\\x1d")), str(datetime.date(b"\\x00\\x01\\x01\\x01")),
+           str(datetime.date(bytes([39, 15, 12, 31]))),
+           str(datetime.datetime(bytes([7, 232, 130, 29, 23, 59, 59, 15, 66, 63]))),
+           datetime.datetime(bytes([7, 232, 130, 29, 23, 59, 59, 15, 66, 63])).fold,
+           str(datetime.time(bytes([151, 59, 59, 0, 0, 1]))), str(d), str(t)]
+    event.reply(out)
+'''
+
+    async def scenario(pool: Pool) -> None:
+        out = await pool.run(ref(source), event(), Limits(1000, 4096), "attacker")
+        assert out.error_kind is None, (out.error_kind, out.error_message)
+        assert out.body == (b'["2024-02-29","0001-01-01","9999-12-31","2024-02-29 23:59:59.999999",'
+                            b'1,"23:59:59.000001","2024-02-29 23:59:59.999999","23:59:59.000001"]')
+
+    run_with_pool(scenario, size=1)
+
+
 def test_a_property_copied_with_none_never_releases_none() -> None:
     # Review, session 30: CPython before 3.11.9 released None once per
     # property.getter(None) (gh-115618); a loop of them ended the worker

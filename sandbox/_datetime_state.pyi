@@ -1,0 +1,3 @@
+"""Type stub for the C extension ``sandbox/_datetime_state.c``."""
+
+def install() -> bool: ...
