@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 from models import Endpoint, Script, database
 from models.clock import iso, utcnow
 from service.core import audit
-from service.core.access import Actor, get_guild, guild_and_script
+from service.core.access import Actor, guild_and_script
 from service.core.errors import QuotaError, ValidationError, VersionMismatchError
 from service.plans import DEFAULT_PLANS, Plan, resolve_plan
 
@@ -122,8 +122,11 @@ def set_enabled(actor: Actor, guild_id: str, script_id: str, enabled: bool, *,
     the plan has no endpoints at all), `NotFoundError`,
     `PermissionDeniedError`, `VersionMismatchError` (not at `expected_revision`)."""
     with database.atomic():
-        guild, script, _ = guild_and_script(actor, guild_id, script_id, "switch endpoints")
-        guild = get_guild(guild.id, lock=True)
+        # Locked before the script is read: the quota count is serialised,
+        # and a delete committed meanwhile is seen (the script read first, a
+        # racing delete left an enabled endpoint on its tombstone).
+        guild, script, _ = guild_and_script(actor, guild_id, script_id, "switch endpoints",
+                                            lock=True)
         plan = resolve_plan(plans, guild.plan)
         endpoint = Endpoint.get(Endpoint.script == script.id)
         _refuse_stale(endpoint, expected_revision)

@@ -281,7 +281,11 @@ def update_script(actor: Actor, guild_id: str, script_id: str, source: str | byt
         text, found = checked_source(source, guild_id)
     new_name = _validate_name(name) if name is not None else None
     with database.atomic():
-        guild, script, _ = guild_and_script(actor, guild_id, script_id, "edit scripts")
+        # Locked, as a delete is: a save racing one on PostgreSQL wrote its
+        # source into the tombstone and kept a version of it (red team,
+        # session 35); it also serialises the name check of a rename.
+        guild, script, _ = guild_and_script(actor, guild_id, script_id, "edit scripts",
+                                            lock=True)
         old_name = script.name
         _refuse_stale(script, expected)
         changes: dict[str, Any] = {"updated_at": utcnow()}
@@ -290,7 +294,6 @@ def update_script(actor: Actor, guild_id: str, script_id: str, source: str | byt
             changes["version"] = Script.version + 1
             changes["warnings"] = json.dumps(found)
         if new_name is not None:
-            get_guild(guild.id, lock=True)        # serialises the name check
             _refuse_duplicate_name(guild.id, new_name, except_id=script.id)
             changes["name"] = new_name
         where = Script.id == script.id

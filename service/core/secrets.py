@@ -220,9 +220,12 @@ def regenerate_secret(actor: Actor, guild_id: str, script_id: str, *,
     hint = secret[-HINT_CHARS:]
     with database.atomic():
         try:
+            # Locked: two forms naming the same `replaces` at once (two tabs,
+            # two front processes) both passed the check below on PostgreSQL,
+            # and the secret shown first was dead (red team, session 35).
             guild, script, _ = guild_and_script(actor, guild_id, script_id,
                                                 "create or regenerate the secret",
-                                                allowed=(Role.OWNER,))
+                                                allowed=(Role.OWNER,), lock=True)
         except PermissionDeniedError as err:     # a manager: the refusal names the rule
             raise PermissionDeniedError(err.message + " (owner only)", code="owner_only") from None
         endpoint = Endpoint.get(Endpoint.script == script.id)
