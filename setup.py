@@ -40,6 +40,12 @@ setup(
             optional=True,
         ),
         Extension(
+            "sandbox._decimal_signals",
+            sources=["sandbox/_decimal_signals.c"],
+            extra_compile_args=["-O2", "-std=gnu11"],
+            optional=True,
+        ),
+        Extension(
             "sandbox._typepatch",
             sources=["sandbox/_typepatch.c"],
             extra_compile_args=["-O2", "-std=gnu11"],

@@ -48,6 +48,8 @@ found. Iterators that free what they run are replaced in
 from __future__ import annotations
 
 import collections
+import collections.abc
+import decimal
 import importlib.util
 import itertools
 import operator
@@ -94,6 +96,38 @@ def _defaultdict_missing(self: collections.defaultdict[Any, Any], key: Any) -> A
     value = factory()
     self[key] = value
     return value
+
+
+class ContextSignals(collections.abc.Mapping):  # type: ignore[type-arg]
+    """A ``decimal.Context``'s ``flags`` or ``traps``, read live, holding the context.
+
+    CPython 3.11's own (a ``SignalDict``) holds a bare pointer into its context
+    and no reference to it: ``decimal.Context().flags`` outlived the context,
+    read the next object put in its memory and, through ``update()``, changed
+    its bits (a red-team pass, session 35: an immutable ``bytes`` changed, a
+    heap address read, a worker crash). Scripts get this read-only view
+    instead (``sandbox/_decimal_signals.c`` wraps what the type's attribute
+    lookup answers for the two names); the signals are
+    set when a context is made (``Context(traps=[decimal.Inexact])``) or
+    cleared by its ``clear_flags()``/``clear_traps()``."""
+
+    __slots__ = ("_context", "_signals")
+
+    def __init__(self, context: Any, signals: Any) -> None:
+        self._context = context
+        self._signals = signals
+
+    def __getitem__(self, signal: Any) -> bool:
+        return bool(self._signals[signal])
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._signals))
+
+    def __len__(self) -> int:
+        return len(self._signals)
+
+    def __repr__(self) -> str:
+        return repr(self._signals)
 
 
 #: CPython 3.11 before 3.11.9 lacks upstream fixes of memory bugs scripts can
@@ -170,6 +204,20 @@ def _check_datetime_states() -> bool:
 
 #: Whether the datetime types check pickled states in this process.
 DATETIME_STATES_CHECKED: bool = _check_datetime_states()
+
+
+def _hold_decimal_signals() -> bool:
+    """``decimal.Context``'s ``flags`` and ``traps`` as `ContextSignals`:
+    ``sandbox/_decimal_signals.c``."""
+    try:
+        from sandbox import _decimal_signals
+    except ImportError:
+        return False
+    return bool(_decimal_signals.install(decimal.Context, ContextSignals))
+
+
+#: Whether a context's flags and traps hold their context in this process.
+DECIMAL_SIGNALS_HELD: bool = _hold_decimal_signals()
 
 
 def zip_longest(*iterables: Iterable[Any], fillvalue: Any = None) -> Iterator[tuple[Any, ...]]:

@@ -21,8 +21,8 @@ import msgpack  # type: ignore[import-untyped]
 
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import SandboxError
-from sandbox.cpython_fixes import (BEFORE_3_11_9, DATETIME_STATES_CHECKED, METHODS_REPLACED,
-                                   SLOTS_REPLACED)
+from sandbox.cpython_fixes import (BEFORE_3_11_9, DATETIME_STATES_CHECKED, DECIMAL_SIGNALS_HELD,
+                                   METHODS_REPLACED, SLOTS_REPLACED)
 from sandbox.guards import UNICODE_ERRORS_CHECKED
 from sandbox.hardening import EXIT_NO_SECCOMP
 from sandbox.limits import MEMGUARD_AVAILABLE, RESTART_COST_S
@@ -362,6 +362,9 @@ class Supervisor(Ticking):
         if not DATETIME_STATES_CHECKED:
             log.warning("sandbox: _datetime_state extension missing; a date built from a "
                         "pickled state of year 0 crashes its worker on ctime()")
+        if not DECIMAL_SIGNALS_HELD:
+            log.warning("sandbox: _decimal_signals extension missing; a decimal context's "
+                        "flags and traps outlive it and read freed memory")
         if BEFORE_3_11_9:
             log.warning("sandbox: CPython %s lacks fixes of memory bugs scripts can reach "
                         "(3.11.9 and later have them); the known ones are worked around: "

@@ -466,6 +466,71 @@ on endpoint(event):
     run_with_pool(scenario, size=1)
 
 
+# decimal.Context's flags and traps (CPython's SignalDict) held a bare
+# pointer into their context and no reference to it.
+SIGNALS_READ = '''import decimal
+on endpoint(event):
+    hold = [(i, i, i, i, i, i, i) for i in range(3000)]
+    o = "x"
+    fl = decimal.Context().flags
+    victim = (o, o, o, o, o, o, o)
+    event.reply([repr(k) for k in fl if fl[k]])
+'''
+SIGNALS_WRITE = '''import decimal
+on endpoint(event):
+    fl = decimal.Context().flags
+    victims = [bytes(63) for i in range(4)]
+    fl.update({k: True for k in fl})
+    event.reply([b.hex() for b in victims])
+'''
+
+
+def test_a_decimal_contexts_flags_never_outlive_it() -> None:
+    # Red team, session 35: `decimal.Context().flags` outlived its context,
+    # read the next object put in its memory (a heap address's bits) and,
+    # through update(), changed it (an immutable bytes; a worker crash).
+    async def scenario(pool: Pool) -> None:
+        read = await pool.run(ref(SIGNALS_READ), event(), Limits(1000, 8192), "attacker")
+        assert read.error_kind is None and read.body == b"[]", (read.error_kind, read.body)
+        write = await pool.run(ref(SIGNALS_WRITE), event(), Limits(1000, 8192), "attacker")
+        assert write.error_kind == "script_error", (write.error_kind, write.body)
+        assert "has no attribute 'update'" in (write.error_message or "")
+        assert pool.counters["crashes"] == 0
+
+    run_with_pool(scenario, size=1)
+
+
+def test_a_decimal_contexts_flags_and_traps_still_read_live() -> None:
+    source = '''import decimal
+on endpoint(event):
+    ctx = decimal.Context(prec=5)
+    flags = ctx.flags
+    before = flags[decimal.Inexact]
+    ctx.divide(decimal.Decimal(1), decimal.Decimal(3))
+    out = [before, flags[decimal.Inexact], ctx.flags.get(decimal.Rounded), len(flags),
+           decimal.Inexact in flags, [k is decimal.Inexact or k is decimal.Rounded
+                                       for k, v in flags.items() if v]]
+    ctx.clear_flags()
+    out.append(flags[decimal.Inexact])
+    strict = decimal.Context(traps=[decimal.Inexact])
+    out.append(strict.traps[decimal.Inexact])
+    try:
+        strict.divide(decimal.Decimal(1), decimal.Decimal(3))
+    except decimal.Inexact:
+        out.append("trapped")
+    out.append(decimal.Context(traps=dict(strict.traps)).traps[decimal.Inexact])
+    event.reply(out)
+'''
+
+    async def scenario(pool: Pool) -> None:
+        out = await pool.run(ref(source), event(), Limits(1000, 8192), "attacker")
+        assert out.error_kind is None, (out.error_kind, out.error_message)
+        assert out.body == (b'[false,true,true,9,true,[true,true],false,true,'
+                            b'"trapped",true]'), out.body
+
+    run_with_pool(scenario, size=1)
+
+
 def test_a_property_copied_with_none_never_releases_none() -> None:
     # Review, session 30: CPython before 3.11.9 released None once per
     # property.getter(None) (gh-115618); a loop of them ended the worker
