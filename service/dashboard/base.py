@@ -186,7 +186,10 @@ class DashboardHandler(BaseHandler):
             if self.request.method in SAFE_METHODS:
                 self.redirect("/login", status=303)
                 return
-            raise PageError(403, "Your session has ended. Log in again with a new link.")
+            # No session cookie came: it ended, or the form was sent from
+            # another site (the browser withholds the cookie then).
+            raise PageError(403, "This form came without a live session, so nothing was "
+                                 "changed. If you sent it, log in again with a new link.")
         self.session, self.session_token = session, token
         if self.request.method not in SAFE_METHODS:
             presented = (self.get_body_argument("_xsrf", None)

@@ -85,6 +85,12 @@
         secretDialog.showModal();
         field.focus();
         field.select();
+      }).catch(function () {
+        // No answer, or not the service's (a proxy's error page, a 413):
+        // whether the secret changed is unknown until the page is reloaded.
+        confirmDialog.close();
+        alert("No answer came from the service: reload the page to see whether the secret " +
+              "was changed.");
       });
     });
     document.getElementById("secret-done").addEventListener("click", function () {

@@ -295,6 +295,30 @@ def test_a_save_made_elsewhere_meanwhile_is_not_overwritten_unseen(browser: Any,
     ctx.close()
 
 
+def test_a_secret_form_whose_answer_is_not_the_services_says_so(browser: Any,
+                                                                site: Site) -> None:
+    # Red team, session 35: an answer that is not JSON (a proxy's error page,
+    # a 413) was never caught: the confirmation stayed open, saying nothing.
+    gid = site.guild("pro")
+    sid = site.script(gid, SOURCE)
+    ctx = context(browser, site)
+    page = ctx.new_page()
+    watch = Watch(page)
+    page.goto(site.link(OWNER))
+    page.goto(f"/dashboard/{gid}/scripts/{sid}")
+    # The proxy in front answers instead of the service (a page cannot be
+    # made to come from nginx here without taking the dashboard down too).
+    page.route(re.compile(r".*/secret$"), lambda route: route.fulfill(
+        status=502, content_type="text/html", body="<html><body>502 Bad Gateway</body></html>"))
+    page.click("#secret-button")
+    with page.expect_event("dialog"):
+        page.click("#confirm-yes")
+    assert "reload the page to see whether the secret was changed" in watch.dialogs[0]
+    assert not page.locator("#confirm-dialog").is_visible()
+    assert not page.locator("#secret-dialog").is_visible()
+    ctx.close()
+
+
 def test_an_editor_that_does_not_say_what_it_opened_does_not_save_blind(browser: Any,
                                                                          site: Site) -> None:
     # An editor page loaded before the editor carried its revision posts none:
