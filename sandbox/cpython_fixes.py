@@ -129,6 +129,10 @@ class ContextSignals(collections.abc.Mapping):  # type: ignore[type-arg]
     def __repr__(self) -> str:
         return repr(self._signals)
 
+    def copy(self) -> dict[Any, bool]:
+        """A plain dict of the signals now (as CPython's ``copy()``)."""
+        return dict(self)
+
 
 #: CPython 3.11 before 3.11.9 lacks upstream fixes of memory bugs scripts can
 #: reach (gh-115243, gh-115618): the known ones are worked around here, and

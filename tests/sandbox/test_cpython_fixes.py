@@ -510,8 +510,10 @@ on endpoint(event):
     out = [before, flags[decimal.Inexact], ctx.flags.get(decimal.Rounded), len(flags),
            decimal.Inexact in flags, [k is decimal.Inexact or k is decimal.Rounded
                                        for k, v in flags.items() if v]]
+    snapshot = flags.copy()
     ctx.clear_flags()
     out.append(flags[decimal.Inexact])
+    out.append(snapshot[decimal.Inexact])
     strict = decimal.Context(traps=[decimal.Inexact])
     out.append(strict.traps[decimal.Inexact])
     try:
@@ -525,7 +527,7 @@ on endpoint(event):
     async def scenario(pool: Pool) -> None:
         out = await pool.run(ref(source), event(), Limits(1000, 8192), "attacker")
         assert out.error_kind is None, (out.error_kind, out.error_message)
-        assert out.body == (b'[false,true,true,9,true,[true,true],false,true,'
+        assert out.body == (b'[false,true,true,9,true,[true,true],false,true,true,'
                             b'"trapped",true]'), out.body
 
     run_with_pool(scenario, size=1)
