@@ -24,7 +24,7 @@ from typing import Any
 from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
 from RestrictedPython.transformer import INSPECT_ATTRIBUTES
 
-from sandbox import cpython_fixes, safe_iterators, set_insertion
+from sandbox import cpython_fixes, safe_iterators, set_insertion, unbound
 
 # Attribute names that are refused on every object, in addition to any name
 # starting with "_" (which covers every dunder: __class__, __globals__,
@@ -184,6 +184,9 @@ def guarded_getattr(obj: Any, name: str) -> Any:
     value = getattr(obj, name)
     if name in _STR_FORMAT_ATTRIBUTES and not _is_script_function(value):
         raise NotImplementedError(f"str.{name}() is not allowed; use %-formatting or f-strings")
+    if type(value) is types.FunctionType and isinstance(obj, (type, super)) \
+            and not _is_script_function(value):
+        return unbound.checked(obj, name, value)    # Counter.copy(int): see sandbox/unbound.py
     return value
 
 

@@ -315,6 +315,88 @@ def test_r2_oserror_subclasses_are_refused_so_its_str_never_formats_freed_memory
     run_with_pool(scenario, size=1)
 
 
+# Library methods read from a class are plain functions: called on any object,
+# library code did what the guards refuse (red team, session 35).
+UNBOUND_GADGETS = [
+    ("setstate-writes-a-library-class", """
+try:
+    random.Random.setstate(collections.Counter, (3, (), "left behind"))
+except TypeError as e:
+    caught = str(e)
+try:
+    collections.Counter.gauss_next
+    left = True
+except AttributeError:
+    left = False
+event.reply([caught, left])""",
+     b'["Random.setstate() must be called on a Random object",false]'),
+    ("gauss-writes-a-library-class", """
+try:
+    random.Random.gauss(collections.OrderedDict)
+except TypeError as e:
+    event.reply(str(e))""", b'"Random.gauss() must be called on a Random object"'),
+    ("copy-hands-out-type", "event.reply(repr(collections.Counter.copy(int)))", None),
+    ("copy-through-a-script-subclass", """
+class S(collections.Counter):
+    pass
+event.reply(repr(S.copy(int)))""", None),
+    ("copy-through-super", """
+class S(collections.Counter):
+    pass
+event.reply(repr(super(S, S).copy(int)))""", None),
+    ("chainmap-new-child", "event.reply(repr(collections.ChainMap.new_child(int)))", None),
+]
+
+
+LEFT_ON_COUNTER = """
+try:
+    collections.Counter.gauss_next
+    event.reply(True)
+except AttributeError:
+    event.reply(False)"""
+
+
+@pytest.mark.parametrize("body,expected", [(b, e) for _, b, e in UNBOUND_GADGETS],
+                         ids=[i for i, _, _ in UNBOUND_GADGETS])
+def test_library_methods_read_from_a_class_check_what_they_are_called_on(
+        body: str, expected: bytes | None) -> None:
+    source = block(body, "import collections\nimport random\n")
+
+    async def scenario(pool: Pool) -> None:
+        out = await pool.run(ref(source), pool_event(), Limits(1000, 8192))
+        if expected is None:
+            assert out.error_kind == "script_error", (out.error_kind, out.body)
+            assert "must be called on a" in (out.error_message or ""), out.error_message
+        else:
+            assert out.error_kind is None and out.body == expected, (out.error_kind, out.body)
+        again = await pool.run(ref(block(LEFT_ON_COUNTER, "import collections\n")), pool_event(),
+                               Limits(1000, 8192))
+        assert again.body == b"false"           # nothing left for the next request
+        assert pool.counters["crashes"] == 0
+
+    run_with_pool(scenario, size=1)
+
+
+def test_library_methods_read_from_a_class_still_work_on_their_instances() -> None:
+    source = block("""
+class S(collections.Counter):
+    pass
+c = collections.Counter("abca")
+s = S("xyx")
+r = random.Random(5)
+random.Random.setstate(r, random.Random(5).getstate())
+event.reply([collections.Counter.most_common(c, 1), type(S.copy(s)) is S,
+             type(super(S, S).copy(s)) is S, collections.Counter.copy(s) == s,
+             r.random() == random.Random(5).random()])""", "import collections\nimport random\n")
+
+    async def scenario(pool: Pool) -> None:
+        out = await pool.run(ref(source), pool_event(), Limits(1000, 8192))
+        assert out.error_kind is None, (out.error_kind, out.error_message)
+        assert out.body == b'[[["a",2]],true,true,true,true]', out.body
+
+    run_with_pool(scenario, size=1)
+
+
 def test_r2_real_unicode_errors_stay_read_only_and_usable() -> None:
     out, _ = _run(block('''
         try:

@@ -1,0 +1,52 @@
+"""Library functions read from a class check what they are called on.
+
+A method written in Python and read from its class (``collections.Counter.copy``,
+``random.Random.setstate``), not from an instance, is a plain function: a
+script could call it on any object and have library code do what the guards
+refuse to the script itself. ``Counter.copy(int)`` ran ``self.__class__(self)``
+and returned the real ``type`` (three-argument ``type()`` again: classes with
+a script-written ``__str__``, refused bases); ``Random.setstate(Counter, ...)``
+set an attribute of a library class, which outlived the request and reopened
+CPython gh-118492 through ``type.__setattr__`` (a worker crash; red team,
+session 35). Such a function is handed out wrapped: its first argument must be
+an instance of the class it was read from (a script's subclass included). The
+script's own functions, static methods and anything read from an instance
+(bound methods) are unchanged.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def _is_static(mro: tuple[type, ...], name: str) -> bool:
+    """Whether ``name`` is found first as a staticmethod along ``mro``."""
+    for klass in mro:
+        raw = klass.__dict__.get(name)
+        if raw is not None:
+            return isinstance(raw, staticmethod)
+    return False
+
+
+def checked(holder: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func``, read as ``holder.name`` (a class or a ``super`` object), made to
+    refuse a first argument that is not an instance of that class."""
+    if isinstance(holder, type):
+        owner, mro = holder, holder.__mro__
+    else:
+        owner = holder.__self_class__
+        if owner is None:
+            raise TypeError(f"{name}() cannot be read from an unbound super object")
+        mro = owner.__mro__
+        mro = mro[mro.index(holder.__thisclass__) + 1:]
+    if _is_static(mro, name):
+        return func
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not args or not isinstance(args[0], owner):
+            raise TypeError(f"{owner.__name__}.{name}() must be called on a "
+                            f"{owner.__name__} object")
+        return func(*args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = func.__doc__
+    return call
