@@ -132,13 +132,10 @@ def _decided(method: str, defined: Any) -> Any:
 
 
 # Builtin classes with writable C slots that their own C methods use without
-# a type or bounds check, or without holding them (see ScriptType). OSError's
-# ``__str__`` formats errno, strerror and filename from borrowed pointers: the
-# first one's ``str()`` ran script code that rebound a subclass instance's
-# ``filename``, whose freed object was then formatted (red team, session 35:
-# the worker's instruction pointer set by the script). Scripts reach OSError
-# through ``type()`` of an error a library call raised; its instances are
-# not writable, a subclass's were.
+# a type or bounds check, or without holding them (see ScriptType): OSError's
+# ``__str__`` formats three fields borrowed while errno's ``str()`` runs script
+# code, which rebound a subclass instance's ``filename`` (red team, session 35:
+# a freed object formatted). Library OSErrors (``type(caught)``) are read-only.
 _UNSAFE_SCRIPT_BASES: tuple[type, ...] = (UnicodeEncodeError, UnicodeDecodeError,
                                           UnicodeTranslateError, OSError)
 
@@ -186,7 +183,7 @@ def guarded_getattr(obj: Any, name: str) -> Any:
         raise NotImplementedError(f"str.{name}() is not allowed; use %-formatting or f-strings")
     if type(value) is types.FunctionType and isinstance(obj, (type, super)) \
             and not _is_script_function(value):
-        return unbound.checked(obj, name, value)    # Counter.copy(int): see sandbox/unbound.py
+        return unbound.checked(obj, name, value, ScriptType)  # Counter.copy(int): unbound.py
     return value
 
 

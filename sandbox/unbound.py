@@ -19,18 +19,20 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _is_static(mro: tuple[type, ...], name: str) -> bool:
-    """Whether ``name`` is found first as a staticmethod along ``mro``."""
+def _found_in(mro: tuple[type, ...], name: str) -> tuple[type | None, Any]:
+    """The class along ``mro`` that holds ``name``, and what it holds."""
     for klass in mro:
-        raw = klass.__dict__.get(name)
-        if raw is not None:
-            return isinstance(raw, staticmethod)
-    return False
+        if name in klass.__dict__:
+            return klass, klass.__dict__[name]
+    return None, None
 
 
-def checked(holder: Any, name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+def checked(holder: Any, name: str, func: Callable[..., Any],
+            script_type: type) -> Callable[..., Any]:
     """``func``, read as ``holder.name`` (a class or a ``super`` object), made to
-    refuse a first argument that is not an instance of that class."""
+    refuse a first argument that is not an instance of that class. What a
+    script's own class holds (``class C: encode = json.dumps``) is the script's
+    and unchanged: it was handed out checked where the script got it."""
     if isinstance(holder, type):
         owner, mro = holder, holder.__mro__
     else:
@@ -39,7 +41,8 @@ def checked(holder: Any, name: str, func: Callable[..., Any]) -> Callable[..., A
             raise TypeError(f"{name}() cannot be read from an unbound super object")
         mro = owner.__mro__
         mro = mro[mro.index(holder.__thisclass__) + 1:]
-    if _is_static(mro, name):
+    klass, raw = _found_in(mro, name)
+    if isinstance(raw, staticmethod) or isinstance(klass, script_type):
         return func
 
     def call(*args: Any, **kwargs: Any) -> Any:
