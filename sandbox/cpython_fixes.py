@@ -332,3 +332,20 @@ def _python_ordered_dict() -> type[collections.OrderedDict[Any, Any]]:
 
 #: What scripts get as ``collections.OrderedDict``.
 OrderedDict = _python_ordered_dict()
+
+
+def _check_unicode_error_ranges() -> bool:
+    """Make the three Unicode error classes' constructors refuse a start or end outside the
+    object (``sandbox/_unicode_errors.c``): their ``__str__`` reads the object
+    at ``start`` unchecked, so ``str(UnicodeDecodeError("x", b"A", -4096,
+    -4095, "r"))`` read the worker's memory (security review, session 16).
+    False when the extension is missing: scripts then get neither the classes'
+    names nor ``type()`` of such an error (they catch ``UnicodeError``)."""
+    try:
+        from sandbox import _unicode_errors
+    except ImportError:
+        return False
+    return bool(_unicode_errors.install())
+
+
+UNICODE_ERRORS_CHECKED: bool = _check_unicode_error_ranges()

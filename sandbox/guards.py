@@ -67,6 +67,12 @@ class ScriptType(type):
         for base in bases:
             if isinstance(base, type) and issubclass(base, _UNSAFE_SCRIPT_BASES):
                 raise TypeError(f"classes cannot derive from {base.__name__!s} here")
+        # What a class statement can put there; a namespace from elsewhere
+        # (library code calling type(self)(name, bases, dict): ChainMap.parents'
+        # getter, a review, session 35) may not add __str__, __del__, ...
+        for key in namespace:
+            if type(key) is not str or key.startswith("_") and key not in _CLASS_BODY_NAMES:
+                raise TypeError(f"a class cannot define {key!r} here")
         for method in _COMPARISONS.keys() & namespace.keys():
             namespace[method] = _decided(method, namespace[method])
         return super().__new__(mcs, name, bases, namespace, **kwargs)
@@ -99,6 +105,8 @@ def _plain_name(name: Any) -> str:
 #: The comparisons a script class may define, and their operators.
 _COMPARISONS = {"__eq__": "==", "__ne__": "!=", "__lt__": "<", "__le__": "<=",
                 "__gt__": ">", "__ge__": ">="}
+_CLASS_BODY_NAMES = frozenset({"__module__", "__qualname__", "__doc__", "__classcell__",
+                               "__annotations__", "__init__", "__contains__", *_COMPARISONS})
 
 
 def _decided(method: str, defined: Any) -> Any:
@@ -140,21 +148,7 @@ _UNSAFE_SCRIPT_BASES: tuple[type, ...] = (UnicodeEncodeError, UnicodeDecodeError
                                           UnicodeTranslateError, OSError)
 
 
-def _check_unicode_error_ranges() -> bool:
-    """Make those classes' constructors refuse a start or end outside the
-    object (``sandbox/_unicode_errors.c``): their ``__str__`` reads the object
-    at ``start`` unchecked, so ``str(UnicodeDecodeError("x", b"A", -4096,
-    -4095, "r"))`` read the worker's memory (security review, session 16).
-    False when the extension is missing: scripts then get neither the classes'
-    names nor ``type()`` of such an error (they catch ``UnicodeError``)."""
-    try:
-        from sandbox import _unicode_errors
-    except ImportError:
-        return False
-    return bool(_unicode_errors.install())
-
-
-UNICODE_ERRORS_CHECKED: bool = _check_unicode_error_ranges()
+UNICODE_ERRORS_CHECKED = cpython_fixes.UNICODE_ERRORS_CHECKED   # see there
 
 
 def guarded_getattr(obj: Any, name: str) -> Any:
@@ -174,6 +168,8 @@ def guarded_getattr(obj: Any, name: str) -> Any:
         # AttributeError.obj / NameError.obj hand out the object whose lookup
         # failed, which may be a trusted one (CVE-2024-47532).
         raise AttributeError('"obj" is a forbidden attribute of exceptions')
+    if name in ("fget", "fset", "fdel") and isinstance(obj, property):
+        return unbound.property_function(obj, name, _is_script_function)
     if name == "register" and isinstance(obj, ABCMeta):
         # ABCMeta.register changes isinstance() for the whole process
         # (collections.ChainMap.register(str), redteam finding 1).

@@ -53,3 +53,16 @@ def checked(holder: Any, name: str, func: Callable[..., Any],
     call.__name__ = call.__qualname__ = name
     call.__doc__ = func.__doc__
     return call
+
+
+def property_function(prop: property, name: str,
+                      is_script_function: Callable[[Any], bool]) -> Any:
+    """``prop.fget`` (``fset``, ``fdel``) for a script: its own functions only. A
+    library property's is a raw function, callable on anything: a review,
+    session 35, called ``ChainMap.parents``' getter on a script class whose
+    ``maps`` it had set, which ran ``ScriptType(name, bases, dict)`` with a
+    ``__str__`` of its own (``ScriptType`` now refuses such names too)."""
+    value = getattr(prop, name)
+    if value is None or is_script_function(value):
+        return value
+    raise AttributeError(f'"{name}" of a library property is not available')

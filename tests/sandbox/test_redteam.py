@@ -349,6 +349,16 @@ event.reply(repr(super(S, S).copy(int)))""", None),
     # wrapper, handing the raw methods out again.
     ("copy-through-cache", "event.reply(repr(functools.cache(collections.Counter).copy(int)))",
      "object has no attribute 'copy'"),
+    # Another review: a library property's getter, raw, called on a script
+    # class whose `maps` it read: ScriptType(name, bases, dict) with any dunder.
+    ("property-fget", """
+class Maker:
+    maps = None
+Maker.maps = [None, "X", (object,), {"__str__": lambda self: "script-written"}]
+event.reply(str(collections.ChainMap.parents.fget(Maker)()))""",
+     '"fget" of a library property is not available'),
+    ("uuid-property-fget", "event.reply(repr(uuid.UUID.hex.fget))",
+     '"fget" of a library property is not available'),
     ("setstate-through-lru-cache", """
 functools.lru_cache(random.Random).setstate(collections.Counter, (3, (), "left"))""",
      "object has no attribute 'setstate'"),
@@ -367,7 +377,7 @@ except AttributeError:
                          ids=[i for i, _, _ in UNBOUND_GADGETS])
 def test_library_methods_read_from_a_class_check_what_they_are_called_on(
         body: str, expected: bytes | str | None) -> None:
-    source = block(body, "import collections\nimport functools\nimport random\n")
+    source = block(body, "import collections\nimport functools\nimport random\nimport uuid\n")
 
     async def scenario(pool: Pool) -> None:
         out = await pool.run(ref(source), pool_event(), Limits(1000, 8192))
@@ -385,6 +395,20 @@ def test_library_methods_read_from_a_class_check_what_they_are_called_on(
     run_with_pool(scenario, size=1)
 
 
+def test_a_class_made_from_a_namespace_holds_only_what_a_class_body_can_define() -> None:
+    # Defence behind the property check: ScriptType(name, bases, dict) reached
+    # through library code may not add special methods a class body cannot.
+    from sandbox.guards import ScriptType
+    with pytest.raises(TypeError, match="cannot define '__str__'"):
+        ScriptType("X", (object,), {"__str__": lambda self: "x"})
+    with pytest.raises(TypeError, match="cannot define"):
+        ScriptType("X", (object,), {1: 2})
+    made = ScriptType("X", (object,), {"__module__": "m", "__qualname__": "X", "__doc__": "d",
+                                       "__init__": lambda self: None, "n": 1,
+                                       "__eq__": lambda self, other: True})
+    assert made.n == 1 and made() == made()
+
+
 def test_library_methods_read_from_a_class_still_work_on_their_instances() -> None:
     source = block("""
 class Codec:
@@ -396,6 +420,10 @@ class Memo:
         return n if n < 2 else Memo.fib(n - 1) + Memo.fib(n - 2)
 class S(collections.Counter):
     pass
+class P:
+    def get(self):
+        return 3
+    p = property(get)
 c = collections.Counter("abca")
 s = S("xyx")
 r = random.Random(5)
@@ -403,14 +431,15 @@ random.Random.setstate(r, random.Random(5).getstate())
 event.reply([collections.Counter.most_common(c, 1), type(S.copy(s)) is S,
              type(super(S, S).copy(s)) is S, collections.Counter.copy(s) == s,
              r.random() == random.Random(5).random(), Codec.encode({"a": 1}),
-             list(Codec.chain([1], [2])), Memo.fib(10)])""",
+             list(Codec.chain([1], [2])), Memo.fib(10), P.p.fget(P()), P().p,
+             uuid.UUID(int=5).hex[-2:]])""",
                    "import collections\nimport functools\nimport itertools\nimport json\n"
-                   "import random\n")
+                   "import random\nimport uuid\n")
 
     async def scenario(pool: Pool) -> None:
         out = await pool.run(ref(source), pool_event(), Limits(1000, 8192))
         assert out.error_kind is None, (out.error_kind, out.error_message)
-        assert out.body == b'[[["a",2]],true,true,true,true,"{\\"a\\": 1}",[1,2],55]', out.body
+        assert out.body == b'[[["a",2]],true,true,true,true,"{\\"a\\": 1}",[1,2],55,3,3,"05"]', out.body
 
     run_with_pool(scenario, size=1)
 
