@@ -70,6 +70,8 @@ class ScriptType(type):
         # What a class statement can put there; a namespace from elsewhere
         # (library code calling type(self)(name, bases, dict): ChainMap.parents'
         # getter, a review, session 35) may not add __str__, __del__, ...
+        if type(namespace) is not dict:     # its keys() could hide a comparison below
+            raise TypeError("a class namespace must be a dict")
         for key in namespace:
             if type(key) is not str or key.startswith("_") and key not in _CLASS_BODY_NAMES:
                 raise TypeError(f"a class cannot define {key!r} here")
@@ -367,6 +369,7 @@ _BASE_BUILTINS: dict[str, Any] = {
     **{name: getattr(builtins, name) for name in _SAFE_BUILTIN_NAMES
        if UNICODE_ERRORS_CHECKED or name not in ("UnicodeDecodeError", "UnicodeEncodeError")},
     "type": _type_with_arity_check,
+    "classmethod": unbound.script_classmethod,
     # iter(function, sentinel) compared a sentinel it could drop meanwhile:
     # a generator holds it (sandbox/safe_iterators.py); iter(x) is CPython's.
     "iter": safe_iterators.iter,

@@ -15,6 +15,7 @@ script's own functions, static methods and anything read from an instance
 """
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -66,3 +67,13 @@ def property_function(prop: property, name: str,
     if value is None or is_script_function(value):
         return value
     raise AttributeError(f'"{name}" of a library property is not available')
+
+
+def script_classmethod(function: Any) -> classmethod:  # type: ignore[type-arg]
+    """``classmethod`` for scripts: of a function only. CPython 3.11's chains to
+    what it wraps, so ``classmethod(collections.ChainMap.parents)`` ran a
+    library property's getter on the script's class (a review, session 35:
+    ``type(cls)(name, bases, dict)`` with a namespace of the script's)."""
+    if type(function) is not types.FunctionType:
+        raise TypeError("classmethod() takes a function here")
+    return classmethod(function)

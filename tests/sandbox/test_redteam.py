@@ -357,6 +357,13 @@ class Maker:
 Maker.maps = [None, "X", (object,), {"__str__": lambda self: "script-written"}]
 event.reply(str(collections.ChainMap.parents.fget(Maker)()))""",
      '"fget" of a library property is not available'),
+    # A third review: classmethod() chains to what it wraps, so a library
+    # property given to it ran its getter on the script's class.
+    ("classmethod-of-a-library-property", """
+class Maker:
+    build = classmethod(collections.ChainMap.parents)
+    maps = [0, "Loose", (), {}]
+event.reply(repr(Maker.build))""", "classmethod() takes a function here"),
     ("uuid-property-fget", "event.reply(repr(uuid.UUID.hex.fget))",
      '"fget" of a library property is not available'),
     ("setstate-through-lru-cache", """
@@ -403,6 +410,12 @@ def test_a_class_made_from_a_namespace_holds_only_what_a_class_body_can_define()
         ScriptType("X", (object,), {"__str__": lambda self: "x"})
     with pytest.raises(TypeError, match="cannot define"):
         ScriptType("X", (object,), {1: 2})
+
+    class Hiding(dict):      # keys() hid __eq__ from the comparison wrapping
+        def keys(self) -> Any:
+            return []
+    with pytest.raises(TypeError, match="namespace must be a dict"):
+        ScriptType("X", (object,), Hiding({"__eq__": lambda self, other: NotImplemented}))
     made = ScriptType("X", (object,), {"__module__": "m", "__qualname__": "X", "__doc__": "d",
                                        "__init__": lambda self: None, "n": 1,
                                        "__eq__": lambda self, other: True})
@@ -424,6 +437,9 @@ class P:
     def get(self):
         return 3
     p = property(get)
+    def make(cls):
+        return 7 if cls is P else 0
+    made = classmethod(make)
 c = collections.Counter("abca")
 s = S("xyx")
 r = random.Random(5)
@@ -431,7 +447,7 @@ random.Random.setstate(r, random.Random(5).getstate())
 event.reply([collections.Counter.most_common(c, 1), type(S.copy(s)) is S,
              type(super(S, S).copy(s)) is S, collections.Counter.copy(s) == s,
              r.random() == random.Random(5).random(), Codec.encode({"a": 1}),
-             list(Codec.chain([1], [2])), Memo.fib(10), P.p.fget(P()), P().p,
+             list(Codec.chain([1], [2])), Memo.fib(10), P.p.fget(P()), P().p, P.made(),
              uuid.UUID(int=5).hex[-2:]])""",
                    "import collections\nimport functools\nimport itertools\nimport json\n"
                    "import random\nimport uuid\n")
@@ -439,7 +455,7 @@ event.reply([collections.Counter.most_common(c, 1), type(S.copy(s)) is S,
     async def scenario(pool: Pool) -> None:
         out = await pool.run(ref(source), pool_event(), Limits(1000, 8192))
         assert out.error_kind is None, (out.error_kind, out.error_message)
-        assert out.body == b'[[["a",2]],true,true,true,true,"{\\"a\\": 1}",[1,2],55,3,3,"05"]', out.body
+        assert out.body == b'[[["a",2]],true,true,true,true,"{\\"a\\": 1}",[1,2],55,3,3,7,"05"]', out.body
 
     run_with_pool(scenario, size=1)
 
