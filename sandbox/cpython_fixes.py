@@ -50,6 +50,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import decimal
+import importlib
 import importlib.util
 import itertools
 import operator
@@ -182,46 +183,25 @@ def _replace_methods() -> bool:
 METHODS_REPLACED: bool = _replace_methods()
 
 
-def _replace_slots() -> bool:
-    """``list``'s slice assignment and comparison, ``bytearray``'s ``%``: see
-    ``sandbox/_typepatch.c`` (``install``)."""
+def _install(extension: str, *args: Any) -> Any:
+    """``sandbox.<extension>.install(*args)``, once per process (each is
+    idempotent); False when the extension was not built."""
     try:
-        from sandbox import _typepatch
+        module = importlib.import_module(f"sandbox.{extension}")
     except ImportError:
         return False
-    return _typepatch.install() == 5
+    return module.install(*args)
 
 
-#: Whether the list and bytearray slots are replaced in this process.
-SLOTS_REPLACED: bool = _replace_slots()
-
-
-def _check_datetime_states() -> bool:
-    """``datetime.date``, ``datetime`` and ``time`` refuse a pickled state
-    with a field out of range: ``sandbox/_datetime_state.c``."""
-    try:
-        from sandbox import _datetime_state
-    except ImportError:
-        return False
-    return bool(_datetime_state.install())
-
-
-#: Whether the datetime types check pickled states in this process.
-DATETIME_STATES_CHECKED: bool = _check_datetime_states()
-
-
-def _hold_decimal_signals() -> bool:
-    """``decimal.Context``'s ``flags`` and ``traps`` as `ContextSignals`:
-    ``sandbox/_decimal_signals.c``."""
-    try:
-        from sandbox import _decimal_signals
-    except ImportError:
-        return False
-    return bool(_decimal_signals.install(decimal.Context, ContextSignals))
-
-
-#: Whether a context's flags and traps hold their context in this process.
-DECIMAL_SIGNALS_HELD: bool = _hold_decimal_signals()
+#: Whether the list and bytearray slots are replaced in this process (the
+#: five slots of ``sandbox/_typepatch.c``).
+SLOTS_REPLACED: bool = _install("_typepatch") == 5
+#: Whether ``datetime.date``, ``datetime`` and ``time`` refuse a pickled state
+#: with a field out of range (``sandbox/_datetime_state.c``).
+DATETIME_STATES_CHECKED: bool = bool(_install("_datetime_state"))
+#: Whether ``decimal.Context``'s ``flags`` and ``traps`` are `ContextSignals`,
+#: holding their context (``sandbox/_decimal_signals.c``).
+DECIMAL_SIGNALS_HELD: bool = bool(_install("_decimal_signals", decimal.Context, ContextSignals))
 
 
 def zip_longest(*iterables: Iterable[Any], fillvalue: Any = None) -> Iterator[tuple[Any, ...]]:
@@ -334,18 +314,10 @@ def _python_ordered_dict() -> type[collections.OrderedDict[Any, Any]]:
 OrderedDict = _python_ordered_dict()
 
 
-def _check_unicode_error_ranges() -> bool:
-    """Make the three Unicode error classes' constructors refuse a start or end outside the
-    object (``sandbox/_unicode_errors.c``): their ``__str__`` reads the object
-    at ``start`` unchecked, so ``str(UnicodeDecodeError("x", b"A", -4096,
-    -4095, "r"))`` read the worker's memory (security review, session 16).
-    False when the extension is missing: scripts then get neither the classes'
-    names nor ``type()`` of such an error (they catch ``UnicodeError``)."""
-    try:
-        from sandbox import _unicode_errors
-    except ImportError:
-        return False
-    return bool(_unicode_errors.install())
-
-
-UNICODE_ERRORS_CHECKED: bool = _check_unicode_error_ranges()
+#: Whether the three Unicode error classes' constructors refuse a start or end
+#: outside the object (``sandbox/_unicode_errors.c``): their ``__str__`` reads
+#: the object at ``start`` unchecked, so ``str(UnicodeDecodeError("x", b"A",
+#: -4096, -4095, "r"))`` read the worker's memory (security review, session
+#: 16). False when the extension is missing: scripts then get neither the
+#: classes' names nor ``type()`` of such an error (they catch ``UnicodeError``).
+UNICODE_ERRORS_CHECKED: bool = bool(_install("_unicode_errors"))

@@ -22,8 +22,7 @@ import msgpack  # type: ignore[import-untyped]
 from sandbox.channel import RequestState, WorkerHandle
 from sandbox.errors import SandboxError
 from sandbox.cpython_fixes import (BEFORE_3_11_9, DATETIME_STATES_CHECKED, DECIMAL_SIGNALS_HELD,
-                                   METHODS_REPLACED, SLOTS_REPLACED)
-from sandbox.guards import UNICODE_ERRORS_CHECKED
+                                   METHODS_REPLACED, SLOTS_REPLACED, UNICODE_ERRORS_CHECKED)
 from sandbox.hardening import EXIT_NO_SECCOMP
 from sandbox.limits import MEMGUARD_AVAILABLE, RESTART_COST_S
 from sandbox.outcome import Outcome, failure

@@ -11,7 +11,10 @@ CPython gh-118492 through ``type.__setattr__`` (a worker crash; red team,
 session 35). Such a function is handed out wrapped: its first argument must be
 an instance of the class it was read from (a script's subclass included). The
 script's own functions, static methods and anything read from an instance
-(bound methods) are unchanged.
+(bound methods) are unchanged. The other routes to such a function found by
+the reviews of that fix are closed here too: a library property's ``fget``
+(`property_function`) and ``classmethod`` of something not a function
+(`script_classmethod`).
 """
 from __future__ import annotations
 

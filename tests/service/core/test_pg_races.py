@@ -77,6 +77,27 @@ def _start_waiting(locker: Database, call: Call) -> None:
     assert call.is_alive(), call.error     # it waits for a lock
 
 
+def _behind_a_delete(pg: str, gid: str, sid: str, change: Callable[[], Any]) -> tuple[Call, Call]:
+    """The script's delete, holding the guild and waiting for the script's row
+    (held by a third connection), then `change` started behind it; both run
+    once the row is released. Returns (delete, change), both ended."""
+    locker = open_database(pg)
+    locker.connect()
+    try:
+        with locker.atomic():
+            locker.execute_sql(f'SELECT id FROM "{Script._meta.table_name}" WHERE public_id = %s '
+                               "FOR UPDATE", (sid,))
+            delete = Call(lambda: core.delete_script(OWNER, gid, sid))
+            _start_waiting(locker, delete)
+            other = Call(change)
+            _start_waiting(locker, other)
+    finally:
+        locker.close()
+    delete.join(30)
+    other.join(30)
+    return delete, other
+
+
 def test_two_forms_replacing_the_same_secret_at_once_give_one_secret(pg: str) -> None:
     # Red team, session 35: both were answered with a new secret, and the one
     # shown first was dead at once (a double submit, two front processes).
@@ -114,21 +135,8 @@ def test_a_save_racing_a_delete_never_writes_into_the_tombstone(pg: str) -> None
     # into the deleted script's row and a version of it kept.
     gid = make_guild()
     sid = make_script(gid)
-    locker = open_database(pg)
-    locker.connect()
-    try:
-        with locker.atomic():
-            locker.execute_sql(f'SELECT id FROM "{Script._meta.table_name}" WHERE public_id = %s '
-                               "FOR UPDATE", (sid,))
-            delete = Call(lambda: core.delete_script(OWNER, gid, sid))
-            _start_waiting(locker, delete)          # holds the guild, waits for the script row
-            save = Call(lambda: core.update_script(
-                OWNER, gid, sid, "on endpoint(event):\n    event.reply('SAVED-IN-RACE')\n"))
-            _start_waiting(locker, save)
-    finally:
-        locker.close()
-    delete.join(30)
-    save.join(30)
+    delete, save = _behind_a_delete(pg, gid, sid, lambda: core.update_script(
+        OWNER, gid, sid, "on endpoint(event):\n    event.reply('SAVED-IN-RACE')\n"))
     assert delete.error is None and delete.result["deleted"] is True, delete.error
     assert isinstance(save.error, core.NotFoundError), save.error
     row = Script.get(Script.public_id == sid)
@@ -139,20 +147,7 @@ def test_a_save_racing_a_delete_never_writes_into_the_tombstone(pg: str) -> None
 def test_an_endpoint_switched_on_while_its_script_is_deleted_stays_off(pg: str) -> None:
     gid = make_guild()
     sid = make_script(gid)
-    locker = open_database(pg)
-    locker.connect()
-    try:
-        with locker.atomic():
-            locker.execute_sql(f'SELECT id FROM "{Script._meta.table_name}" WHERE public_id = %s '
-                               "FOR UPDATE", (sid,))
-            delete = Call(lambda: core.delete_script(OWNER, gid, sid))
-            _start_waiting(locker, delete)
-            enable = Call(lambda: core.enable_endpoint(OWNER, gid, sid))
-            _start_waiting(locker, enable)
-    finally:
-        locker.close()
-    delete.join(30)
-    enable.join(30)
+    delete, enable = _behind_a_delete(pg, gid, sid, lambda: core.enable_endpoint(OWNER, gid, sid))
     assert delete.error is None, delete.error
     assert isinstance(enable.error, core.NotFoundError), enable.error
     row = Script.get(Script.public_id == sid)

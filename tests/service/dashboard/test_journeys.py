@@ -259,15 +259,17 @@ def test_owner_journey(browser: Any, site: Site) -> None:
     ctx.close()
 
 
-def _manager_in_the_editor(browser: Any, site: Site) -> tuple[str, str, Any, Any, Watch]:
-    """A new script opened in the editor by a manager: (guild, script, context, page, watch)."""
+def _script_page(browser: Any, site: Site, user: str = MANAGER,
+                           tab: str = "?tab=source") -> tuple[str, str, Any, Any, Watch]:
+    """A new script opened by `user` (on its `tab`, the editor by default):
+    (guild, script, context, page, watch)."""
     gid = site.guild("pro")
     sid = site.script(gid, SOURCE)
     ctx = context(browser, site)
     page = ctx.new_page()
     watch = Watch(page)
-    page.goto(site.link(MANAGER))
-    page.goto(f"/dashboard/{gid}/scripts/{sid}?tab=source")
+    page.goto(site.link(user))
+    page.goto(f"/dashboard/{gid}/scripts/{sid}{tab}")
     return gid, sid, ctx, page, watch
 
 
@@ -276,7 +278,7 @@ def test_a_save_made_elsewhere_meanwhile_is_not_overwritten_unseen(browser: Any,
     # Review, session 27: the editor sent no version, so its save silently
     # replaced a version an admin API client had saved after the page opened.
     from service import core
-    gid, sid, ctx, page, watch = _manager_in_the_editor(browser, site)
+    gid, sid, ctx, page, watch = _script_page(browser, site)
     theirs, mine = SOURCE + "# theirs\n", SOURCE + "# mine\n"
     site.bind()
     core.update_script(core.Actor.user(OWNER), gid, sid, theirs)       # elsewhere, meanwhile
@@ -299,13 +301,7 @@ def test_a_secret_form_whose_answer_is_not_the_services_says_so(browser: Any,
                                                                 site: Site) -> None:
     # Red team, session 35: an answer that is not JSON (a proxy's error page,
     # a 413) was never caught: the confirmation stayed open, saying nothing.
-    gid = site.guild("pro")
-    sid = site.script(gid, SOURCE)
-    ctx = context(browser, site)
-    page = ctx.new_page()
-    watch = Watch(page)
-    page.goto(site.link(OWNER))
-    page.goto(f"/dashboard/{gid}/scripts/{sid}")
+    _, _, ctx, page, watch = _script_page(browser, site, user=OWNER, tab="")
     # The proxy in front answers instead of the service (a page cannot be
     # made to come from nginx here without taking the dashboard down too).
     page.route(re.compile(r".*/secret$"), lambda route: route.fulfill(
@@ -324,7 +320,7 @@ def test_an_editor_that_does_not_say_what_it_opened_does_not_save_blind(browser:
     # An editor page loaded before the editor carried its revision posts none:
     # before, that save replaced whatever version was current.
     from service import core
-    gid, sid, ctx, page, watch = _manager_in_the_editor(browser, site)
+    gid, sid, ctx, page, watch = _script_page(browser, site)
     page.evaluate("document.querySelector('input[name=revision]').remove()")
     mine = SOURCE + "# mine\n"
     page.fill("#source", mine)
